@@ -1,0 +1,1 @@
+"""Benchmark scripts; results are committed under ``benchmarks/results/``."""

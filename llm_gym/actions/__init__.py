@@ -1,0 +1,33 @@
+"""Action formats: parse an LLM's assistant text into tool calls, and render tools as text.
+
+Use :func:`get_action_format` to get a format by name (``"hermes"`` or ``"json"``), then
+:meth:`~ActionFormat.parse` each reply and the ``render_*`` methods to build prompts.
+"""
+
+from llm_gym.actions.base import (
+    ACTION_FORMATS,
+    MAX_TOOL_CALLS,
+    ActionFormat,
+    ParsedAction,
+    ParseKind,
+    get_action_format,
+    register_action_format,
+)
+from llm_gym.actions.hermes import HermesFormat
+from llm_gym.actions.json_format import JsonFormat
+
+__all__ = [
+    # interface and results
+    "ActionFormat",
+    "ParsedAction",
+    "ParseKind",
+    # built-in formats
+    "HermesFormat",
+    "JsonFormat",
+    # registry
+    "get_action_format",
+    "register_action_format",
+    "ACTION_FORMATS",
+    # limits
+    "MAX_TOOL_CALLS",
+]

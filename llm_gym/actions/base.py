@@ -1,0 +1,516 @@
+"""The action-format interface, parse results, shared validation and the format registry.
+
+An *action format* is the contract between an environment and an LLM about how the model writes
+tool calls in plain text. It works in both directions:
+
+* :meth:`ActionFormat.parse` turns the model's raw assistant text into a structured assistant
+  :class:`~llm_gym.core.types.Message` (with OpenAI-style ``tool_calls`` when it called tools).
+  Parsing never raises on model output: malformed tool calls come back as a
+  :attr:`ParseKind.PARSE_FAILURE` with a short reason the environment can show to the model.
+* The ``render_*`` methods turn tool specs, tool calls and tool results back into the text the
+  model sees, so prompts and few-shot transcripts use exactly the syntax ``parse`` accepts.
+
+Rules shared by every built-in format (see :func:`decode_tool_call`):
+
+* A tool call is a JSON object ``{"name": <non-empty string>, "arguments": <object>}``. Names that
+  are empty or whitespace-only are rejected. ``arguments`` may be missing (meaning ``{}``) or a JSON
+  string that itself decodes to an object. Other keys are ignored.
+* At most :data:`MAX_TOOL_CALLS` calls per message.
+* Every parsed call gets an id ``f"{prefix}_{i}"`` (``i`` from 0). ``prefix`` is the
+  ``call_id_prefix`` argument when given (deterministic ids), else ``"call_"`` plus 12 random hex
+  digits, fresh per parse (globally unique ids).
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+import enum
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from llm_gym.core.types import Message, ToolCall, ToolSpec
+from llm_gym.errors import InvalidArgumentError, UnknownNameError
+
+__all__ = [
+    # results
+    "ParseKind",
+    "ParsedAction",
+    # interface
+    "ActionFormat",
+    # registry
+    "ACTION_FORMATS",
+    "register_action_format",
+    "get_action_format",
+    # limits
+    "MAX_TOOL_CALLS",
+    # helpers for format implementations
+    "decode_tool_call",
+    "make_tool_calls",
+    "new_call_id_prefix",
+    "dumps_for_model",
+    "tool_call_to_object",
+    "json_error_reason",
+    "loads_lenient",
+    "require_text",
+]
+
+MAX_TOOL_CALLS = 32
+"""The most tool calls one assistant message may hold; more is a parse failure."""
+
+
+class ParseKind(enum.StrEnum):
+    """What :meth:`ActionFormat.parse` found in the model's text."""
+
+    FINAL_ANSWER = "final_answer"
+    """A plain reply without any tool call."""
+    TOOL_CALLS = "tool_calls"
+    """One or more well-formed tool calls."""
+    PARSE_FAILURE = "parse_failure"
+    """Text that looked like a tool call but could not be parsed."""
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """The outcome of parsing one assistant reply."""
+
+    kind: ParseKind
+    """Whether the reply is a final answer, tool calls, or a failed tool call."""
+    message: Message
+    """Always a valid assistant message: ``{"role": "assistant", "content": str}``, plus
+    ``"tool_calls"`` (a non-empty list) only when :attr:`kind` is :attr:`ParseKind.TOOL_CALLS`.
+    For a final answer the content is the answer; for tool calls it is the text outside the calls
+    (format-specific, often empty); for a failure it is the raw text."""
+    error: str | None = None
+    """For :attr:`ParseKind.PARSE_FAILURE`: a short reason, readable by a person or the model
+    (e.g. ``"unclosed <tool_call> tag"``). ``None`` otherwise."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ParseKind):
+            raise InvalidArgumentError(f"kind must be a ParseKind, got {self.kind!r}")
+        if self.message.get("role") != "assistant" or not isinstance(
+            self.message.get("content"), str
+        ):
+            raise InvalidArgumentError(
+                "message must be an assistant message with string content, "
+                f"got {self.message!r:.200}"
+            )
+        has_calls = "tool_calls" in self.message
+        if has_calls != (self.kind is ParseKind.TOOL_CALLS):
+            raise InvalidArgumentError(
+                f"message must have 'tool_calls' exactly when kind is TOOL_CALLS; kind={self.kind}"
+            )
+        if (self.error is not None) != (self.kind is ParseKind.PARSE_FAILURE):
+            raise InvalidArgumentError(
+                f"error must be set exactly when kind is PARSE_FAILURE; kind={self.kind}"
+            )
+
+    @property
+    def is_final(self) -> bool:
+        """Whether the reply is a final answer (no tool call)."""
+        return self.kind is ParseKind.FINAL_ANSWER
+
+    @property
+    def is_tool_calls(self) -> bool:
+        """Whether the reply holds well-formed tool calls."""
+        return self.kind is ParseKind.TOOL_CALLS
+
+    @property
+    def is_failure(self) -> bool:
+        """Whether the reply tried to call a tool but could not be parsed."""
+        return self.kind is ParseKind.PARSE_FAILURE
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The parsed tool calls; ``[]`` unless :attr:`kind` is :attr:`ParseKind.TOOL_CALLS`."""
+        return list(self.message.get("tool_calls", []))
+
+    @classmethod
+    def final(cls, content: str) -> ParsedAction:
+        """A final answer with ``content``."""
+        return cls(ParseKind.FINAL_ANSWER, {"role": "assistant", "content": content})
+
+    @classmethod
+    def failure(cls, raw_text: str, error: str) -> ParsedAction:
+        """A parse failure of ``raw_text`` because of ``error``."""
+        return cls(ParseKind.PARSE_FAILURE, {"role": "assistant", "content": raw_text}, error)
+
+    @classmethod
+    def calls(cls, tool_calls: list[ToolCall], content: str = "") -> ParsedAction:
+        """Well-formed ``tool_calls`` with the surrounding text ``content``."""
+        message: Message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
+        return cls(ParseKind.TOOL_CALLS, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers for format implementations.
+# ---------------------------------------------------------------------------------------------
+
+_JSON_TYPE_NAMES: dict[type, str] = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+_LENIENT_DECODER = json.JSONDecoder(strict=False)
+
+
+def loads_lenient(text: str) -> Any:
+    """``json.loads`` that tolerates raw control characters (e.g. newlines) inside strings."""
+    return _LENIENT_DECODER.decode(text)
+
+
+def json_error_reason(exc: BaseException) -> str:
+    """A short reason for an exception raised by ``json.loads``."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at char {exc.pos}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)  # e.g. an integer literal with too many digits
+
+
+def decode_tool_call(obj: Any, number: int) -> tuple[str, dict[str, Any]] | str:
+    """Validate one decoded tool-call object.
+
+    Args:
+        obj: The value ``json.loads`` gave for the call.
+        number: The call's 1-based position, used in error messages.
+
+    Returns:
+        ``(name, arguments)`` for a valid call, else a short error string.
+    """
+    if not isinstance(obj, dict):
+        return f"tool call {number} must be a JSON object, got {_json_type(obj)}"
+    name = obj.get("name")
+    if not isinstance(name, str):
+        return f"tool call {number} has no string 'name'"
+    if not name.strip():
+        return f"'name' of tool call {number} is empty"
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = loads_lenient(arguments)
+        except (ValueError, RecursionError) as exc:
+            return (
+                f"'arguments' of tool call {number} is a string that is not valid JSON: "
+                f"{json_error_reason(exc)}"
+            )
+        if not isinstance(arguments, dict):
+            return (
+                f"'arguments' of tool call {number} must be a JSON object, "
+                f"got a string holding {_json_type(arguments)}"
+            )
+    elif not isinstance(arguments, dict):
+        return (
+            f"'arguments' of tool call {number} must be a JSON object, got {_json_type(arguments)}"
+        )
+    return name, arguments
+
+
+def new_call_id_prefix() -> str:
+    """A fresh random tool-call id prefix: ``"call_"`` plus 12 hex digits."""
+    return "call_" + uuid.uuid4().hex[:12]
+
+
+def make_tool_calls(
+    decoded: Sequence[tuple[str, dict[str, Any]]], call_id_prefix: str | None
+) -> list[ToolCall] | str:
+    """Build OpenAI-style tool calls with ids from validated ``(name, arguments)`` pairs.
+
+    Args:
+        decoded: The validated calls, in order.
+        call_id_prefix: Id prefix; ``None`` for a fresh random one.
+
+    Returns:
+        The tool calls, or an error string when some arguments cannot be re-encoded as JSON.
+    """
+    prefix = new_call_id_prefix() if call_id_prefix is None else call_id_prefix
+    calls: list[ToolCall] = []
+    for i, (name, arguments) in enumerate(decoded):
+        try:
+            encoded = json.dumps(arguments)
+        except (ValueError, RecursionError) as exc:
+            return f"'arguments' of tool call {i + 1} cannot be re-encoded as JSON: {exc}"
+        calls.append(
+            {
+                "id": f"{prefix}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": encoded},
+            }
+        )
+    return calls
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_SURROGATES_AND_MARKUP = re.compile("[<>&\ud800-\udfff]")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def dumps_for_model(value: Any, *, escape_markup: bool = False) -> str:
+    """JSON-encode ``value`` as a model should see it.
+
+    Non-ASCII text stays readable (like ``tojson`` in Hugging Face chat templates), but lone
+    surrogates are written as ``\\uXXXX`` escapes so the result always encodes to UTF-8. (As in
+    any JSON, a high surrogate directly followed by a low one decodes back as the single astral
+    character they pair into.)
+
+    Args:
+        value: A JSON-compatible value.
+        escape_markup: Also write ``<``, ``>`` and ``&`` as ``\\u003c``, ``\\u003e``, ``\\u0026``,
+            so a string value can never close or open an XML-like tag around the JSON.
+
+    Returns:
+        The JSON text.
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    # Outside string literals JSON text holds only ASCII syntax, so every match is inside a string.
+    pattern = _SURROGATES_AND_MARKUP if escape_markup else _SURROGATES
+    return pattern.sub(_escape_char, text)
+
+
+def tool_call_to_object(tool_call: ToolCall) -> dict[str, Any]:
+    """``{"name": ..., "arguments": {...}}`` for an OpenAI-style tool call.
+
+    Args:
+        tool_call: A tool call whose ``function.arguments`` is a JSON-encoded object (a mapping
+            or an empty string are accepted too).
+
+    Returns:
+        The call as a plain object with decoded arguments.
+
+    Raises:
+        InvalidArgumentError: The tool call is malformed.
+    """
+    function = tool_call.get("function") if isinstance(tool_call, Mapping) else None
+    if not isinstance(function, Mapping):
+        raise InvalidArgumentError(
+            "a tool call must be {'type': 'function', 'function': {...}}, "
+            f"got {tool_call!r:.200}"
+        )
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgumentError(f"a tool call needs a non-empty string name, got {name!r:.200}")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            arguments = {}
+        else:
+            try:
+                arguments = loads_lenient(arguments)
+            except (ValueError, RecursionError) as exc:
+                raise InvalidArgumentError(
+                    f"arguments of tool call {name!r} are not valid JSON: {json_error_reason(exc)}"
+                ) from exc
+    if not isinstance(arguments, Mapping):
+        raise InvalidArgumentError(
+            f"arguments of tool call {name!r} must be a JSON object, got {_json_type(arguments)}"
+        )
+    return {"name": name, "arguments": dict(arguments)}
+
+
+def require_text(text: Any) -> str:
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"text to parse must be a str, got {type(text).__name__}")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# The interface.
+# ---------------------------------------------------------------------------------------------
+
+
+class ActionFormat(abc.ABC):
+    """How a model writes tool calls in text: parsing and rendering.
+
+    Formats are stateless; one instance can serve any number of environments and threads.
+    """
+
+    name: ClassVar[str]
+    """The registry name, e.g. ``"hermes"``."""
+
+    @abc.abstractmethod
+    def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:
+        """Parse the model's raw assistant text.
+
+        Never raises on any ``str`` input; malformed tool calls give a parse failure.
+
+        Args:
+            text: The raw assistant text.
+            call_id_prefix: Tool-call ids become ``f"{call_id_prefix}_{i}"``; ``None`` draws a
+                fresh random prefix, so ids are globally unique.
+
+        Returns:
+            The parsed action.
+
+        Raises:
+            InvalidArgumentError: ``text`` is not a ``str``.
+        """
+
+    @abc.abstractmethod
+    def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str = "") -> str:
+        """The assistant text a model would emit for these tool calls.
+
+        Args:
+            tool_calls: OpenAI-style tool calls.
+            content: Text the model wrote besides the calls (first, when the format keeps it).
+
+        Returns:
+            Text that :meth:`parse` turns back into the same calls.
+
+        Raises:
+            InvalidArgumentError: A tool call is malformed.
+        """
+
+    @abc.abstractmethod
+    def render_tool_specs(self, tool_specs: Sequence[ToolSpec]) -> str:
+        """The instructions and tool list to put into a system prompt.
+
+        Args:
+            tool_specs: OpenAI-style tool specs.
+
+        Returns:
+            The text; an empty string when there are no tools.
+        """
+
+    def render_message(self, message: Message) -> str:
+        """The text of an assistant message, as the model would have written it.
+
+        Args:
+            message: An assistant message.
+
+        Returns:
+            :meth:`render_tool_calls` of its tool calls if it has any, else its content.
+
+        Raises:
+            InvalidArgumentError: The message is not an assistant message.
+        """
+        if message.get("role") != "assistant":
+            raise InvalidArgumentError(
+                f"render_message takes an assistant message, got role {message.get('role')!r}"
+            )
+        content = message.get("content") or ""
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            return self.render_tool_calls(tool_calls, content)
+        return content
+
+    def render_tool_result(self, message: Message) -> str:
+        """The text the model sees for a tool result.
+
+        Args:
+            message: A ``role="tool"`` message.
+
+        Returns:
+            The rendered result.
+
+        Raises:
+            InvalidArgumentError: The message is not a tool message.
+        """
+        _require_tool_message(message)
+        return message.get("content") or ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _require_tool_message(message: Message) -> None:
+    if message.get("role") != "tool":
+        raise InvalidArgumentError(
+            f"render_tool_result takes a role='tool' message, got role {message.get('role')!r}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry.
+# ---------------------------------------------------------------------------------------------
+
+ACTION_FORMATS: dict[str, type[ActionFormat]] = {}
+"""Registered action formats by name."""
+
+_F = TypeVar("_F", bound=type[ActionFormat])
+
+
+def register_action_format(cls: _F) -> _F:
+    """Class decorator: register an :class:`ActionFormat` subclass under ``cls.name``.
+
+    Registering the same class again is a no-op.
+
+    Args:
+        cls: The format class.
+
+    Returns:
+        ``cls`` unchanged.
+
+    Raises:
+        InvalidArgumentError: ``cls`` is not an ActionFormat subclass, has no non-empty string
+            ``name``, or a different class is already registered under that name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, ActionFormat)):
+        raise InvalidArgumentError(f"only ActionFormat subclasses can be registered, got {cls!r}")
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(
+            f"{cls.__qualname__} must define its own non-empty string class attribute 'name'"
+        )
+    existing = ACTION_FORMATS.get(name)
+    if existing is not None and existing is not cls:
+        same_origin = (existing.__module__, existing.__qualname__) == (
+            cls.__module__,
+            cls.__qualname__,
+        )
+        if not same_origin:  # a reloaded module may re-register its own class
+            raise InvalidArgumentError(
+                f"action format name {name!r} is already taken by "
+                f"{existing.__module__}.{existing.__qualname__}; choose another name"
+            )
+    ACTION_FORMATS[name] = cls
+    return cls
+
+
+def get_action_format(name: str | ActionFormat) -> ActionFormat:
+    """Look up an action format.
+
+    Args:
+        name: A registered name (``"hermes"``, ``"json"``), or an :class:`ActionFormat` instance,
+            which is returned as it is.
+
+    Returns:
+        A format instance.
+
+    Raises:
+        UnknownNameError: No format has that name; the message lists the names and suggests the
+            closest one.
+        InvalidArgumentError: ``name`` is neither a string nor an ActionFormat.
+    """
+    if isinstance(name, ActionFormat):
+        return name
+    if not isinstance(name, str):
+        raise InvalidArgumentError(
+            f"action format must be a name or an ActionFormat instance, got {type(name).__name__}"
+        )
+    cls = ACTION_FORMATS.get(name)
+    if cls is None:
+        known = sorted(ACTION_FORMATS)
+        message = f"unknown action format {name!r}; known formats: {', '.join(map(repr, known))}."
+        folded = {k.lower(): k for k in known}
+        close = difflib.get_close_matches(name.strip().lower(), list(folded), n=1, cutoff=0.5)
+        if close:
+            message += f" Did you mean {folded[close[0]]!r}?"
+        raise UnknownNameError(message)
+    return cls()

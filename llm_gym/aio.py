@@ -1,0 +1,104 @@
+"""Running llm_gym's async code from synchronous code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+import weakref
+from collections.abc import Coroutine, Generator
+from typing import Any, TypeVar
+
+__all__ = ["LoopRunner", "run_sync"]
+
+T = TypeVar("T")
+
+
+def _in_thread(coro: Coroutine[Any, Any, T]) -> T:
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="llm_gym-run_sync")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, also from inside a running event loop (a notebook, say)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    return _in_thread(coro)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
+    """Hand a coroutine that was started by hand over to the running task."""
+    while True:
+        try:
+            value = yield yielded
+        except BaseException as exc:  # a cancellation or error thrown in by the task
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
+    return await _resume(coro, yielded)
+
+
+class LoopRunner:
+    """Runs coroutines on one private, reused event loop (cheap per call: about 10 µs)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T], *, eager: bool = False) -> T:
+        """Run ``coro`` to completion and return its result.
+
+        With ``eager=True`` the coroutine is first driven directly (no event loop round trip);
+        if it suspends on a real awaitable it is finished on the loop, so the result is the same
+        either way. Use it for coroutines that usually complete without suspending.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            return _in_thread(coro)
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+            # Close the loop when the runner is dropped without close() (no ResourceWarning).
+            weakref.finalize(self, self._loop.close)
+        loop = self._loop
+        if not eager:
+            return loop.run_until_complete(coro)
+        asyncio._set_running_loop(loop)
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            asyncio._set_running_loop(None)
+        return loop.run_until_complete(_finish(coro, yielded))
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.close()
+        self._loop = None

@@ -1,0 +1,181 @@
+"""The ``llm-gym`` command line: list environments, play one by hand, show tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from llm_gym.errors import LlmGymError
+
+__all__ = ["build_parser", "main"]
+
+PLAY_HELP = """\
+Type the assistant's turn and press Enter. A line ending in '\\' continues on the next line.
+Commands: ':oracle' shows the oracle's next action, ':transcript' the conversation so far,
+':quit' ends the game. Tool calls in the hermes format look like:
+  <tool_call>{"name": "lookup", "arguments": {"key": "velmora.population"}}</tool_call>
+"""
+
+
+def _cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.gym import registered_envs
+
+    entries = registered_envs()
+    width = max(len(e.id) for e in entries)
+    for entry in entries:
+        print(f"{entry.id:<{width}}  {entry.description}", file=out)
+    return 0
+
+
+def _make(env_id: str, **kwargs: object):
+    import gymnasium as gym
+
+    from llm_gym.gym import env_entry
+
+    env_entry(env_id)  # a clear error with a suggestion for unknown ids
+    return gym.make(env_id, **kwargs)
+
+
+def _cmd_show_task(args: argparse.Namespace, out: TextIO) -> int:
+    env = _make(args.env_id)
+    tasks = env.unwrapped.tasks(args.split)
+    if not -len(tasks) <= args.index < len(tasks):
+        raise LlmGymError(
+            f"--index must be in [0, {len(tasks)}) for the {args.split!r} split, got {args.index}."
+        )
+    print(json.dumps(tasks[args.index].to_dict(), indent=2, ensure_ascii=False), file=out)
+    return 0
+
+
+def _read_turn(read_line: Callable[[str], str]) -> str | None:
+    lines = []
+    prompt = "assistant> "
+    while True:
+        try:
+            line = read_line(prompt)
+        except EOFError:
+            return "\n".join(lines) if lines else None
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            prompt = "... "
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def _cmd_play(
+    args: argparse.Namespace, out: TextIO, read_line: Callable[[str], str] = input
+) -> int:
+    env = _make(args.env_id, render_mode="ansi")
+    options: dict[str, object] = {"split": args.split}
+    if args.index is not None:
+        options["index"] = args.index
+    observation, info = env.reset(seed=args.seed, options=options)
+    print(PLAY_HELP, file=out)
+    print(f"=== {args.env_id} · {info['task'].id or 'task'} ===\n{observation}\n", file=out)
+    total = 0.0
+    while True:
+        text = _read_turn(read_line)
+        if text is None or text.strip() == ":quit":
+            print("Bye.", file=out)
+            return 0
+        if text.strip() == ":oracle":
+            print(env.unwrapped.oracle_action(), file=out)
+            continue
+        if text.strip() == ":transcript":
+            print(env.render(), file=out)
+            continue
+        observation, reward, terminated, truncated, info = env.step(text)
+        total += reward
+        if observation:
+            print(observation, file=out)
+        if terminated or truncated:
+            how = "terminated" if terminated else f"truncated ({info['truncation_cause']})"
+            if info.get("parse_error"):
+                print(f"parse error: {info['parse_error']}", file=out)
+            print(f"\nEpisode {how}. Reward: {reward:g}. Target: {info['task'].target}", file=out)
+            env.close()
+            return 0
+
+
+def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.eval import run_and_report
+
+    report = run_and_report(
+        args.env_id,
+        args.policy,
+        split=args.split,
+        episodes=args.episodes,
+        k=args.k,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_model_length=args.max_model_length,
+        progress=not args.no_progress,
+        print_report=False,
+        output=args.output,
+    )
+    print(report.format_table(), file=out)
+    if args.output:
+        print(f"wrote {args.output}", file=out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``llm-gym`` (sub-commands register themselves here)."""
+    parser = argparse.ArgumentParser(prog="llm-gym", description="Gymnasium for LLM agents.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list the registered environments")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("play", help="play an environment by hand in the terminal")
+    p.add_argument("env_id", help="e.g. ToolUseGame-v0")
+    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--index", type=int, default=None, help="task index (default: random)")
+    p.add_argument("--seed", type=int, default=None, help="seed for the random task choice")
+    p.set_defaults(func=_cmd_play)
+
+    p = sub.add_parser("eval", help="score a policy on an environment (run_and_report)")
+    p.add_argument("env_id")
+    p.add_argument(
+        "--policy", default="oracle", help="oracle | random[:SEED] | hf:PATH | openai:MODEL@URL"
+    )
+    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--episodes", type=int, default=None, help="total episodes (default: split)")
+    p.add_argument("--k", type=int, default=1, help="episodes per task; pass@k")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--max-model-length", type=int, default=None)
+    p.add_argument("--output", default=None, help="write the JSON record here")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("show-task", help="print one task as JSON")
+    p.add_argument("env_id")
+    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--index", type=int, default=0)
+    p.set_defaults(func=_cmd_show_task)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run ``llm-gym``; returns the exit code (errors print one clear line, exit code 2)."""
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args, out)
+    except (LlmGymError, KeyError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"llm-gym {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

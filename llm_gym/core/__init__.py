@@ -1,0 +1,31 @@
+"""The environment contract: tasks, messages, tools, steps and environments."""
+
+from llm_gym.core.env import Env, StepResult, TruncationCause
+from llm_gym.core.task import Task
+from llm_gym.core.tool import FunctionTool, Tool, ToolResult, decode_arguments, tool, tool_to_spec
+from llm_gym.core.tool_env import ToolEnv, answers_match, extract_answer
+from llm_gym.core.types import FunctionCall, FunctionSpec, Message, ToolCall, ToolSpec
+
+__all__ = [
+    # records
+    "Task",
+    "Message",
+    "ToolCall",
+    "FunctionCall",
+    "ToolSpec",
+    "FunctionSpec",
+    "StepResult",
+    "TruncationCause",
+    # tools
+    "Tool",
+    "ToolResult",
+    "FunctionTool",
+    "tool",
+    "tool_to_spec",
+    "decode_arguments",
+    # environments
+    "Env",
+    "ToolEnv",
+    "answers_match",
+    "extract_answer",
+]

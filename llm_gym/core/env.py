@@ -1,0 +1,100 @@
+"""The environment contract: ``Env``, ``StepResult`` and ``TruncationCause``.
+
+An environment owns the conversation history, tool dispatch and the rule for when an episode
+ends. The loop that drives it owns tokenization and sampling.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.core.task import Task
+from llm_gym.core.types import Message, ToolSpec
+
+__all__ = ["Env", "StepResult", "TruncationCause"]
+
+
+class TruncationCause(enum.StrEnum):
+    """Why an episode ended without the environment terminating it.
+
+    Only the two length-budget causes get the soft overlong penalty.
+    """
+
+    CONTEXT_OVERFLOW = "context_overflow"
+    """The conversation plus the next generation budget would pass ``max_model_length``."""
+    MAX_TURNS = "max_turns"
+    """The episode ran ``max_turns`` assistant turns without terminating."""
+    ENV = "env"
+    """The environment's ``step`` returned ``truncated=True`` (or ``reset``/``step`` raised)."""
+    PARSE_FAILURE = "parse_failure"
+    """The sampled text could not be parsed; the episode ends with ``failed_parse_reward``."""
+
+    @property
+    def gets_overlong_penalty(self) -> bool:
+        """Whether the soft overlong penalty applies to episodes ending this way."""
+        return self in (TruncationCause.CONTEXT_OVERFLOW, TruncationCause.MAX_TURNS)
+
+
+@dataclass
+class StepResult:
+    """What ``Env.step`` returns.
+
+    The loop reads ``reward`` and ``metrics`` only from the step that ends the episode, so
+    intermediate steps usually return ``0.0`` and put diagnostics in the final step's metrics.
+    """
+
+    terminated: bool
+    """Task logic ended the episode (for example, a final answer was given)."""
+    truncated: bool
+    """Something outside task logic cut the episode short (an env-enforced limit)."""
+    messages: list[Message]
+    """The whole conversation after this step."""
+    reward: float = 0.0
+    """The episode's reward, when this step ends it."""
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    """Diagnostics of the episode, read from the final step (numbers are averaged in reports)."""
+
+
+class Env(abc.ABC):
+    """An async multi-turn environment (the cookbook's ``Env``).
+
+    Subclasses implement :meth:`reset`, :meth:`step`, :attr:`tool_specs` and :attr:`messages`;
+    override :meth:`close` when ``reset`` starts background work. The loop calls ``close()``
+    whenever an episode ends, also when it truncates the episode itself.
+    """
+
+    @abc.abstractmethod
+    async def reset(self, task: Task) -> list[Message]:
+        """Start an episode of ``task``; return the opening messages (system, user)."""
+
+    @abc.abstractmethod
+    async def step(self, message: Message) -> StepResult:
+        """Consume one assistant message (with any tool calls) and return the result."""
+
+    @property
+    @abc.abstractmethod
+    def tool_specs(self) -> list[ToolSpec]:
+        """The tools the model may call, as OpenAI-style specs."""
+
+    @property
+    @abc.abstractmethod
+    def messages(self) -> list[Message]:
+        """The conversation so far (a copy)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook with an empty default
+        """Release what ``reset`` acquired. Safe to call more than once."""
+
+    @property
+    def synchronous(self) -> bool:
+        """True when ``reset``, ``step`` and ``close`` never await real I/O.
+
+        Synchronous callers (``TextEnv``) then run them without an event loop round trip, which
+        makes a step several times cheaper. Leave it False unless every await inside completes at
+        once; a coroutine that suspends anyway is finished on the event loop, so a wrong True
+        costs speed, never correctness.
+        """
+        return False

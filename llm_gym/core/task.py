@@ -1,0 +1,81 @@
+"""``Task``: the spec of one episode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["Task"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """The spec of one episode: what the model is asked and what the reward checks against.
+
+    Example:
+        >>> Task(prompt="What is 2 + 3?", target=5).target
+        5
+    """
+
+    prompt: str
+    """The user's request, shown to the model as the first user message."""
+    target: Any = None
+    """What the reward checks against (a number, a name, a list of hidden tests...)."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Anything else the environment or its oracle needs (task type, fact keys, a seed...)."""
+    id: str | None = None
+    """A stable identifier, unique within a task set; used for grouping and reports."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, str):
+            raise InvalidArgumentError(
+                f"Task.prompt must be a str, actual type: {type(self.prompt).__name__}."
+            )
+        if not isinstance(self.metadata, Mapping):
+            raise InvalidArgumentError(
+                f"Task.metadata must be a mapping, actual type: {type(self.metadata).__name__}."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``{"prompt", "target", "metadata", "id"}``."""
+        return {
+            "prompt": self.prompt,
+            "target": self.target,
+            "metadata": dict(self.metadata),
+            "id": self.id,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+        """Build a task from a dict such as one JSONL line.
+
+        Accepts the keys of :meth:`to_dict`; ``input``/``output`` (the keys of document 002's
+        datasets) are read as ``prompt``/``target`` when ``prompt`` is absent.
+        """
+        if not isinstance(data, Mapping):
+            raise InvalidArgumentError(
+                f"Expected a mapping with a 'prompt' key, actual type: {type(data).__name__}."
+            )
+        allowed = {"prompt", "target", "metadata", "id", "input", "output"}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise InvalidArgumentError(
+                f"Unknown task keys {unknown}; allowed keys: {sorted(allowed)}."
+            )
+        if "prompt" in data:
+            prompt, target = data["prompt"], data.get("target")
+        elif "input" in data:
+            prompt, target = data["input"], data.get("output")
+        else:
+            raise InvalidArgumentError(
+                f"A task needs a 'prompt' (or 'input') key, actual keys: {sorted(data)}."
+            )
+        return cls(
+            prompt=prompt,
+            target=target,
+            metadata=dict(data.get("metadata") or {}),
+            id=data.get("id"),
+        )

@@ -1,0 +1,202 @@
+"""``ToolEnv``: a generic tool-using environment to subclass instead of writing ``step`` by hand.
+
+The seeds' ``MathEnv`` becomes::
+
+    class MathEnv(ToolEnv):
+        system_prompt = "Use the calculator tool, then reply with only the final number."
+        tools = [CalculatorTool()]
+
+A reply without tool calls is the final answer, scored by :meth:`ToolEnv.score`; tool calls run
+concurrently-safe one after the other, a raising tool becomes a ``tool_error: ...`` message, and a
+tool whose result asks to stop ends the episode.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from llm_gym.core.env import Env, StepResult
+from llm_gym.core.task import Task
+from llm_gym.core.tool import Tool, run_tool, tool_to_spec
+from llm_gym.core.types import Message, ToolSpec
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["MAX_TOOL_RESULT_CHARS", "ToolEnv", "answers_match", "extract_answer"]
+
+MAX_TOOL_RESULT_CHARS = 8_000
+"""Tool results longer than this are cut (with a note) so one call cannot flood the context."""
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+def extract_answer(content: str) -> str:
+    """The answer part of a final reply: ``<think>`` blocks removed, whitespace stripped."""
+    text = _THINK.sub("", content)
+    if "</think>" in text:  # an opened-but-unclosed think block was closed by the template
+        text = text.rsplit("</think>", 1)[1]
+    return text.strip()
+
+
+def _as_number(text: str) -> float | None:
+    cleaned = text.strip().rstrip(".").replace(",", "").replace("_", "")
+    if len(cleaned) > 64 or not _NUMBER.fullmatch(cleaned):
+        return None
+    value = float(cleaned)
+    return value if math.isfinite(value) else None
+
+
+def answers_match(
+    answer: str, target: Any, *, rel_tol: float = 1e-6, abs_tol: float = 1e-6
+) -> bool:
+    """Whether a reply matches a target.
+
+    Numbers match within ``rel_tol`` (relative) or ``abs_tol`` (absolute); thousands separators
+    and a trailing period are ignored. Anything else matches case-insensitively after stripping
+    whitespace and a trailing period.
+    """
+    if isinstance(target, bool) or not isinstance(target, int | float):
+        expected = str(target).strip().rstrip(".").casefold()
+        return answer.strip().rstrip(".").casefold() == expected
+    value = _as_number(answer)
+    return value is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+_TOOL_ATTRIBUTES = ("name", "description", "parameters_schema", "execute")
+
+
+class ToolEnv(Env):
+    """A tool-using environment: system prompt, tools, final-answer scorer.
+
+    Set the class attributes (or pass them to ``__init__``) and override :meth:`score` for a
+    custom reward; override :meth:`initial_messages` for a custom opening.
+    """
+
+    system_prompt: ClassVar[str] = ""
+    """The system message of every episode (empty: no system message)."""
+    tools: ClassVar[Sequence[Tool]] = ()
+    """The tools the model may call."""
+
+    def __init__(
+        self, tools: Sequence[Tool] | None = None, system_prompt: str | None = None
+    ) -> None:
+        tool_list = list(self.tools if tools is None else tools)
+        self._tools: dict[str, Tool] = {}
+        for t in tool_list:
+            if not all(hasattr(t, a) for a in _TOOL_ATTRIBUTES):
+                raise InvalidArgumentError(
+                    f"Expected Tool objects (name, description, parameters_schema, execute), "
+                    f"actual value: {t!r}."
+                )
+            if t.name in self._tools:
+                raise InvalidArgumentError(f"Two tools are named {t.name!r}; names must be unique.")
+            self._tools[t.name] = t
+        self._system_prompt = self.system_prompt if system_prompt is None else system_prompt
+        self._messages: list[Message] = []
+        self._task: Task | None = None
+        self._specs = [tool_to_spec(t) for t in self._tools.values()]
+
+    @property
+    def task(self) -> Task:
+        """The current episode's task."""
+        if self._task is None:
+            raise RuntimeError("No episode is running: call reset(task) first.")
+        return self._task
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        """The opening messages: the system prompt (if any) and the task's prompt."""
+        opening: list[Message] = []
+        if self._system_prompt:
+            opening.append(Message(role="system", content=self._system_prompt))
+        opening.append(Message(role="user", content=task.prompt))
+        return opening
+
+    def score(self, answer: str, task: Task) -> float:
+        """The reward of a final answer: 1.0 when it matches ``task.target``, else 0.0."""
+        return 1.0 if answers_match(answer, task.target) else 0.0
+
+    def metrics(self, answer: str | None, task: Task) -> dict[str, Any]:
+        """Diagnostics of the finished episode (added to the final step's metrics)."""
+        return {}
+
+    async def reset(self, task: Task) -> list[Message]:
+        self._task = task
+        self._messages = self.initial_messages(task)
+        self._tool_calls = 0
+        self._tool_errors = 0
+        return list(self._messages)
+
+    def _finish(self, answer: str | None, reward: float) -> StepResult:
+        metrics = {"tool_calls": self._tool_calls, "tool_errors": self._tool_errors}
+        metrics.update(self.metrics(answer, self.task))
+        return StepResult(
+            terminated=True,
+            truncated=False,
+            messages=list(self._messages),
+            reward=reward,
+            metrics=metrics,
+        )
+
+    async def call_tool(self, name: str, arguments: str) -> tuple[str, bool]:
+        """Run one tool call; return (content, should_stop). Errors become ``tool_error: ...``."""
+        found = self._tools.get(name)
+        if found is None:
+            self._tool_errors += 1
+            close = difflib.get_close_matches(str(name), list(self._tools), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            return (
+                f"tool_error: unknown tool {str(name)[:80]!r}; available tools: "
+                f"{sorted(self._tools)}.{hint}",
+                False,
+            )
+        try:
+            result = await run_tool(found, arguments)
+            content, stop = str(result.content), bool(result.should_stop)
+        except Exception as exc:  # a bad call is an episode outcome, never a crash
+            self._tool_errors += 1
+            return f"tool_error: {exc}" if str(exc) else f"tool_error: {exc!r}", False
+        if len(content) > MAX_TOOL_RESULT_CHARS:
+            content = content[:MAX_TOOL_RESULT_CHARS] + f"\n[cut at {MAX_TOOL_RESULT_CHARS} chars]"
+        return content, stop
+
+    async def step(self, message: Message) -> StepResult:
+        task = self.task
+        self._messages.append(message)
+        tool_calls = message.get("tool_calls") or []
+        if not tool_calls:
+            answer = extract_answer(message.get("content") or "")
+            return self._finish(answer, self.score(answer, task))
+        stop = False
+        for call in tool_calls:
+            function = call.get("function") or {}
+            name = function.get("name", "")
+            self._tool_calls += 1
+            content, should_stop = await self.call_tool(name, function.get("arguments", "{}"))
+            stop = stop or should_stop
+            self._messages.append(
+                Message(role="tool", content=content, tool_call_id=call.get("id", ""), name=name)
+            )
+        if stop:
+            return self._finish(None, self.stop_reward(task))
+        return StepResult(terminated=False, truncated=False, messages=list(self._messages))
+
+    def stop_reward(self, task: Task) -> float:
+        """The reward when a tool ends the episode (default 0.0)."""
+        return 0.0
+
+    @property
+    def synchronous(self) -> bool:
+        """True when every tool declares ``synchronous = True`` (``@tool`` on a plain function)."""
+        return all(getattr(t, "synchronous", False) for t in self._tools.values())
+
+    @property
+    def tool_specs(self) -> list[ToolSpec]:
+        return [dict(spec) for spec in self._specs]  # type: ignore[misc]
+
+    @property
+    def messages(self) -> list[Message]:
+        return list(self._messages)

@@ -1,0 +1,39 @@
+"""The exceptions llm_gym raises.
+
+Every error derives from :class:`LlmGymError` and also from the builtin that matches its meaning,
+so ``except ValueError`` keeps working for callers that do not know about llm_gym.
+Messages say what was expected, what came, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CalculatorError",
+    "InvalidArgumentError",
+    "LlmGymError",
+    "ToolArgumentError",
+    "UnknownNameError",
+]
+
+
+class LlmGymError(Exception):
+    """Root of every error raised by llm_gym."""
+
+
+class InvalidArgumentError(LlmGymError, ValueError):
+    """A caller passed a value outside what a function or config accepts."""
+
+
+class ToolArgumentError(LlmGymError, ValueError):
+    """A tool was called with arguments that do not match its parameter schema."""
+
+
+class CalculatorError(LlmGymError, ValueError):
+    """The safe arithmetic evaluator refused or could not evaluate an expression."""
+
+
+class UnknownNameError(LlmGymError, KeyError):
+    """A registry lookup (environment id, action format, policy) found no such name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,23 @@
+"""Evaluation: ``run_and_report``, pass@k and intervals."""
+
+from llm_gym.eval.metrics import (
+    is_success,
+    mean_pass_at_k,
+    pass_at_k,
+    summarize_episodes,
+    wilson_interval,
+)
+from llm_gym.eval.report import EvalReport, run_and_report, select_tasks
+
+__all__ = [
+    # the evaluator
+    "run_and_report",
+    "EvalReport",
+    "select_tasks",
+    # numbers
+    "pass_at_k",
+    "mean_pass_at_k",
+    "wilson_interval",
+    "summarize_episodes",
+    "is_success",
+]

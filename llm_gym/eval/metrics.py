@@ -1,0 +1,111 @@
+"""Pure functions for evaluation numbers: intervals, pass@k and episode summaries."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from llm_gym.core.env import TruncationCause
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["wilson_interval", "pass_at_k", "mean_pass_at_k", "summarize_episodes", "is_success"]
+
+
+def wilson_interval(successes: int, total: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% by default).
+
+    Example:
+        >>> lo, hi = wilson_interval(8, 10)
+        >>> round(lo, 3), round(hi, 3)
+        (0.49, 0.943)
+    """
+    if total < 0 or not 0 <= successes <= total:
+        raise InvalidArgumentError(
+            f"Expected 0 <= successes <= total, actual values: {successes}, {total}."
+        )
+    if total == 0:
+        return 0.0, 1.0
+    p = successes / total
+    denominator = 1 + z * z / total
+    centre = (p + z * z / (2 * total)) / denominator
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al., 2021): the chance that k of n samples, c correct, hold one.
+
+    ``1 - C(n - c, k) / C(n, k)``, computed as a stable product.
+
+    Example:
+        >>> pass_at_k(n=4, c=1, k=2)
+        0.5
+    """
+    if not 0 <= c <= n:
+        raise InvalidArgumentError(f"Expected 0 <= c <= n, actual values: c={c}, n={n}.")
+    if not 1 <= k <= n:
+        raise InvalidArgumentError(f"Expected 1 <= k <= n, actual values: k={k}, n={n}.")
+    if n - c < k:
+        return 1.0
+    product = 1.0
+    for i in range(n - c + 1, n + 1):
+        product *= 1.0 - k / i
+    return 1.0 - product
+
+
+def mean_pass_at_k(per_task: Sequence[tuple[int, int]], k: int) -> float:
+    """Mean pass@k over tasks given ``(n, c)`` per task."""
+    if not per_task:
+        return 0.0
+    return sum(pass_at_k(n, c, k) for n, c in per_task) / len(per_task)
+
+
+def is_success(episode: Any, threshold: float = 1.0) -> bool:
+    """An episode succeeded when its env says so (``metrics["success"]``) or reward ≥ threshold."""
+    flag = episode.metrics.get("success") if episode.metrics else None
+    if isinstance(flag, bool | int | float) and not isinstance(flag, str):
+        return bool(flag)
+    return episode.reward >= threshold
+
+
+def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[str, float]:
+    """The per-episode averages a report and a training log show.
+
+    Keys: ``reward_mean``, ``reward_std``, ``success_rate``, ``success_ci_low``,
+    ``success_ci_high``, ``terminated_ratio``, ``truncated_ratio``, one ``<cause>_ratio`` per
+    :class:`TruncationCause` (plus ``env_truncated_ratio`` as an alias of ``env_ratio``),
+    ``turns_mean``, ``tool_calls_mean``, ``tool_error_rate`` (errors per tool call),
+    ``tool_errors_mean``, ``env_error_ratio`` (reset/step raised), ``completion_tokens_mean``,
+    ``prompt_tokens_mean``, ``episodes``.
+    """
+    n = len(episodes)
+    if n == 0:
+        return {"episodes": 0.0}
+    rewards = [float(e.reward) for e in episodes]
+    mean = sum(rewards) / n
+    successes = sum(is_success(e, threshold) for e in episodes)
+    low, high = wilson_interval(successes, n)
+    tool_calls = sum(e.tool_calls for e in episodes)
+    tool_errors = sum(e.tool_errors for e in episodes)
+    summary = {
+        "episodes": float(n),
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
+        "success_rate": successes / n,
+        "success_ci_low": low,
+        "success_ci_high": high,
+        "terminated_ratio": sum(e.terminated for e in episodes) / n,
+        "truncated_ratio": sum(e.truncated for e in episodes) / n,
+        "turns_mean": sum(e.num_turns for e in episodes) / n,
+        "tool_calls_mean": tool_calls / n,
+        "tool_errors_mean": tool_errors / n,
+        "tool_error_rate": tool_errors / tool_calls if tool_calls else 0.0,
+        "env_error_ratio": sum(e.error is not None for e in episodes) / n,
+        "completion_tokens_mean": sum(e.completion_tokens for e in episodes) / n,
+        "prompt_tokens_mean": sum(e.prompt_tokens for e in episodes) / n,
+    }
+    for cause in TruncationCause:
+        summary[f"{cause.value}_ratio"] = sum(e.truncation_cause is cause for e in episodes) / n
+    summary["env_truncated_ratio"] = summary["env_ratio"]
+    return summary

@@ -1,0 +1,266 @@
+"""``run_and_report``: score any policy on any environment, print a table, write a JSON record.
+
+The cookbook's baseline evaluator: run it before you spend GPU time, to know the floor (random),
+the ceiling (oracle) and where a model starts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.eval.metrics import is_success, mean_pass_at_k, summarize_episodes
+from llm_gym.rollout.episode import Episode
+from llm_gym.rollout.loop import DEFAULT_FAILED_PARSE_REWARD, collect_groups
+from llm_gym.rollout.policies import Policy
+
+__all__ = ["EvalReport", "run_and_report", "select_tasks", "machine_name"]
+
+
+def machine_name() -> str:
+    """A short description of this machine for records: CPU model and core count."""
+    import os
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                model,
+            )
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"
+
+
+@dataclass
+class EvalReport:
+    """One evaluation: what ran, how, and the numbers."""
+
+    env_id: str
+    """The environment's id (or the factory's name)."""
+    env_version: str | None
+    """The environment's version."""
+    split: str
+    """The task split."""
+    seed: int
+    """Seed of the task selection (and of seeded policies)."""
+    k: int
+    """Episodes per task, and the k of pass@k."""
+    tasks: int
+    """Distinct tasks evaluated."""
+    policy: dict[str, Any]
+    """The policy's own description (name, model, sampling settings)."""
+    settings: dict[str, Any]
+    """Rollout settings: max_turns, action format, token budgets."""
+    metrics: dict[str, float]
+    """See :func:`~llm_gym.eval.metrics.summarize_episodes`, plus ``pass_at_k`` and
+    ``episodes_per_second``."""
+    date: str = ""
+    """When it ran (UTC, ISO 8601)."""
+    machine: str = ""
+    """Where it ran."""
+    wall_time_s: float = 0.0
+    """Seconds for the whole collection."""
+    episodes: list[Episode] = field(default_factory=list, repr=False)
+    """The episodes themselves (not written to JSON)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record (without the episodes)."""
+        record = asdict(self)
+        record.pop("episodes")
+        return record
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON record; returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        return path
+
+    def format_table(self) -> str:
+        """The report as a small two-column table a person reads."""
+        m = self.metrics
+        rows = [
+            ("environment", f"{self.env_id} (version {self.env_version}), split {self.split}"),
+            ("policy", self.policy.get("name", "?")),
+            ("episodes", f"{int(m['episodes'])} ({self.tasks} tasks x {self.k})"),
+            (
+                "success rate",
+                f"{m['success_rate']:.3f}  95% CI [{m['success_ci_low']:.3f}, "
+                f"{m['success_ci_high']:.3f}]",
+            ),
+            (f"pass@{self.k}", f"{m['pass_at_k']:.3f}"),
+            ("mean reward", f"{m['reward_mean']:.3f} (std {m['reward_std']:.3f})"),
+            ("terminated / truncated", f"{m['terminated_ratio']:.3f} / {m['truncated_ratio']:.3f}"),
+            ("  context overflow", f"{m['context_overflow_ratio']:.3f}"),
+            ("  max turns", f"{m['max_turns_ratio']:.3f}"),
+            ("  parse failure", f"{m['parse_failure_ratio']:.3f}"),
+            ("  env", f"{m['env_ratio']:.3f}"),
+            ("turns per episode", f"{m['turns_mean']:.2f}"),
+            ("tool calls per episode", f"{m['tool_calls_mean']:.2f}"),
+            ("tool-error rate", f"{m['tool_error_rate']:.3f}"),
+            (
+                "tokens per episode",
+                f"{m['completion_tokens_mean']:.1f} sampled, {m['prompt_tokens_mean']:.1f} prompt",
+            ),
+            ("episodes per second", f"{m['episodes_per_second']:.1f}"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def select_tasks(tasks: Sequence[Task], count: int | None, seed: int) -> list[Task]:
+    """``count`` tasks: all of them in order when ``count`` is None or covers the split, else a
+    seeded sample (the same seed always picks the same tasks)."""
+    task_list = list(tasks)
+    if count is None or count >= len(task_list):
+        return task_list
+    if count < 1:
+        raise InvalidArgumentError(f"Expected at least one task, actual value: {count}.")
+    picked = sorted(random.Random(seed).sample(range(len(task_list)), count))
+    return [task_list[i] for i in picked]
+
+
+def _resolve_env(env: Any, split: str, tasks: Sequence[Task] | None) -> tuple[Any, ...]:
+    """(factory, tasks, env_id, version, oracle, max_turns, action_format) for an id or factory."""
+    if isinstance(env, str) and ":" not in env:
+        from llm_gym.gym.registration import env_entry
+        from llm_gym.gym.text_env import _as_task_source, resolve
+
+        entry = env_entry(env)
+        kwargs = entry.kwargs
+        task_list = list(tasks) if tasks is not None else list(_as_task_source(entry.tasks)(split))
+        oracle = resolve(entry.oracle) if entry.oracle is not None else None
+        return (
+            entry.env,
+            task_list,
+            entry.id,
+            entry.version,
+            oracle,
+            kwargs["max_turns"],
+            kwargs["action_format"],
+        )
+    if tasks is None:
+        raise InvalidArgumentError(
+            "run_and_report needs tasks= when env is a factory; pass an env id "
+            "(e.g. 'ToolUseGame-v0') to use its registered tasks."
+        )
+    name = getattr(env, "__qualname__", None) or type(env).__name__
+    return env, list(tasks), name, getattr(env, "version", None), None, 8, "hermes"
+
+
+def run_and_report(
+    env: str | Callable[..., Any],
+    policy: Policy | str,
+    *,
+    tasks: Sequence[Task] | None = None,
+    split: str = "val",
+    episodes: int | None = None,
+    k: int = 1,
+    seed: int = 0,
+    max_turns: int | None = None,
+    max_model_length: int | None = None,
+    max_new_tokens: int | None = None,
+    action_format: str | None = None,
+    failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD,
+    success_threshold: float = 1.0,
+    oracle: Callable[..., Any] | None = None,
+    progress: bool = True,
+    print_report: bool = True,
+    output: str | Path | None = None,
+) -> EvalReport:
+    """Run ``policy`` on an environment and report how it did.
+
+    Args:
+        env: A registered id (``"ToolUseGame-v0"``: its tasks, oracle, turn limit and action
+            format come from the registry) or an env factory / ``Env`` class (then pass ``tasks``).
+        policy: A :class:`Policy`, or a spec: ``oracle``, ``random``, ``hf:PATH``,
+            ``openai:MODEL@URL``.
+        tasks: The tasks (default: the registered env's ``split``).
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        episodes: Total episodes; ``episodes // k`` tasks are picked (seeded). Default: every
+            task of the split, ``k`` times.
+        k: Episodes per task, and the k of the unbiased pass@k.
+        seed: Seed of the task selection (and of a ``random`` policy built from a spec).
+        max_turns: Assistant turns per episode (default: the registered value, else 8).
+        max_model_length: Context budget in tokens (model policies).
+        max_new_tokens: Tokens per assistant turn (model policies).
+        action_format: ``"hermes"`` or ``"json"`` (default: the registered one).
+        failed_parse_reward: Reward of an episode that ends on an unparseable action.
+        success_threshold: An episode succeeds when its reward reaches this (unless its
+            metrics carry ``success``).
+        oracle: The scripted expert for ``policy="oracle"`` (default: the registered one).
+        progress: Show a progress bar.
+        print_report: Print the table when done.
+        output: Write the JSON record here.
+    """
+    from llm_gym.rollout.policies import policy_from_spec
+
+    if not isinstance(k, int) or k < 1:
+        raise InvalidArgumentError(f"k must be an int >= 1, actual value: {k!r}.")
+    factory, all_tasks, env_id, version, registered_oracle, default_turns, default_format = (
+        _resolve_env(env, split, tasks)
+    )
+    if isinstance(policy, str):
+        policy = policy_from_spec(policy, seed=seed)
+    count = None if episodes is None else max(1, episodes // k)
+    chosen = select_tasks(all_tasks, count, seed)
+    settings = {
+        "max_turns": max_turns or default_turns,
+        "action_format": action_format or default_format,
+        "max_model_length": max_model_length,
+        "max_new_tokens": max_new_tokens,
+        "failed_parse_reward": failed_parse_reward,
+        "success_threshold": success_threshold,
+    }
+    start = time.perf_counter()
+    groups = collect_groups(
+        factory,
+        chosen,
+        policy,
+        episodes_per_task=k,
+        max_turns=settings["max_turns"],
+        max_model_length=max_model_length,
+        max_new_tokens=max_new_tokens,
+        action_format=settings["action_format"],
+        failed_parse_reward=failed_parse_reward,
+        oracle=oracle or registered_oracle,
+        progress=f"{env_id} · {policy.name}" if progress else False,
+    )
+    wall = time.perf_counter() - start
+    flat = [episode for group in groups for episode in group]
+    metrics = summarize_episodes(flat, success_threshold)
+    metrics["pass_at_k"] = mean_pass_at_k(
+        [(len(g), sum(is_success(e, success_threshold) for e in g)) for g in groups], k
+    )
+    metrics["episodes_per_second"] = len(flat) / wall if wall > 0 else float("inf")
+    report = EvalReport(
+        env_id=env_id,
+        env_version=version,
+        split=split,
+        seed=seed,
+        k=k,
+        tasks=len(chosen),
+        policy=policy.describe(),
+        settings=settings,
+        metrics=metrics,
+        date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        machine=machine_name(),
+        wall_time_s=wall,
+        episodes=flat,
+    )
+    if print_report:
+        print(report.format_table())
+    if output is not None:
+        report.save(output)
+    return report

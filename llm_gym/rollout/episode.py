@@ -1,0 +1,105 @@
+"""Records of finished episodes: ``Turn`` and ``Episode``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.actions import ParseKind
+from llm_gym.core.env import TruncationCause
+from llm_gym.core.task import Task
+from llm_gym.core.types import Message, ToolSpec
+
+__all__ = ["Episode", "Turn"]
+
+
+@dataclass
+class Turn:
+    """One assistant turn and what the environment answered."""
+
+    text: str
+    """The assistant's raw text, as sampled."""
+    parse_kind: ParseKind
+    """Final answer, tool calls, or parse failure."""
+    message: Message
+    """The structured assistant message the environment received."""
+    parse_error: str | None = None
+    """The parser's reason, for a parse failure."""
+    env_messages: list[Message] = field(default_factory=list)
+    """The messages the environment appended after this action (tool results, a user turn)."""
+    tool_calls: int = 0
+    """Tool calls in this action."""
+    tool_errors: int = 0
+    """Tool results of this turn that start with ``tool_error``."""
+    token_ids: list[int] | None = None
+    """Sampled token ids (model policies)."""
+    logprobs: list[float] | None = None
+    """The sampler's log-probabilities, aligned with ``token_ids``."""
+    finish_reason: str = "stop"
+    """``"stop"`` or ``"length"``."""
+    reward: float | None = None
+    """This turn's own reward, when the environment grades turns (per-turn credit)."""
+
+
+@dataclass
+class Episode:
+    """One finished episode: the transcript, how it ended, and its reward."""
+
+    task: Task
+    """The task it played."""
+    group: int
+    """Index of its group (its task's position in the collected batch)."""
+    index: int
+    """Its index within the group."""
+    messages: list[Message]
+    """The whole conversation, opening messages included."""
+    turns: list[Turn]
+    """The assistant turns in order."""
+    reward: float
+    """The final reward (from the ending step; ``failed_parse_reward`` on a parse failure;
+    0.0 when the loop truncated it or the environment raised)."""
+    terminated: bool
+    """The environment ended it (task logic)."""
+    truncated: bool
+    """It ended any other way; see :attr:`truncation_cause`."""
+    truncation_cause: TruncationCause | None = None
+    """Why it was truncated (``None`` when terminated)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """The environment's metrics from the ending step."""
+    tool_specs: list[ToolSpec] = field(default_factory=list)
+    """The tools the environment offered."""
+    num_opening_messages: int = 0
+    """How many of :attr:`messages` came from ``reset`` (the prompt)."""
+    error: str | None = None
+    """The traceback when the environment's ``reset``, ``step`` or ``close`` raised."""
+    prompt_tokens: int = 0
+    """Tokens of the opening prompt (when a tokenizer is known)."""
+    completion_tokens: int = 0
+    """Tokens the policy sampled over the whole episode."""
+    wall_time_s: float = 0.0
+    """Seconds from reset to close."""
+    samples: list[Any] = field(default_factory=list)
+    """Token samples built by the loop (token-in/token-out policies)."""
+
+    @property
+    def num_turns(self) -> int:
+        """Assistant turns taken."""
+        return len(self.turns)
+
+    @property
+    def per_turn_rewards(self) -> list[float] | None:
+        """One reward per assistant turn, when the environment graded every turn."""
+        rewards = [t.reward for t in self.turns]
+        if not rewards or any(r is None for r in rewards):
+            return None
+        return [float(r) for r in rewards]  # type: ignore[arg-type]
+
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls over the whole episode."""
+        return sum(t.tool_calls for t in self.turns)
+
+    @property
+    def tool_errors(self) -> int:
+        """Tool results that were errors, over the whole episode."""
+        return sum(t.tool_errors for t in self.turns)

@@ -1,0 +1,385 @@
+"""The episode loop: groups of whole episodes, run concurrently, generated in waves.
+
+Every episode runs as its own coroutine. When an episode needs an action it joins the current
+*wave*; a wave is sent to the policy as one batched ``act`` call as soon as every live episode is
+waiting (none is inside an environment step), so a model generates for all groups at once while
+environment steps overlap with each other on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gym.actions import ActionFormat, ParseKind, get_action_format
+from llm_gym.aio import run_sync
+from llm_gym.core.env import Env, TruncationCause
+from llm_gym.core.task import Task
+from llm_gym.core.types import Message
+from llm_gym.errors import InvalidArgumentError, LlmGymError
+from llm_gym.rollout.episode import Episode, Turn
+from llm_gym.rollout.policies import Generation, Oracle, Policy, PolicyRequest
+from llm_gym.rollout.tokens import TokenTracker
+
+__all__ = [
+    "collect_groups",
+    "collect_groups_async",
+    "RolloutSettings",
+    "RolloutStats",
+    "PolicyError",
+    "DEFAULT_FAILED_PARSE_REWARD",
+]
+
+DEFAULT_FAILED_PARSE_REWARD = -0.1
+"""Reward of an episode that ends on an unparseable action (the seeds' default)."""
+
+EnvFactory = Callable[[Task], Env]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How episodes are run (one object, so the trainer and the evaluator share it)."""
+
+    max_turns: int
+    """Assistant turns per episode before ``MAX_TURNS`` truncation."""
+    max_model_length: int | None = None
+    """Context budget in tokens; ``CONTEXT_OVERFLOW`` when context + ``max_new_tokens`` would
+    pass it (checked when the policy has a tokenizer)."""
+    max_new_tokens: int | None = None
+    """Generation budget of one assistant turn (``None``: the policy's default)."""
+    failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD
+    """Reward of an episode that ends on an unparseable action."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra arguments for the chat template (``enable_thinking``, ...)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise InvalidArgumentError(
+                f"max_turns must be an int >= 1, actual value: {self.max_turns!r}."
+            )
+        if self.max_model_length is not None and self.max_model_length < 1:
+            raise InvalidArgumentError(
+                f"max_model_length must be None or >= 1, actual value: {self.max_model_length!r}."
+            )
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise InvalidArgumentError(
+                f"max_new_tokens must be None or >= 1, actual value: {self.max_new_tokens!r}."
+            )
+
+
+class PolicyError(LlmGymError, RuntimeError):
+    """The policy itself failed (not the model's output): collection stops."""
+
+
+class _Waves:
+    """Batches the action requests of all live episodes into one policy call per wave."""
+
+    def __init__(self, policy: Policy, live: int) -> None:
+        self.policy = policy
+        self.live = live
+        self.pending: list[tuple[PolicyRequest, asyncio.Future[Generation]]] = []
+        self.calls = 0
+        self.batch_sizes: list[int] = []
+
+    async def act(self, request: PolicyRequest) -> Generation:
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self.pending.append((request, future))
+        self._maybe_flush()
+        return await future
+
+    def episode_done(self) -> None:
+        self.live -= 1
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if self.pending and len(self.pending) >= self.live:
+            batch, self.pending = self.pending, []
+            asyncio.get_running_loop().create_task(self._run(batch))
+
+    async def _run(self, batch: list[tuple[PolicyRequest, asyncio.Future[Generation]]]) -> None:
+        self.calls += 1
+        self.batch_sizes.append(len(batch))
+        try:
+            generations = await self.policy.act([request for request, _ in batch])
+            if len(generations) != len(batch):
+                raise RuntimeError(
+                    f"{type(self.policy).__name__}.act returned {len(generations)} generations "
+                    f"for {len(batch)} requests."
+                )
+        except Exception as exc:  # the policy failed: the collection fails, loudly
+            error = PolicyError(f"{type(self.policy).__name__}.act failed: {exc!r}")
+            error.__cause__ = exc
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        for (_, future), generation in zip(batch, generations, strict=True):
+            if not future.done():
+                future.set_result(generation)
+
+
+def _count_tool_errors(messages: Sequence[Message]) -> int:
+    return sum(
+        1
+        for m in messages
+        if m.get("role") == "tool" and str(m.get("content", "")).startswith("tool_error")
+    )
+
+
+def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None:
+    rewards = metrics.pop("per_turn_rewards", None)
+    if rewards is None:
+        return
+    valid = (
+        isinstance(rewards, list | tuple)
+        and len(rewards) == len(turns)
+        and all(isinstance(r, int | float) and math.isfinite(r) for r in rewards)
+    )
+    if not valid:
+        warnings.warn(
+            f"Ignoring per_turn_rewards: expected {len(turns)} finite numbers (one per assistant "
+            f"turn), got {rewards!r:.120}. The episode uses episode-level credit.",
+            stacklevel=2,
+        )
+        metrics["per_turn_rewards_invalid"] = 1
+        return
+    for turn, reward in zip(turns, rewards, strict=True):
+        turn.reward = float(reward)
+
+
+async def _run_episode(
+    env_factory: EnvFactory,
+    task: Task,
+    group: int,
+    index: int,
+    waves: _Waves,
+    settings: RolloutSettings,
+    action_format: ActionFormat,
+    oracle: Oracle | None,
+    tokenizer: Any,
+) -> Episode:
+    start = time.perf_counter()
+    turns: list[Turn] = []
+    messages: list[Message] = []
+    episode = Episode(
+        task=task,
+        group=group,
+        index=index,
+        messages=messages,
+        turns=turns,
+        reward=0.0,
+        terminated=False,
+        truncated=True,
+    )
+    env: Env | None = None
+    tracker: TokenTracker | None = None
+    try:
+        env = env_factory(task)
+        messages = list(await env.reset(task))
+        episode.messages = messages
+        episode.num_opening_messages = len(messages)
+        tool_specs = list(env.tool_specs)
+        episode.tool_specs = tool_specs
+        if tokenizer is not None:
+            tracker = TokenTracker(tokenizer, tool_specs, settings.chat_template_kwargs)
+            tracker.start(messages)
+            episode.prompt_tokens = tracker.context_length
+        for turn_number in range(settings.max_turns):
+            if (
+                tracker is not None
+                and settings.max_model_length is not None
+                and tracker.context_length + (settings.max_new_tokens or 0)
+                > settings.max_model_length
+            ):
+                episode.truncation_cause = TruncationCause.CONTEXT_OVERFLOW
+                break
+            request = PolicyRequest(
+                messages=list(messages),
+                tool_specs=tool_specs,
+                task=task,
+                action_format=action_format,
+                max_new_tokens=settings.max_new_tokens,
+                prompt_ids=tracker.context_ids if tracker is not None else None,
+                oracle=oracle,
+            )
+            generation = await waves.act(request)
+            parsed = action_format.parse(generation.text, call_id_prefix=f"call_t{turn_number + 1}")
+            turn = Turn(
+                text=generation.text,
+                parse_kind=parsed.kind,
+                message=parsed.message,
+                parse_error=parsed.error,
+                tool_calls=len(parsed.tool_calls),
+                token_ids=generation.token_ids,
+                logprobs=generation.logprobs,
+                finish_reason=generation.finish_reason,
+            )
+            turns.append(turn)
+            if generation.token_ids is not None:
+                episode.completion_tokens += len(generation.token_ids)
+            if tracker is not None and generation.token_ids is not None:
+                tracker.add_generation(
+                    generation.token_ids, generation.logprobs, generation.text, turn_number
+                )
+            if parsed.kind is ParseKind.PARSE_FAILURE:
+                messages.append(parsed.message)
+                episode.reward = settings.failed_parse_reward
+                episode.truncation_cause = TruncationCause.PARSE_FAILURE
+                break
+            before = len(messages)
+            result = await env.step(parsed.message)
+            messages = list(result.messages)
+            episode.messages = messages
+            new = messages[before:]
+            turn.env_messages = new[1:] if new and new[0].get("role") == "assistant" else new
+            turn.tool_errors = _count_tool_errors(turn.env_messages)
+            if result.terminated or result.truncated:
+                episode.reward = float(result.reward)
+                episode.metrics = dict(result.metrics)
+                episode.terminated = bool(result.terminated)
+                episode.truncated = not result.terminated
+                if not result.terminated:
+                    episode.truncation_cause = TruncationCause.ENV
+                break
+            if tracker is not None and turn.env_messages:
+                tracker.add_environment(turn.env_messages)
+        else:
+            episode.truncation_cause = TruncationCause.MAX_TURNS
+    except (asyncio.CancelledError, PolicyError):
+        raise
+    except Exception:
+        episode.error = traceback.format_exc()
+        episode.reward = 0.0
+        episode.terminated, episode.truncated = False, True
+        episode.truncation_cause = TruncationCause.ENV
+    finally:
+        if env is not None:
+            try:
+                await env.close()
+            except Exception:
+                episode.error = (episode.error or "") + traceback.format_exc()
+        waves.episode_done()
+    if episode.terminated:
+        episode.truncated, episode.truncation_cause = False, None
+    _assign_per_turn_rewards(turns, episode.metrics)
+    if tracker is not None:
+        episode.samples = tracker.finish(episode.reward, episode.per_turn_rewards)
+    episode.wall_time_s = time.perf_counter() - start
+    return episode
+
+
+@dataclass
+class RolloutStats:
+    """How a collection went (for tests, benchmarks and logs)."""
+
+    policy_calls: int
+    """Batched ``policy.act`` calls (one per wave)."""
+    batch_sizes: list[int]
+    """Requests in each call."""
+    wall_time_s: float
+    """Seconds for the whole collection."""
+
+
+async def collect_groups_async(
+    env_factory: EnvFactory | Any,
+    tasks: Sequence[Task],
+    policy: Policy,
+    *,
+    episodes_per_task: int = 1,
+    max_turns: int,
+    max_model_length: int | None = None,
+    max_new_tokens: int | None = None,
+    action_format: str | ActionFormat = "hermes",
+    failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD,
+    oracle: Oracle | None = None,
+    tokenizer: Any = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    progress: bool | str = False,
+    stats: list[RolloutStats] | None = None,
+) -> list[list[Episode]]:
+    """Run ``episodes_per_task`` episodes of every task, all concurrently; one group per task.
+
+    Args:
+        env_factory: Builds a fresh environment for each episode (``task -> Env``); an ``Env``
+            class or a ``"module:attr"`` string works too.
+        tasks: The tasks; every episode of a group starts from the same task.
+        policy: Produces the actions, one batched call per wave of waiting episodes.
+        episodes_per_task: Episodes per task (the group size).
+        max_turns: Assistant turns before ``MAX_TURNS`` truncation.
+        max_model_length: Context budget in tokens (needs a tokenizer: the policy's by default).
+        max_new_tokens: Tokens per assistant turn (passed to the policy).
+        action_format: How the assistant's text is parsed (``"hermes"`` or ``"json"``).
+        failed_parse_reward: Reward of an episode ending on an unparseable action.
+        oracle: The environment's scripted expert, for ``OraclePolicy``.
+        tokenizer: Builds token samples (token-in/token-out); defaults to ``policy.tokenizer``.
+        chat_template_kwargs: Extra chat template arguments.
+        progress: Show a progress bar (a string sets its description).
+        stats: When given, a :class:`RolloutStats` is appended to it.
+
+    Returns:
+        ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
+    """
+    from llm_gym.gym.text_env import _as_env_factory
+
+    if not isinstance(episodes_per_task, int) or episodes_per_task < 1:
+        raise InvalidArgumentError(
+            f"episodes_per_task must be an int >= 1, actual value: {episodes_per_task!r}."
+        )
+    settings = RolloutSettings(
+        max_turns=max_turns,
+        max_model_length=max_model_length,
+        max_new_tokens=max_new_tokens,
+        failed_parse_reward=failed_parse_reward,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    factory = _as_env_factory(env_factory)
+    fmt = get_action_format(action_format)
+    if tokenizer is None:
+        tokenizer = getattr(policy, "tokenizer", None)
+    task_list = list(tasks)
+    total = len(task_list) * episodes_per_task
+    waves = _Waves(policy, total)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=total,
+            desc=progress if isinstance(progress, str) else "episodes",
+            unit="ep",
+            leave=False,
+        )
+
+    async def one(group: int, index: int, task: Task) -> Episode:
+        episode = await _run_episode(
+            factory, task, group, index, waves, settings, fmt, oracle, tokenizer
+        )
+        if bar is not None:
+            bar.update(1)
+        return episode
+
+    start = time.perf_counter()
+    coroutines = [
+        one(g, i, task) for g, task in enumerate(task_list) for i in range(episodes_per_task)
+    ]
+    try:
+        flat = await asyncio.gather(*coroutines)
+    finally:
+        if bar is not None:
+            bar.close()
+    if stats is not None:
+        stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
+    return [
+        flat[g * episodes_per_task : (g + 1) * episodes_per_task] for g in range(len(task_list))
+    ]
+
+
+def collect_groups(*args: Any, **kwargs: Any) -> list[list[Episode]]:
+    """Synchronous :func:`collect_groups_async` (same arguments)."""
+    return run_sync(collect_groups_async(*args, **kwargs))

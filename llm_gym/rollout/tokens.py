@@ -1,0 +1,212 @@
+"""Token-in/token-out: an episode held as token ids, and its training samples.
+
+The :class:`TokenTracker` keeps the ids a model policy generates from. It starts from the chat
+template's rendering of the opening messages; each assistant turn appends exactly the sampled ids
+(``env_mask`` 1, the sampler's logprobs); each environment reply appends only the template's delta
+(``env_mask`` 0): the new rendering's text after the text the held ids stand for. When the template
+rewrites history, so that the held text is no longer a prefix of the new rendering (Qwen3's
+template drops earlier ``<think>`` blocks, for example), the tracker closes the current sample and
+starts a new one from the full new rendering, so ids always match what the generator saw.
+
+Assistant turns are rendered with their raw sampled text as ``content`` (no structured
+``tool_calls``), so the template reproduces exactly what the model wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.core.types import Message, ToolSpec
+
+__all__ = ["TokenSample", "TokenTracker", "episode_to_samples", "render_chat"]
+
+
+@dataclass
+class TokenSample:
+    """One training sequence: a prompt and a completion with a loss mask.
+
+    Shapes: ``completion_ids``, ``env_mask``, ``logprobs`` and ``turn_index`` all have length T.
+    """
+
+    prompt_ids: list[int]
+    """The context before the first sampled token (mask 0, never trained)."""
+    completion_ids: list[int] = field(default_factory=list)
+    """Everything after the prompt: sampled tokens and the environment's deltas, interleaved."""
+    env_mask: list[int] = field(default_factory=list)
+    """1 = sampled by the policy (trained), 0 = context from the environment."""
+    logprobs: list[float] = field(default_factory=list)
+    """The sampler's logprob of each sampled token; 0.0 under environment tokens."""
+    turn_index: list[int] = field(default_factory=list)
+    """The assistant turn each completion token belongs to; -1 under environment tokens."""
+    reward: float = 0.0
+    """The episode's reward."""
+    per_turn_rewards: list[float] | None = None
+    """The episode's per-turn rewards, when it has them (indexed by ``turn_index``)."""
+
+    @property
+    def num_policy_tokens(self) -> int:
+        """Tokens that train (``env_mask`` 1)."""
+        return sum(self.env_mask)
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    tool_specs: Sequence[ToolSpec] | None,
+    *,
+    add_generation_prompt: bool,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The chat template's text for ``messages`` (assistant turns as raw text)."""
+    plain = [_plain(m) for m in messages]
+    return tokenizer.apply_chat_template(
+        plain,
+        tools=list(tool_specs) if tool_specs else None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **(chat_template_kwargs or {}),
+    )
+
+
+def _plain(message: Message) -> dict[str, Any]:
+    role = message.get("role", "user")
+    out: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
+    if role == "tool":
+        for key in ("name", "tool_call_id"):
+            if key in message:
+                out[key] = message[key]
+    return out
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class TokenTracker:
+    """The token stream of one episode, built turn by turn (see the module docstring)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tool_specs: Sequence[ToolSpec] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tool_specs = list(tool_specs or [])
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.samples: list[TokenSample] = []
+        self._text = ""
+        self._raw: list[Message] = []
+
+    def _render(self, messages: Sequence[Message]) -> str:
+        return render_chat(
+            self.tokenizer,
+            messages,
+            self.tool_specs,
+            add_generation_prompt=True,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+
+    def start(self, messages: Sequence[Message]) -> None:
+        """Begin with the opening messages."""
+        self._raw = list(messages)
+        self._text = self._render(self._raw)
+        self.samples = [TokenSample(prompt_ids=_encode(self.tokenizer, self._text))]
+
+    @property
+    def current(self) -> TokenSample:
+        """The sample being built."""
+        return self.samples[-1]
+
+    @property
+    def context_ids(self) -> list[int]:
+        """The exact ids the policy continues from: the current sample's prompt and completion."""
+        sample = self.current
+        return sample.prompt_ids + sample.completion_ids
+
+    @property
+    def context_length(self) -> int:
+        """``len(context_ids)`` without building the list."""
+        return len(self.current.prompt_ids) + len(self.current.completion_ids)
+
+    def add_generation(
+        self, token_ids: Sequence[int], logprobs: Sequence[float] | None, text: str, turn: int
+    ) -> None:
+        """Append one assistant turn: the sampled ids (mask 1) and its raw text."""
+        sample = self.current
+        sample.completion_ids.extend(int(t) for t in token_ids)
+        sample.env_mask.extend([1] * len(token_ids))
+        lp = list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        if len(lp) != len(token_ids):
+            raise ValueError(
+                f"Expected one logprob per sampled token, got {len(lp)} for {len(token_ids)}."
+            )
+        sample.logprobs.extend(float(x) for x in lp)
+        sample.turn_index.extend([turn] * len(token_ids))
+        self._text += self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        self._raw.append({"role": "assistant", "content": text})
+
+    def add_environment(self, messages: Sequence[Message]) -> bool:
+        """Append the environment's reply. Returns True when it started a new sample."""
+        self._raw.extend(messages)
+        full = self._render(self._raw)
+        if full.startswith(self._text):
+            delta = _encode(self.tokenizer, full[len(self._text) :])
+            sample = self.current
+            sample.completion_ids.extend(delta)
+            sample.env_mask.extend([0] * len(delta))
+            sample.logprobs.extend([0.0] * len(delta))
+            sample.turn_index.extend([-1] * len(delta))
+            self._text = full
+            return False
+        self._text = full
+        self.samples.append(TokenSample(prompt_ids=_encode(self.tokenizer, full)))
+        return True
+
+    def finish(self, reward: float, per_turn_rewards: list[float] | None) -> list[TokenSample]:
+        """The samples with at least one sampled token, stamped with the episode's rewards."""
+        done = [s for s in self.samples if s.num_policy_tokens > 0]
+        for sample in done:
+            sample.reward = reward
+            sample.per_turn_rewards = per_turn_rewards
+        return done
+
+
+def episode_to_samples(
+    episode: Any,
+    tokenizer: Any,
+    *,
+    tool_specs: Sequence[ToolSpec] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[TokenSample]:
+    """Training samples of a finished :class:`~llm_gym.rollout.Episode`.
+
+    Replays the episode through a :class:`TokenTracker`: turns that carry sampled ``token_ids``
+    use them as they are (with their logprobs); turns from policies without tokens (oracle,
+    HTTP endpoints) are tokenized from their text, followed by the template's end-of-turn token.
+    When the loop already built samples with the same tokenizer, those are returned.
+    """
+    if episode.samples:
+        return list(episode.samples)
+    specs = tool_specs if tool_specs is not None else episode.tool_specs
+    tracker = TokenTracker(tokenizer, specs, chat_template_kwargs)
+    opening = episode.messages[: episode.num_opening_messages]
+    tracker.start(opening)
+    for index, turn in enumerate(episode.turns):
+        if turn.token_ids is not None:
+            ids, logprobs = turn.token_ids, turn.logprobs
+        else:
+            ids, logprobs = _encode(tokenizer, turn.text) + _end_of_turn(tokenizer), None
+        tracker.add_generation(ids, logprobs, turn.text, index)
+        if turn.env_messages:
+            tracker.add_environment(turn.env_messages)
+    return tracker.finish(episode.reward, episode.per_turn_rewards)
+
+
+def _end_of_turn(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [int(eos)] if eos is not None else []

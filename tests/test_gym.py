@@ -1,0 +1,159 @@
+"""TextEnv's gymnasium behaviour: make without import, vector envs, options, truncation causes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gymnasium as gym
+import pytest
+
+from llm_gym import Env, InvalidArgumentError, StepResult, Task, TruncationCause, UnknownNameError
+from llm_gym.gym import TextEnv, UnicodeText
+
+
+def test_make_in_a_fresh_interpreter_without_importing_llm_gym() -> None:
+    code = (
+        "import sys\n"
+        "assert 'llm_gym' not in sys.modules\n"
+        "import gymnasium as gym\n"
+        "env = gym.make('ToolUseGame-v0')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "obs, r, term, trunc, info = env.step(env.unwrapped.oracle_action())\n"
+        "print(type(env.unwrapped).__name__, len(info['messages']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "import llm_gym" not in code and "from llm_gym" not in code
+    assert out.stdout.split()[0] == "TextEnv" and int(out.stdout.split()[1]) >= 4
+
+
+def test_entry_point_is_declared() -> None:
+    from importlib.metadata import entry_points
+
+    names = {ep.value for ep in entry_points(group="gymnasium.envs")}
+    assert "llm_gym.gym.registration:register_builtin_envs" in names
+
+
+def test_make_vec() -> None:
+    envs = gym.make_vec("ToolUseGame-v0", num_envs=4)
+    observations, infos = envs.reset(seed=7)
+    assert len(observations) == 4 and all(isinstance(o, str) for o in observations)
+    observations, rewards, terminated, _truncated, _infos = envs.step(("42",) * 4)
+    assert terminated.all() and rewards.shape == (4,)
+    envs.close()
+
+
+def test_reset_options_pick_split_and_index() -> None:
+    env = gym.make("ToolUseGame-v0")
+    _, info = env.reset(options={"split": "val", "index": 3})
+    assert info["task"].id == "tool_use_game/val/0003" and info["split"] == "val"
+    _, info = env.reset(
+        options={
+            "task": {
+                "prompt": "What is the population of Tarsk?",
+                "target": 1,
+                "metadata": {"keys": ["tarsk.population"], "type": "lookup"},
+            }
+        }
+    )
+    assert info["task"].prompt == "What is the population of Tarsk?"
+    with pytest.raises(InvalidArgumentError, match="allowed: 'task', 'split', 'index'"):
+        env.reset(options={"splitt": "val"})
+    with pytest.raises(InvalidArgumentError, match="must be an int in"):
+        env.reset(options={"index": 10_000})
+
+
+def test_parse_failure_truncates_with_the_named_penalty() -> None:
+    env = gym.make("ToolUseGame-v0")
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step('<tool_call>{"name": "lookup"')
+    assert (reward, terminated, truncated) == (-0.1, False, True)
+    assert info["truncation_cause"] is TruncationCause.PARSE_FAILURE
+    assert "unclosed" in info["parse_error"]
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step("again")
+
+
+def test_max_turns_truncates() -> None:
+    env = gym.make("ToolUseGame-v0", max_turns=2)
+    env.reset(seed=0)
+    call = '<tool_call>{"name": "list_fact_keys", "arguments": {}}</tool_call>'
+    assert env.step(call)[2:4] == (False, False)
+    _, reward, terminated, truncated, info = env.step(call)
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    assert info["truncation_cause"] == "max_turns"
+
+
+class _Exploding(Env):
+    def __init__(self) -> None:
+        self._messages: list = []
+
+    async def reset(self, task: Task) -> list:
+        self._messages = [{"role": "user", "content": task.prompt}]
+        return list(self._messages)
+
+    async def step(self, message) -> StepResult:
+        raise RuntimeError("boom")
+
+    @property
+    def tool_specs(self) -> list:
+        return []
+
+    @property
+    def messages(self) -> list:
+        return list(self._messages)
+
+
+def test_env_exception_becomes_env_truncation() -> None:
+    env = TextEnv(_Exploding, [Task("hi")])
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step("hello")
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    assert info["truncation_cause"] is TruncationCause.ENV and "boom" in info["env_error"]
+
+
+def test_render_ansi_prints_the_transcript() -> None:
+    env = gym.make("ToolUseGame-v0", render_mode="ansi")
+    env.reset(seed=1)
+    env.step(env.unwrapped.oracle_action())
+    text = env.render()
+    assert "[system]" in text and "[user]" in text and "[tool lookup]" in text
+
+
+def test_bad_constructor_arguments_are_named() -> None:
+    with pytest.raises(InvalidArgumentError, match="render_mode"):
+        gym.make("ToolUseGame-v0", render_mode="human")
+    with pytest.raises(InvalidArgumentError, match="max_turns"):
+        TextEnv(_Exploding, [Task("x")], max_turns=0)
+    with pytest.raises(InvalidArgumentError, match="split must be one of"):
+        TextEnv(_Exploding, [Task("x")], split="dev")
+    with pytest.raises(UnknownNameError, match="action format 'xml'"):
+        TextEnv(_Exploding, [Task("x")], action_format="xml")
+    env = TextEnv(_Exploding, [Task("x")])
+    env.reset()
+    with pytest.raises(InvalidArgumentError, match="Expected the action as a str"):
+        env.step(42)  # type: ignore[arg-type]
+
+
+def test_unknown_id_suggests_the_closest() -> None:
+    from llm_gym.gym import env_entry
+
+    with pytest.raises(KeyError, match="Did you mean 'ToolUseGame-v0'"):
+        env_entry("ToolUseGam-v0")
+
+
+def test_unicode_text_space() -> None:
+    space = UnicodeText(5)
+    assert "" in space and "日本語😀" in space and "toolong" not in space and 3 not in space
+    space.seed(0)
+    assert all(s in space for s in (space.sample() for _ in range(50)))
+
+
+def test_json_action_format_variant() -> None:
+    env = gym.make("ToolUseGame-v0", action_format="json")
+    observation, _ = env.reset(seed=0)
+    assert "JSON" in observation or "json" in observation
+    action = env.unwrapped.oracle_action()
+    assert action.lstrip().startswith(("{", "["))
+    _, _, _terminated, _truncated, info = env.step(action)
+    assert info["messages"][-1]["role"] == "tool"

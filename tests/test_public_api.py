@@ -1,0 +1,49 @@
+"""The public API: every exported name exists; importing llm_gym pulls in no torch."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+MODULES = [
+    "llm_gym",
+    "llm_gym.core",
+    "llm_gym.envs",
+    "llm_gym.types",
+    "llm_gym.actions",
+    "llm_gym.gym",
+    "llm_gym.tools",
+    "llm_gym.rollout",
+    "llm_gym.errors",
+    "llm_gym.envs.tool_use_game",
+]
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_all_names_exist(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert missing == []
+
+
+def test_import_pulls_no_heavy_dependency() -> None:
+    code = (
+        "import sys, llm_gym, llm_gym.rollout, llm_gym.envs.tool_use_game\n"
+        "heavy = [m for m in ('torch', 'transformers', 'trl', 'accelerate') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_errors_inherit_builtins() -> None:
+    from llm_gym import errors
+
+    assert issubclass(errors.InvalidArgumentError, ValueError)
+    assert issubclass(errors.CalculatorError, ValueError)
+    assert issubclass(errors.UnknownNameError, KeyError)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.LlmGymError)

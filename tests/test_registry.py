@@ -1,0 +1,94 @@
+"""Every registered environment: check_env, determinism, pickling, oracle and random floors.
+
+A new environment is covered by registering it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import warnings
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from llm_gym.gym import env_entry
+from llm_gym.rollout import PolicyRequest, RandomPolicy
+from tests.conftest import ENV_IDS, play_text_episode
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_check_env(env_id: str) -> None:
+    env = gym.make(env_id)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env.unwrapped)
+    assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_same_seed_same_episode(env_id: str) -> None:
+    env_a, env_b = gym.make(env_id), gym.make(env_id)
+    for seed in (0, 1, 123):
+        obs_a, info_a = env_a.reset(seed=seed)
+        obs_b, info_b = env_b.reset(seed=seed)
+        assert obs_a == obs_b and info_a["task"] == info_b["task"]
+        for _ in range(3):
+            action = env_a.unwrapped.oracle_action()
+            step_a, step_b = env_a.step(action), env_b.step(action)
+            assert step_a[:4] == step_b[:4]
+            assert step_a[4]["messages"] == step_b[4]["messages"]
+            if step_a[2] or step_a[3]:
+                break
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_pickle_round_trip(env_id: str) -> None:
+    env = gym.make(env_id)
+    env.reset(seed=3)
+    env.step(env.unwrapped.oracle_action())
+    clone = pickle.loads(pickle.dumps(env))
+    action = env.unwrapped.oracle_action()
+    assert clone.unwrapped.oracle_action() == action
+    assert env.step(action)[:4] == clone.step(action)[:4]
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_oracle_solves_every_val_task(env_id: str) -> None:
+    env = gym.make(env_id)
+    tasks = env.unwrapped.tasks("val")
+    solved = 0
+    for index in range(len(tasks)):
+        reward, _info = play_text_episode(
+            env,
+            lambda e, o, i: e.unwrapped.oracle_action(),
+            options={"split": "val", "index": index},
+        )
+        solved += reward == 1.0
+    assert solved == len(tasks), f"oracle solved {solved}/{len(tasks)}"
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_random_policy_is_far_below(env_id: str) -> None:
+    env = gym.make(env_id)
+    fmt = env.unwrapped.action_format
+    policy = RandomPolicy(seed=0)
+
+    def act(e: gym.Env, observation: str, info: dict) -> str:
+        request = PolicyRequest(info["messages"], info["tool_specs"], info["task"], fmt)
+        return asyncio.run(policy.act([request]))[0].text
+
+    tasks = env.unwrapped.tasks("val")
+    successes = sum(
+        play_text_episode(env, act, options={"split": "val", "index": i})[0] == 1.0
+        for i in range(len(tasks))
+    )
+    assert successes / len(tasks) < 0.10
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_catalogue_entry(env_id: str) -> None:
+    entry = env_entry(env_id)
+    assert entry.description and entry.version
+    assert gym.make(env_id).unwrapped.version == entry.version

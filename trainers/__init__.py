@@ -1,0 +1,1 @@
+"""Multi-turn GRPO training on TRL (see the trainer issue); requires the ``train`` extra."""
