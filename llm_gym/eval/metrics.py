@@ -30,7 +30,9 @@ def wilson_interval(successes: int, total: int, z: float = 1.959964) -> tuple[fl
     denominator = 1 + z * z / total
     centre = (p + z * z / (2 * total)) / denominator
     half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == total else min(1.0, centre + half)
+    return low, high
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,0 +1,206 @@
+"""``HFPolicy``: a transformers causal LM as a batched, token-in/token-out policy.
+
+One ``generate`` call per wave: every episode that awaits an action is left-padded into one batch.
+The policy continues from exactly the ids the loop's :class:`~llm_gym.rollout.tokens.TokenTracker`
+holds (``PolicyRequest.prompt_ids``), and returns the sampled ids with their logprobs, so the
+training sample holds the very tokens that were generated.
+
+Logprobs are ``log_softmax(logits / temperature)`` of the sampled token under the model, before
+top-p truncation: the same quantity TRL's GRPO loss computes for the current policy, so the two
+line up in the importance ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.rollout.policies import Generation, Policy, PolicyRequest
+from llm_gym.rollout.tokens import render_chat
+
+__all__ = ["HFPolicy"]
+
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+class HFPolicy(Policy):
+    """A transformers model and tokenizer (CPU or GPU) behind the batched policy interface.
+
+    Args:
+        model: A causal LM (``AutoModelForCausalLM``).
+        tokenizer: Its tokenizer, with a chat template.
+        temperature: Sampling temperature; 0 means greedy decoding.
+        top_p: Nucleus sampling mass.
+        max_new_tokens: Tokens per assistant turn when the request sets none.
+        seed: Seeds torch's generator before each batch (reproducible sampling), or None.
+        max_batch_size: Largest batch per ``generate`` call (None: the whole wave at once).
+        chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        seed: int | None = 0,
+        max_batch_size: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        name_or_path: str | None = None,
+    ) -> None:
+        if temperature < 0:
+            raise InvalidArgumentError(f"temperature must be >= 0, actual value: {temperature}.")
+        if not 0 < top_p <= 1:
+            raise InvalidArgumentError(f"top_p must be in (0, 1], actual value: {top_p}.")
+        if max_new_tokens < 1:
+            raise InvalidArgumentError(
+                f"max_new_tokens must be >= 1, actual value: {max_new_tokens}."
+            )
+        if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
+            raise InvalidArgumentError("The tokenizer needs a pad or an eos token for batching.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.max_batch_size = max_batch_size
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.name_or_path = name_or_path or getattr(model, "name_or_path", None)
+        self.generate_calls = 0
+        self._batches = 0
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, *, device: str | None = None, dtype: str = "float32", **kwargs: Any
+    ) -> HFPolicy:
+        """Load a model and tokenizer with ``from_pretrained`` (a local directory or hub id)."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        model.to(device).eval()
+        return cls(model, tokenizer, name_or_path=path, **kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model": self.name_or_path,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+        }
+
+    def _prompt_ids(self, request: PolicyRequest) -> list[int]:
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        text = render_chat(
+            self.tokenizer,
+            request.messages,
+            request.tool_specs,
+            add_generation_prompt=True,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        if not requests:
+            return []
+        size = self.max_batch_size or len(requests)
+        out: list[Generation] = []
+        for start in range(0, len(requests), size):
+            chunk = list(requests[start : start + size])
+            out.extend(await asyncio.to_thread(self._generate, chunk))
+        return out
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]
+    ) -> list[tuple[list[int], list[float], str]]:
+        """Sample continuations of token-id prompts: ``(ids, logprobs, finish_reason)`` each."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id
+        eos_ids = self._eos_ids()
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            if ids:
+                input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+                attention[row, width - len(ids) :] = 1
+        greedy = self.temperature == 0
+        generation_kwargs: dict[str, Any] = {
+            "max_new_tokens": max(budgets),
+            "do_sample": not greedy,
+            "pad_token_id": pad,
+            "eos_token_id": eos_ids,
+            "return_dict_in_generate": True,
+            "output_logits": True,
+        }
+        if not greedy:
+            generation_kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+        if self.seed is not None:
+            torch.manual_seed(self.seed + self._batches)
+        self._batches += 1
+        self.generate_calls += 1
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                **generation_kwargs,
+            )
+        sequences = output.sequences[:, width:].cpu()
+        logits = torch.stack(output.logits, dim=1).float().cpu()  # (B, T, V)
+        scale = 1.0 if greedy else self.temperature
+        logprobs_all = torch.log_softmax(logits / scale, dim=-1)
+        chosen = logprobs_all.gather(-1, sequences[:, : logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row, budget in enumerate(budgets):
+            ids = sequences[row].tolist()[:budget]
+            finish = "length"
+            for position, token in enumerate(ids):
+                if token in eos_ids:
+                    ids, finish = ids[: position + 1], "stop"
+                    break
+            results.append((ids, chosen[row, : len(ids)].tolist(), finish))
+        return results
+
+    def _eos_ids(self) -> list[int]:
+        ids = []
+        config = getattr(self.model, "generation_config", None)
+        configured = getattr(config, "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.append(configured)
+        elif isinstance(configured, list | tuple):
+            ids.extend(int(i) for i in configured)
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(int(self.tokenizer.eos_token_id))
+        return sorted(set(ids))
+
+    def _generate(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        prompts = [self._prompt_ids(r) for r in requests]
+        budgets = [r.max_new_tokens or self.max_new_tokens for r in requests]
+        eos_ids = set(self._eos_ids())
+        generations = []
+        for ids, logprobs, finish in self.generate_ids(prompts, budgets):
+            text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in eos_ids else ids
+            text = self.tokenizer.decode(
+                text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            generations.append(
+                Generation(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish)
+            )
+        return generations

@@ -1,0 +1,100 @@
+"""Evaluation numbers against hand computation, and run_and_report end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from llm_gym import InvalidArgumentError
+from llm_gym.eval import mean_pass_at_k, pass_at_k, run_and_report, select_tasks, wilson_interval
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 1, 2, 1 - 3 / 6),  # C(3,2)/C(4,2) = 3/6
+        (5, 2, 2, 1 - 3 / 10),  # C(3,2)/C(5,2)
+        (10, 3, 5, 1 - 21 / 252),  # C(7,5)/C(10,5)
+        (4, 0, 3, 0.0),
+        (4, 4, 1, 1.0),
+        (3, 2, 2, 1.0),  # n - c < k
+        (8, 1, 1, 1 / 8),
+    ],
+)
+def test_pass_at_k_by_hand(n: int, c: int, k: int, expected: float) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_rejects_bad_counts() -> None:
+    with pytest.raises(InvalidArgumentError, match="1 <= k <= n"):
+        pass_at_k(2, 1, 3)
+    with pytest.raises(InvalidArgumentError, match="0 <= c <= n"):
+        pass_at_k(2, 3, 1)
+    assert mean_pass_at_k([(4, 1), (4, 4)], 2) == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_wilson_interval_by_hand() -> None:
+    # p = 0.8, n = 10, z = 1.96: centre = (0.8 + 0.19208) / 1.38416, half = 1.96 *
+    # sqrt(0.016 + 0.009604) / 1.38416
+    z = 1.959964
+    centre = (0.8 + z * z / 20) / (1 + z * z / 10)
+    half = z * math.sqrt(0.8 * 0.2 / 10 + z * z / 400) / (1 + z * z / 10)
+    assert wilson_interval(8, 10) == pytest.approx((centre - half, centre + half))
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    low, high = wilson_interval(200, 200)
+    assert high == 1.0 and 0.98 < low < 0.99
+
+
+def test_select_tasks_is_seeded() -> None:
+    tasks = list(range(100))
+    assert select_tasks(tasks, None, 0) == tasks
+    assert select_tasks(tasks, 10, 3) == select_tasks(tasks, 10, 3)
+    assert select_tasks(tasks, 10, 3) != select_tasks(tasks, 10, 4)
+
+
+def test_run_and_report_oracle_and_random(tmp_path) -> None:
+    oracle = run_and_report(
+        "ToolUseGame-v0",
+        "oracle",
+        episodes=40,
+        progress=False,
+        print_report=False,
+        output=tmp_path / "o.json",
+    )
+    assert oracle.metrics["success_rate"] == 1.0 and oracle.metrics["pass_at_k"] == 1.0
+    record = json.loads((tmp_path / "o.json").read_text())
+    assert record["env_id"] == "ToolUseGame-v0" and record["env_version"] == "0"
+    assert record["split"] == "val" and record["tasks"] == 40 and "episodes" not in record
+    rand = run_and_report(
+        "ToolUseGame-v0", "random:1", episodes=40, k=4, progress=False, print_report=False
+    )
+    assert rand.tasks == 10 and rand.metrics["episodes"] == 40
+    assert rand.metrics["success_rate"] < 0.1
+    assert "success rate" in rand.format_table()
+
+
+def test_cli_eval_writes_a_record(tmp_path) -> None:
+    import io
+
+    from llm_gym.cli import main
+
+    out = io.StringIO()
+    path = tmp_path / "r.json"
+    code = main(
+        [
+            "eval",
+            "ToolUseGame-v0",
+            "--policy",
+            "oracle",
+            "--episodes",
+            "10",
+            "--no-progress",
+            "--output",
+            str(path),
+        ],
+        out=out,
+    )
+    assert code == 0 and "success rate" in out.getvalue()
+    assert json.loads(path.read_text())["metrics"]["success_rate"] == 1.0
