@@ -20,6 +20,19 @@ from llm_gym.core import (
     tool,
     tool_to_spec,
 )
+from llm_gym.environments import (
+    EnvironmentEpisode,
+    EnvironmentMultiTurn,
+    EnvironmentStepResult,
+    EnvironmentTurn,
+    MultiTurnEnvAdapter,
+    MultiTurnEnvFactory,
+    RewardResult,
+    TaskExample,
+    register_multi_turn_env,
+    replay_state,
+    sampled_actions,
+)
 from llm_gym.errors import (
     CalculatorError,
     InvalidArgumentError,
@@ -59,6 +72,18 @@ __all__ = [
     "UnicodeText",
     "register_env",
     "registered_envs",
+    # document 002 style
+    "EnvironmentMultiTurn",
+    "EnvironmentStepResult",
+    "EnvironmentEpisode",
+    "EnvironmentTurn",
+    "RewardResult",
+    "TaskExample",
+    "MultiTurnEnvAdapter",
+    "MultiTurnEnvFactory",
+    "register_multi_turn_env",
+    "replay_state",
+    "sampled_actions",
     # errors
     "LlmGymError",
     "InvalidArgumentError",

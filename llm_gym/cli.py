@@ -124,6 +124,17 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_build_tiny_model(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.models import build_tiny_model
+
+    sizes = {"hidden_size": args.hidden_size, "num_layers": args.num_layers}
+    path = build_tiny_model(
+        args.output, force=args.force, **{k: v for k, v in sizes.items() if v is not None}
+    )
+    print(path, file=out)  # the last line of stdout: scripts read the path from it
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``llm-gym`` (sub-commands register themselves here)."""
     parser = argparse.ArgumentParser(prog="llm-gym", description="Gymnasium for LLM agents.")
@@ -154,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser(
+        "build-tiny-model", help="build the tiny default model offline; prints its path last"
+    )
+    p.add_argument("--output", default=None, help="directory (default: the cache, by recipe)")
+    p.add_argument("--force", action="store_true", help="rebuild even when a build is there")
+    p.add_argument("--hidden-size", type=int, default=None, help="default: 192")
+    p.add_argument("--num-layers", type=int, default=None, help="default: 4")
+    p.set_defaults(func=_cmd_build_tiny_model)
 
     p = sub.add_parser("show-task", help="print one task as JSON")
     p.add_argument("env_id")

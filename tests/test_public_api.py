@@ -19,6 +19,9 @@ MODULES = [
     "llm_gym.rollout",
     "llm_gym.errors",
     "llm_gym.envs.tool_use_game",
+    "llm_gym.environments",
+    "llm_gym.datasets",
+    "llm_gym.eval",
 ]
 
 

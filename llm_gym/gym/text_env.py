@@ -104,6 +104,13 @@ class _StaticTasks:
 
 def _as_env_factory(env: Env | type[Env] | EnvFactory | str) -> EnvFactory:
     env = resolve(env)
+    # Document 002's EnvironmentMultiTurn (an instance or a subclass) runs through its adapter.
+    from llm_gym.environments import EnvironmentMultiTurn, MultiTurnEnvFactory
+
+    if isinstance(env, EnvironmentMultiTurn) or (
+        isinstance(env, type) and issubclass(env, EnvironmentMultiTurn)
+    ):
+        return MultiTurnEnvFactory(env)
     if isinstance(env, Env):
         return _SameEnv(env)
     if isinstance(env, type):
@@ -333,18 +340,24 @@ class TextEnv(gymnasium.Env[str, str]):
                 f"{type(action).__name__}."
             )
         self._turn += 1
-        parsed = self.action_format.parse(action, call_id_prefix=f"call_t{self._turn}")
-        if parsed.is_failure:
-            self._messages = [*self._messages, parsed.message]
-            extra = {"parse_error": parsed.error, "metrics": {}}
-            return self._end(self.failed_parse_reward, TruncationCause.PARSE_FAILURE, extra)
+        if getattr(self._env, "raw_text_actions", False):
+            # The env parses the assistant text itself (document 002's EnvironmentMultiTurn
+            # adapter): hand it the raw text; there is no parse failure to end the episode on.
+            message: Message = {"role": "assistant", "content": action}
+        else:
+            parsed = self.action_format.parse(action, call_id_prefix=f"call_t{self._turn}")
+            if parsed.is_failure:
+                self._messages = [*self._messages, parsed.message]
+                extra = {"parse_error": parsed.error, "metrics": {}}
+                return self._end(self.failed_parse_reward, TruncationCause.PARSE_FAILURE, extra)
+            message = parsed.message
         before = len(self._messages) + 1
         try:
             result: StepResult = self._runner.run(
-                self._env.step(parsed.message), eager=self._env.synchronous
+                self._env.step(message), eager=self._env.synchronous
             )
         except Exception:
-            self._messages = [*self._messages, parsed.message]
+            self._messages = [*self._messages, message]
             extra = {"env_error": traceback.format_exc(), "metrics": {}}
             return self._end(0.0, TruncationCause.ENV, extra)
         self._messages = list(result.messages)
@@ -353,7 +366,9 @@ class TextEnv(gymnasium.Env[str, str]):
             cause = None if result.terminated else TruncationCause.ENV
             extra = {"metrics": dict(result.metrics)}
             return self._end(float(result.reward), cause, extra, observation)
-        if self._turn >= self.max_turns:
+        env_cap = getattr(self._env, "max_turns", None)  # an env that caps its own episodes
+        limit = env_cap if isinstance(env_cap, int) and env_cap > 0 else self.max_turns
+        if self._turn >= limit:
             return self._end(0.0, TruncationCause.MAX_TURNS, {"metrics": {}}, observation)
         return self._clip(observation), 0.0, False, False, self._info()
 

@@ -190,7 +190,11 @@ async def _run_episode(
             tracker = TokenTracker(tokenizer, tool_specs, settings.chat_template_kwargs)
             tracker.start(messages)
             episode.prompt_tokens = tracker.context_length
-        for turn_number in range(settings.max_turns):
+        # An env that caps its own episodes (document 002's max_episode_turns, per example)
+        # decides the turn limit: it scores the episode at its cap.
+        env_cap = getattr(env, "max_turns", None)
+        turn_limit = env_cap if isinstance(env_cap, int) and env_cap > 0 else settings.max_turns
+        for turn_number in range(turn_limit):
             if (
                 tracker is not None
                 and settings.max_model_length is not None
@@ -210,10 +214,17 @@ async def _run_episode(
             )
             generation = await waves.act(request)
             parsed = action_format.parse(generation.text, call_id_prefix=f"call_t{turn_number + 1}")
+            # Envs with ``raw_text_actions`` (document 002's EnvironmentMultiTurn adapter) parse
+            # the assistant text themselves: they get the raw text, and a parse failure of our
+            # action format does not end the episode (the parse stays on the Turn as a record).
+            raw_text = getattr(env, "raw_text_actions", False)
+            action = (
+                {"role": "assistant", "content": generation.text} if raw_text else parsed.message
+            )
             turn = Turn(
                 text=generation.text,
                 parse_kind=parsed.kind,
-                message=parsed.message,
+                message=action,
                 parse_error=parsed.error,
                 tool_calls=len(parsed.tool_calls),
                 token_ids=generation.token_ids,
@@ -227,13 +238,13 @@ async def _run_episode(
                 tracker.add_generation(
                     generation.token_ids, generation.logprobs, generation.text, turn_number
                 )
-            if parsed.kind is ParseKind.PARSE_FAILURE:
+            if parsed.kind is ParseKind.PARSE_FAILURE and not raw_text:
                 messages.append(parsed.message)
                 episode.reward = settings.failed_parse_reward
                 episode.truncation_cause = TruncationCause.PARSE_FAILURE
                 break
             before = len(messages)
-            result = await env.step(parsed.message)
+            result = await env.step(action)
             messages = list(result.messages)
             episode.messages = messages
             new = messages[before:]
