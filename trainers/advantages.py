@@ -1,0 +1,170 @@
+"""Reward shaping and group-relative advantages: pure functions on plain Python numbers.
+
+Conventions: a *group* is the ``episodes_per_task`` episodes of one task. Shapes in names:
+``G`` episodes in a group, ``T`` turns of one episode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llm_gym.core.env import TruncationCause
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = [
+    "ScaleRewards",
+    "soft_overlong_penalty",
+    "shaped_reward",
+    "group_advantages",
+    "per_turn_group_advantages",
+    "is_zero_variance",
+    "EpisodeOutcome",
+]
+
+ScaleRewards = str
+"""``"group"`` (divide by the group's std), ``"batch"`` (by the batch's std) or ``"none"``."""
+
+EPSILON = 1e-4
+"""Added to the standard deviation before dividing (TRL uses the same value)."""
+
+
+def soft_overlong_penalty(length: int, max_length: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment: 0 up to ``max_length - buffer``, then a linear ramp down
+    to ``-factor`` at ``max_length`` (and ``-factor`` beyond).
+
+    Example:
+        >>> soft_overlong_penalty(900, 1000, 200, 1.0)
+        -0.5
+    """
+    if buffer <= 0 or buffer > max_length:
+        raise InvalidArgumentError(
+            f"buffer must be in (0, max_length={max_length}], actual value: {buffer}."
+        )
+    expected = max_length - buffer
+    if length <= expected:
+        return 0.0
+    return -factor * min(1.0, (length - expected) / buffer)
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """What reward shaping needs to know about one finished episode."""
+
+    reward: float
+    """The environment's reward (``failed_parse_reward`` for parse failures)."""
+    truncation_cause: TruncationCause | None
+    """How it was cut short, or None when it terminated."""
+    total_tokens: int = 0
+    """Prompt plus every turn, in tokens, when it ended."""
+    turns: int = 0
+    """Assistant turns taken."""
+
+
+def shaped_reward(
+    outcome: EpisodeOutcome,
+    *,
+    max_model_length: int | None,
+    max_turns: int,
+    overlong_buffer: int | None,
+    overlong_penalty_factor: float,
+) -> float:
+    """The reward that enters the advantage: the env's reward plus the soft overlong penalty.
+
+    The penalty applies only to the two length-budget causes (``CONTEXT_OVERFLOW`` and
+    ``MAX_TURNS``), never to ``ENV`` or ``PARSE_FAILURE``. ``CONTEXT_OVERFLOW`` is measured in
+    tokens against ``max_model_length`` with a buffer of ``overlong_buffer`` tokens; ``MAX_TURNS``
+    means the whole turn budget was used, the end of any buffer, so it gets the full
+    ``-overlong_penalty_factor``. ``overlong_buffer=None`` turns the penalty off.
+    """
+    reward = float(outcome.reward)
+    cause = outcome.truncation_cause
+    if overlong_buffer is None or cause is None or not cause.gets_overlong_penalty:
+        return reward
+    if cause is TruncationCause.MAX_TURNS or max_model_length is None:
+        return reward - overlong_penalty_factor
+    buffer = min(overlong_buffer, max_model_length)
+    return reward + soft_overlong_penalty(
+        outcome.total_tokens, max_model_length, buffer, overlong_penalty_factor
+    )
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    # Unbiased std, as torch.std (TRL's normaliser); 0 for a single value.
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def is_zero_variance(rewards_G: Sequence[float], tolerance: float = 1e-9) -> bool:
+    """True when every episode of a group got the same reward (no learning signal)."""
+    return max(rewards_G) - min(rewards_G) <= tolerance
+
+
+def group_advantages(
+    groups: Sequence[Sequence[float]], scale_rewards: ScaleRewards = "group"
+) -> list[list[float]]:
+    """Per-episode credit: ``(r - mean_group) / (std + 1e-4)``, one value per episode.
+
+    ``scale_rewards="batch"`` divides by the std over every episode of the batch instead, and
+    ``"none"`` only centres (Dr. GRPO). Every reward of the group counts in its baseline,
+    including episodes that will build no sample (overlong masking).
+
+    Example:
+        >>> group_advantages([[1.0, 0.0]], scale_rewards="none")
+        [[0.5, -0.5]]
+    """
+    if scale_rewards not in ("group", "batch", "none"):
+        raise InvalidArgumentError(
+            f"scale_rewards must be 'group', 'batch' or 'none', actual value: {scale_rewards!r}."
+        )
+    if any(len(g) == 0 for g in groups):
+        raise InvalidArgumentError("Every group needs at least one episode.")
+    batch_std = _mean_std([r for g in groups for r in g])[1] if scale_rewards == "batch" else 0.0
+    out = []
+    for rewards_G in groups:
+        mean, std = _mean_std(rewards_G)
+        scale = {"group": std, "batch": batch_std, "none": None}[scale_rewards]
+        out.append(
+            [(r - mean) / (scale + EPSILON) if scale is not None else r - mean for r in rewards_G]
+        )
+    return out
+
+
+def per_turn_group_advantages(
+    groups: Sequence[Sequence[Sequence[float]]], scale_rewards: ScaleRewards = "group"
+) -> list[list[list[float]]]:
+    """Per-turn credit: every assistant turn gets its own group-relative advantage.
+
+    ``groups[g][e][t]`` is the reward of turn ``t`` of episode ``e`` of group ``g``. The baseline
+    (and the scale, for ``"group"``) is taken over every turn of every episode in the group, so
+    a turn is compared with the turns its siblings took on the same task.
+
+    Example:
+        >>> out = per_turn_group_advantages([[[1.0, 0.0], [0.0]]], scale_rewards="none")
+        >>> [[[round(a, 4) for a in turns] for turns in group] for group in out]
+        [[[0.6667, -0.3333], [-0.3333]]]
+    """
+    if scale_rewards not in ("group", "batch", "none"):
+        raise InvalidArgumentError(
+            f"scale_rewards must be 'group', 'batch' or 'none', actual value: {scale_rewards!r}."
+        )
+    flat_batch = [r for g in groups for e in g for r in e]
+    batch_std = _mean_std(flat_batch)[1] if scale_rewards == "batch" and flat_batch else 0.0
+    out = []
+    for group in groups:
+        flat = [r for e in group for r in e]
+        if not flat:
+            out.append([[] for _ in group])
+            continue
+        mean, std = _mean_std(flat)
+        scale = {"group": std, "batch": batch_std, "none": None}[scale_rewards]
+        out.append(
+            [
+                [(r - mean) / (scale + EPSILON) if scale is not None else r - mean for r in e]
+                for e in group
+            ]
+        )
+    return out
