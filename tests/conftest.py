@@ -30,3 +30,31 @@ def run_async() -> Callable[[Any], Any]:
 
 
 ENV_IDS = [entry.id for entry in registered_envs()]
+
+
+SMALL_MODEL = dict(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    vocab_size=512,
+    max_tasks_per_env=40,
+)
+"""A model small enough to build in a second, for tests of the model path."""
+
+
+@pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("torch")
+    from llm_gym.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", **SMALL_MODEL)
+
+
+@pytest.fixture(scope="session")
+def small_model(small_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(small_model_dir).eval()
+    return model, AutoTokenizer.from_pretrained(small_model_dir)

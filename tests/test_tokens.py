@@ -1,0 +1,227 @@
+"""Token-in/token-out: samples, masks, logprob alignment, template rewrites, batching."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from llm_gym import Env, StepResult, Task  # noqa: E402
+from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action  # noqa: E402
+from llm_gym.rollout import (  # noqa: E402
+    Generation,
+    OraclePolicy,
+    Policy,
+    PolicyRequest,
+    RolloutStats,
+    collect_groups,
+    episode_to_samples,
+)
+from llm_gym.rollout.hf_policy import HFPolicy  # noqa: E402
+from llm_gym.rollout.tokens import render_chat  # noqa: E402
+
+
+class ScriptedTokens(Policy):
+    """Token-level scripted policy: fixed texts, tokenized, with the end-of-turn token."""
+
+    def __init__(self, tokenizer, texts: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.texts = list(texts)
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        out = []
+        for r in requests:
+            assert r.prompt_ids is not None  # token-in: the loop hands the exact context ids
+            turn = sum(1 for m in r.messages if m["role"] == "assistant")
+            text = self.texts[turn]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            ids.append(self.tokenizer.eos_token_id)
+            out.append(Generation(text=text, token_ids=ids, logprobs=[-0.5] * len(ids)))
+        return out
+
+
+def _lookup_task():
+    return next(t for t in get_tasks("val") if t.metadata["type"] == "lookup_arith")
+
+
+def test_golden_three_turn_episode(small_model) -> None:
+    _, tokenizer = small_model
+    task = _lookup_task()
+    key = task.metadata["keys"][0]
+    call_1 = f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call>'
+    call_2 = (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 2"}}\n</tool_call>'
+    )
+    texts = [call_1, call_2, "3"]
+    (episode,) = collect_groups(
+        ToolUseGameEnv, [task], ScriptedTokens(tokenizer, texts), max_turns=5
+    )[0]
+    assert episode.num_turns == 3 and sum(len(t.env_messages) for t in episode.turns) == 2
+    (sample,) = episode.samples
+    # By hand: each assistant turn is its text's tokens plus one <|im_end|>.
+    expected_counts = [len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in texts]
+    assert sample.num_policy_tokens == sum(expected_counts)
+    for turn, count in enumerate(expected_counts):
+        assert sample.turn_index.count(turn) == count
+        ids = [
+            i for i, t in zip(sample.completion_ids, sample.turn_index, strict=True) if t == turn
+        ]
+        assert tokenizer.decode(ids, skip_special_tokens=False) == texts[turn] + "<|im_end|>"
+    masked_in = [i for i, m in zip(sample.completion_ids, sample.env_mask, strict=True) if m]
+    assert tokenizer.decode(masked_in, skip_special_tokens=True) == "".join(texts)
+    assert all(lp == -0.5 for lp, m in zip(sample.logprobs, sample.env_mask, strict=True) if m)
+    assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.env_mask, strict=True) if not m)
+    # The sample is exactly the chat template's rendering of the whole conversation.
+    raw = [*episode.messages[:2]]
+    for turn in episode.turns:
+        raw.append({"role": "assistant", "content": turn.text})
+        raw.extend(turn.env_messages)
+    rendered = render_chat(tokenizer, raw, episode.tool_specs, add_generation_prompt=False)
+    decoded = tokenizer.decode(sample.prompt_ids + sample.completion_ids)
+    assert rendered.startswith(decoded) and rendered[len(decoded) :].strip() == ""
+    # episode_to_samples rebuilds the same sample from the record.
+    episode.samples = []
+    (rebuilt,) = episode_to_samples(episode, tokenizer)
+    assert rebuilt.prompt_ids == sample.prompt_ids
+    assert rebuilt.completion_ids == sample.completion_ids and rebuilt.env_mask == sample.env_mask
+
+
+class Chatty(Env):
+    """Never ends by itself; answers each action with a user message (multi-turn contexts).
+
+    It takes raw text (no parsing), so a random model's stray ``<tool_call>`` cannot end it.
+    """
+
+    raw_text_actions = True
+
+    def __init__(self) -> None:
+        self._messages: list = []
+
+    async def reset(self, task: Task) -> list:
+        self._messages = [
+            {"role": "system", "content": "Talk."},
+            {"role": "user", "content": task.prompt},
+        ]
+        return list(self._messages)
+
+    async def step(self, message) -> StepResult:
+        self._messages += [message, {"role": "user", "content": "Tell me more about 42."}]
+        return StepResult(False, False, list(self._messages))
+
+    @property
+    def tool_specs(self) -> list:
+        return []
+
+    @property
+    def messages(self) -> list:
+        return list(self._messages)
+
+
+def test_logprobs_match_a_teacher_forced_forward_pass(small_model) -> None:
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=12, seed=3)
+    groups = collect_groups(
+        Chatty, [Task("hello"), Task("numbers 123")], policy, episodes_per_task=2, max_turns=3
+    )
+    for episode in (e for g in groups for e in g):
+        assert episode.num_turns == 3
+        (sample,) = episode.samples
+        ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        start = len(sample.prompt_ids) - 1
+        teacher = logps[start:].tolist()
+        for recorded, forced, mask in zip(sample.logprobs, teacher, sample.env_mask, strict=True):
+            if mask:
+                assert recorded == pytest.approx(forced, abs=1e-4)
+
+
+def test_hf_policy_generates_one_batch_per_wave(small_model) -> None:
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, max_new_tokens=4, seed=0)
+    stats: list[RolloutStats] = []
+    groups = collect_groups(
+        Chatty,
+        [Task(f"task {i}") for i in range(8)],
+        policy,
+        episodes_per_task=4,
+        max_turns=3,
+        stats=stats,
+    )
+    assert sum(len(g) for g in groups) == 32
+    assert policy.generate_calls == stats[0].policy_calls == 3
+    assert stats[0].batch_sizes == [32, 32, 32]
+
+
+QWEN3_LIKE = (
+    "{% for message in messages %}"
+    "{% if message.role == 'assistant' %}"
+    "{% set content = message.content %}"
+    "{% if loop.index0 < messages|length - 1 and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{% endif %}"
+    "{{ '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_template_that_drops_think_blocks_splits_the_episode(small_model) -> None:
+    _, base = small_model
+    import copy
+
+    tokenizer = copy.deepcopy(base)
+    tokenizer.chat_template = QWEN3_LIKE
+    texts = ["<think>first plan</think>\nhmm", "<think>second plan</think>\nok", "done"]
+    (episode,) = collect_groups(
+        Chatty, [Task("go")], ScriptedTokens(tokenizer, texts), max_turns=3
+    )[0]
+    # After turn 1 the template rewrites turn 1 (its think block is dropped): new sample; same
+    # after turn 2. Three turns, three samples, each training exactly its own turn.
+    assert len(episode.samples) == 3
+    for turn, sample in enumerate(episode.samples):
+        assert set(sample.turn_index) - {-1} == {turn}
+        decoded_prompt = tokenizer.decode(sample.prompt_ids, skip_special_tokens=False)
+        assert "first plan" not in decoded_prompt  # history as the template now shows it
+        ids = [i for i, m in zip(sample.completion_ids, sample.env_mask, strict=True) if m]
+        assert tokenizer.decode(ids, skip_special_tokens=False) == texts[turn] + "<|im_end|>"
+    assert "hmm" in tokenizer.decode(episode.samples[1].prompt_ids)
+
+
+def test_context_overflow(small_model) -> None:
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, max_new_tokens=8, seed=0)
+    opening = render_chat(
+        tokenizer,
+        [{"role": "system", "content": "Talk."}, {"role": "user", "content": "hi"}],
+        None,
+        add_generation_prompt=True,
+    )
+    budget = len(tokenizer.encode(opening)) + 8 + 20
+    (episode,) = collect_groups(
+        Chatty, [Task("hi")], policy, max_turns=10, max_model_length=budget, max_new_tokens=8
+    )[0]
+    assert episode.truncation_cause == "context_overflow"
+    assert 1 <= episode.num_turns < 10
+
+
+def test_oracle_transcripts_become_sft_samples(small_model) -> None:
+    _, tokenizer = small_model
+    task = _lookup_task()
+    (episode,) = collect_groups(
+        ToolUseGameEnv, [task], OraclePolicy(), max_turns=6, oracle=oracle_action
+    )[0]
+    (sample,) = episode_to_samples(episode, tokenizer)
+    trained = tokenizer.decode(
+        [i for i, m in zip(sample.completion_ids, sample.env_mask, strict=True) if m],
+        skip_special_tokens=False,
+    )
+    assert trained.count("<|im_end|>") == episode.num_turns
+    assert json.dumps(task.metadata["keys"][0])[1:-1] in trained
+    assert trained.endswith(str(task.target) + "<|im_end|>")
