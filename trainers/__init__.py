@@ -1,1 +1,26 @@
-"""Multi-turn GRPO training on TRL (see the trainer issue); requires the ``train`` extra."""
+"""Multi-turn GRPO on TRL: the config, the trainer and ``train_multi_turn`` (``train`` extra).
+
+``trainers.GRPOConfig`` is the cookbook's name for :class:`MultiTurnGRPOConfig`.
+"""
+
+from trainers.config import MultiTurnGRPOConfig
+from trainers.train import load_tasks, train_multi_turn
+
+GRPOConfig = MultiTurnGRPOConfig
+
+
+def __getattr__(name: str):  # the trainer imports TRL's heavy trainer stack: load it on use
+    if name == "MultiTurnGRPOTrainer":
+        from trainers.trainer import MultiTurnGRPOTrainer
+
+        return MultiTurnGRPOTrainer
+    raise AttributeError(f"module 'trainers' has no attribute {name!r}")
+
+
+__all__ = [
+    "MultiTurnGRPOConfig",
+    "GRPOConfig",
+    "MultiTurnGRPOTrainer",
+    "train_multi_turn",
+    "load_tasks",
+]

@@ -1,0 +1,115 @@
+"""Episodes to the tensors TRL's GRPO loss reads: rows, masks, advantages.
+
+Shape names: ``B`` rows, ``P`` prompt length (left-padded), ``C`` completion length (right-padded).
+A row is one token sample of one episode; rows that must not train (overlong masking, padding up to
+a fixed batch, zero-variance groups kept only for shape) carry an all-zero ``tool_mask``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Row", "episode_rows", "padding_row", "rows_to_tensors"]
+
+
+@dataclass
+class Row:
+    """One training row."""
+
+    prompt_ids: list[int]
+    """Context before the first completion token."""
+    completion_ids: list[int]
+    """Sampled tokens interleaved with environment tokens."""
+    env_mask: list[int]
+    """1 where the token trains (sampled by the policy), 0 elsewhere."""
+    logprobs: list[float]
+    """The sampler's logprobs (0.0 under environment tokens)."""
+    advantages: list[float] = field(default_factory=list)
+    """One advantage per completion token (0.0 where ``env_mask`` is 0)."""
+
+
+def episode_rows(
+    samples: Sequence[Any],
+    *,
+    advantage: float,
+    turn_advantages: Sequence[float] | None,
+    train: bool,
+    max_rows: int,
+) -> tuple[list[Row], int]:
+    """The rows of one episode and how many of its samples were dropped over ``max_rows``.
+
+    With ``turn_advantages`` each token takes its turn's advantage (per-turn credit); otherwise
+    every policy token takes ``advantage``. ``train=False`` keeps the rows but masks them out.
+    """
+    rows = []
+    for sample in list(samples)[:max_rows]:
+        mask = list(sample.env_mask) if train else [0] * len(sample.env_mask)
+        if turn_advantages is not None:
+            advantages = [
+                float(turn_advantages[t]) if m and 0 <= t < len(turn_advantages) else 0.0
+                for t, m in zip(sample.turn_index, mask, strict=True)
+            ]
+        else:
+            advantages = [float(advantage) if m else 0.0 for m in mask]
+        rows.append(
+            Row(
+                prompt_ids=list(sample.prompt_ids),
+                completion_ids=list(sample.completion_ids),
+                env_mask=mask,
+                logprobs=list(sample.logprobs),
+                advantages=advantages,
+            )
+        )
+    return rows, max(0, len(samples) - max_rows)
+
+
+def padding_row(pad_id: int) -> Row:
+    """A row that trains nothing, to keep every batch the same size."""
+    return Row(
+        prompt_ids=[pad_id], completion_ids=[pad_id], env_mask=[0], logprobs=[0.0], advantages=[0.0]
+    )
+
+
+def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> dict[str, Any]:
+    """Left-pad prompts, right-pad completions, and stack everything TRL's loss reads.
+
+    Returns ``prompt_ids``/``prompt_mask`` (B, P), ``completion_ids``/``completion_mask``/
+    ``tool_mask`` (B, C), ``advantages`` (B, C) and ``sampling_per_token_logps`` (B, C).
+    ``completion_mask`` is 1 on real tokens (sampled or environment), ``tool_mask`` is 1 only
+    where the token trains, so their product is the loss mask.
+    """
+    import torch
+
+    if not rows:
+        raise ValueError("rows_to_tensors needs at least one row.")
+    width_p = max(len(r.prompt_ids) for r in rows)
+    width_c = max(len(r.completion_ids) for r in rows)
+    batch = len(rows)
+    prompt_ids = torch.full((batch, width_p), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((batch, width_p), dtype=torch.long)
+    completion_ids = torch.full((batch, width_c), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((batch, width_c), dtype=torch.long)
+    tool_mask = torch.zeros((batch, width_c), dtype=torch.long)
+    advantages = torch.zeros((batch, width_c), dtype=torch.float32)
+    logprobs = torch.zeros((batch, width_c), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        p, c = len(row.prompt_ids), len(row.completion_ids)
+        prompt_ids[i, width_p - p :] = torch.tensor(row.prompt_ids, dtype=torch.long)
+        prompt_mask[i, width_p - p :] = 1
+        completion_ids[i, :c] = torch.tensor(row.completion_ids, dtype=torch.long)
+        completion_mask[i, :c] = 1
+        tool_mask[i, :c] = torch.tensor(row.env_mask, dtype=torch.long)
+        advantages[i, :c] = torch.tensor(row.advantages, dtype=torch.float32)
+        logprobs[i, :c] = torch.tensor(row.logprobs, dtype=torch.float32)
+    out = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "tool_mask": tool_mask,
+        "advantages": advantages,
+        "sampling_per_token_logps": logprobs,
+    }
+    return {k: v.to(device) for k, v in out.items()}

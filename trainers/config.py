@@ -1,0 +1,252 @@
+"""``MultiTurnGRPOConfig``: TRL's ``GRPOConfig`` plus the seeds' multi-turn fields.
+
+The seeds' call is accepted as written::
+
+    GRPOConfig(model="Qwen/...", batch_size=4, episodes_per_task=8, num_steps=200,
+               validation_interval=10, max_turns=6, max_model_length=2048, learning_rate=2e-5,
+               wandb_project="grpo-tool-use-game", sequential_validation=True,
+               max_sampling_attempts=2)
+
+and mapped onto TRL's batch arithmetic: one optimizer step per rollout batch of
+``batch_size * episodes_per_task`` episodes (``num_generations = episodes_per_task``,
+``gradient_accumulation_steps = steps_per_generation``, ``max_steps = num_steps``). Inconsistent
+settings are refused here, before any model loads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig as _TRLGRPOConfig
+
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["MultiTurnGRPOConfig", "CREDIT_ASSIGNMENTS"]
+
+CREDIT_ASSIGNMENTS = ("per_episode", "per_turn")
+
+
+def _gpu_supports_bf16() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@dataclass
+class MultiTurnGRPOConfig(_TRLGRPOConfig):
+    """TRL's ``GRPOConfig`` with the multi-turn fields of the post-training cookbook."""
+
+    per_device_train_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows per micro-batch (None: all rows of a step in one micro-batch). Must "
+            "divide batch_size x episodes_per_task / processes x max_samples_per_episode."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in backward to save memory."}
+    )
+    bf16: bool | None = field(
+        default=None, metadata={"help": "bf16 mixed precision (None: on when a GPU supports it)."}
+    )
+    model: str | None = field(
+        default=None,
+        metadata={"help": "The policy: a local directory or hub id loaded with from_pretrained."},
+    )
+    max_turns: int | None = field(
+        default=None,
+        metadata={"help": "Assistant turns per episode. Required by train_multi_turn."},
+    )
+    episodes_per_task: int = field(
+        default=8,
+        metadata={"help": "Episodes per task per step (the group). At least 2."},
+    )
+    batch_size: int = field(default=4, metadata={"help": "Tasks per optimizer step."})
+    num_steps: int = field(default=100, metadata={"help": "Optimizer steps (TRL's max_steps)."})
+    failed_parse_reward: float = field(
+        default=-0.1,
+        metadata={"help": "Reward of an episode whose last action could not be parsed."},
+    )
+    val_max_turns: int | None = field(
+        default=None, metadata={"help": "Turn limit during validation (None: max_turns)."}
+    )
+    validation_interval: int | None = field(
+        default=None,
+        metadata={"help": "Validate every N steps (and before the first and after the last)."},
+    )
+    sequential_validation: bool = field(
+        default=False, metadata={"help": "Run validation episodes one at a time."}
+    )
+    val_temperature: float = field(
+        default=0.0, metadata={"help": "Sampling temperature of validation (0: greedy)."}
+    )
+    max_sampling_attempts: int = field(
+        default=1,
+        metadata={
+            "help": "Dynamic sampling: groups whose episodes all got the same reward carry no "
+            "signal and are skipped; up to this many collection rounds refill the batch."
+        },
+    )
+    overlong_masking: bool = field(
+        default=False,
+        metadata={
+            "help": "Truncated episodes (any cause) build no training tokens; their rewards "
+            "still count in the group baseline."
+        },
+    )
+    overlong_buffer: int | None = field(
+        default=None,
+        metadata={
+            "help": "Soft overlong penalty buffer in tokens (None: off). Applies to "
+            "CONTEXT_OVERFLOW (linear ramp over the last `overlong_buffer` tokens of "
+            "max_model_length) and MAX_TURNS (the full factor)."
+        },
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"help": "Size of the soft overlong penalty at its maximum."}
+    )
+    credit_assignment: str = field(
+        default="per_episode",
+        metadata={"help": "per_episode (every turn shares the episode's advantage) or per_turn."},
+    )
+    max_model_length: int = field(
+        default=2048, metadata={"help": "Context budget of an episode in tokens."}
+    )
+    max_tokens_per_turn: int = field(
+        default=256, metadata={"help": "Generation budget of one assistant turn in tokens."}
+    )
+    max_samples_per_episode: int = field(
+        default=1,
+        metadata={
+            "help": "Training rows per episode. An episode splits into several samples only "
+            "when the chat template rewrites history; extra samples are dropped (counted)."
+        },
+    )
+    wandb_project: str | None = field(
+        default=None,
+        metadata={"help": "W&B project (None: no W&B). WANDB_MODE=offline is honoured."},
+    )
+    action_format: str = field(
+        default="hermes", metadata={"help": "How tool calls are written: hermes or json."}
+    )
+    use_lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (PEFT)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "LoRA target modules (None: all linear layers)."}
+    )
+    max_steps_off_policy: int | None = field(
+        default=None,
+        metadata={"help": "Async collection (not available yet: must stay None, lockstep)."},
+    )
+    groups_in_flight: int | None = field(
+        default=None, metadata={"help": "Async collection (not available yet)."}
+    )
+    task_seed: int = field(
+        default=0, metadata={"help": "Seed of the task order and of dynamic-sampling refills."}
+    )
+
+    def __post_init__(self) -> None:
+        self._check_multi_turn()
+        world = _world_size()
+        episodes = self.batch_size * self.episodes_per_task
+        if self.batch_size % world:
+            raise InvalidArgumentError(
+                f"batch_size ({self.batch_size}) must be divisible by the number of processes "
+                f"({world}) so that each process runs whole groups."
+            )
+        per_rank_rows = episodes // world * self.max_samples_per_episode
+        if self.per_device_train_batch_size is None:
+            self.per_device_train_batch_size = per_rank_rows
+        if per_rank_rows % self.per_device_train_batch_size:
+            raise InvalidArgumentError(
+                f"per_device_train_batch_size ({self.per_device_train_batch_size}) must divide the "
+                f"rows each process trains on per step: batch_size x episodes_per_task / "
+                f"processes x max_samples_per_episode = {per_rank_rows}."
+            )
+        # One optimizer step per rollout batch: TRL's generation batch is our episodes.
+        self.num_generations = self.episodes_per_task
+        self.generation_batch_size = None
+        self.steps_per_generation = per_rank_rows // self.per_device_train_batch_size
+        self.gradient_accumulation_steps = self.steps_per_generation
+        self.max_steps = self.num_steps
+        self.max_completion_length = self.max_model_length
+        if self.bf16 is None:
+            self.bf16 = _gpu_supports_bf16() and not self.use_cpu
+        if self.wandb_project is not None:
+            os.environ.setdefault("WANDB_PROJECT", self.wandb_project)
+            self.report_to = ["wandb"]
+        elif self.report_to in (None, "all") or self.report_to == ["all"]:
+            self.report_to = "none"
+        super().__post_init__()
+
+    def _check_multi_turn(self) -> None:
+        def refuse(name: str, value: Any, allowed: str) -> None:
+            raise InvalidArgumentError(f"{name} must be {allowed}, actual value: {value!r}.")
+
+        if self.max_turns is not None and (
+            not isinstance(self.max_turns, int) or self.max_turns < 1
+        ):
+            refuse(
+                "max_turns", self.max_turns, "an int >= 1 (or None, then set it before training)"
+            )
+        if not isinstance(self.episodes_per_task, int) or self.episodes_per_task < 2:
+            refuse(
+                "episodes_per_task",
+                self.episodes_per_task,
+                "an int >= 2: one episode has no group to compare against, so it never trains",
+            )
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            refuse("batch_size", self.batch_size, "an int >= 1 (tasks per step)")
+        if not isinstance(self.num_steps, int) or self.num_steps < 1:
+            refuse("num_steps", self.num_steps, "an int >= 1")
+        if self.val_max_turns is not None and self.val_max_turns < 1:
+            refuse("val_max_turns", self.val_max_turns, "None or an int >= 1")
+        if self.validation_interval is not None and self.validation_interval < 1:
+            refuse("validation_interval", self.validation_interval, "None or an int >= 1")
+        if self.max_sampling_attempts < 1:
+            refuse("max_sampling_attempts", self.max_sampling_attempts, "an int >= 1")
+        if self.credit_assignment not in CREDIT_ASSIGNMENTS:
+            refuse("credit_assignment", self.credit_assignment, f"one of {CREDIT_ASSIGNMENTS}")
+        if self.max_model_length < 16:
+            refuse("max_model_length", self.max_model_length, "an int >= 16")
+        if not 1 <= self.max_tokens_per_turn < self.max_model_length:
+            refuse(
+                "max_tokens_per_turn",
+                self.max_tokens_per_turn,
+                f"an int in [1, max_model_length={self.max_model_length})",
+            )
+        if (
+            self.overlong_buffer is not None
+            and not 0 < self.overlong_buffer <= self.max_model_length
+        ):
+            refuse(
+                "overlong_buffer", self.overlong_buffer, "None or an int in (0, max_model_length]"
+            )
+        if self.action_format not in ("hermes", "json"):
+            refuse("action_format", self.action_format, "'hermes' or 'json'")
+        if self.max_samples_per_episode < 1:
+            refuse("max_samples_per_episode", self.max_samples_per_episode, "an int >= 1")
+        if self.max_steps_off_policy is not None or self.groups_in_flight is not None:
+            raise InvalidArgumentError(
+                "max_steps_off_policy / groups_in_flight: async collection is not available in "
+                "this release; leave both None (lockstep collection)."
+            )
+        if self.val_temperature < 0:
+            refuse("val_temperature", self.val_temperature, ">= 0")
+
+    @property
+    def episodes_per_step(self) -> int:
+        """Episodes collected for each optimizer step."""
+        return self.batch_size * self.episodes_per_task
+
+    @property
+    def validation_max_turns(self) -> int | None:
+        """The turn limit of validation episodes."""
+        return self.val_max_turns or self.max_turns

@@ -1,0 +1,96 @@
+"""``train_multi_turn``: the seeds' one-call entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError
+from trainers.config import MultiTurnGRPOConfig
+
+__all__ = ["train_multi_turn", "load_tasks"]
+
+
+def load_tasks(tasks: Any) -> list[Task]:
+    """Tasks from a list of ``Task`` (or dicts), a ``datasets.Dataset`` or a JSONL path.
+
+    Rows need a ``prompt`` (or ``input``) and may carry ``target`` (or ``output``), ``metadata``
+    and ``id``.
+    """
+    if isinstance(tasks, str | Path):
+        path = Path(tasks)
+        if not path.exists():
+            raise InvalidArgumentError(f"No such task file: {str(path)!r}.")
+        rows = []
+        with path.open() as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise InvalidArgumentError(
+                        f"{path}:{number}: not valid JSON ({exc})."
+                    ) from None
+        return [Task.from_dict(row) for row in rows]
+    if hasattr(tasks, "column_names") and hasattr(tasks, "__getitem__"):  # datasets.Dataset
+        return [Task.from_dict(dict(row)) for row in tasks]
+    if isinstance(tasks, Sequence):
+        return [t if isinstance(t, Task) else Task.from_dict(t) for t in tasks]
+    raise InvalidArgumentError(
+        "tasks must be a list of Task, a datasets.Dataset or a JSONL path, "
+        f"actual type: {type(tasks).__name__}."
+    )
+
+
+def train_multi_turn(
+    config: MultiTurnGRPOConfig,
+    *,
+    tasks: Any,
+    env_factory: Callable[[Task], Any],
+    val_tasks: Any = None,
+    model: Any = None,
+    processing_class: Any = None,
+    oracle: Any = None,
+    callbacks: list[Any] | None = None,
+    resume_from_checkpoint: str | bool | None = None,
+) -> Any:
+    """Train ``config.model`` with multi-turn GRPO on ``tasks``; returns the trainer.
+
+    Args:
+        config: A :class:`MultiTurnGRPOConfig` (``max_turns`` is required).
+        tasks: Training tasks: a list of ``Task``, a ``datasets.Dataset`` or a JSONL path.
+        env_factory: Builds a fresh environment for each episode (``task -> Env``).
+        val_tasks: Validation tasks, run every ``validation_interval`` steps.
+        model: A model object instead of ``config.model``.
+        processing_class: The tokenizer (default: from the model's path).
+        oracle: The environment's scripted expert (only for scripted policies).
+        callbacks: Extra ``TrainerCallback`` s.
+        resume_from_checkpoint: A checkpoint path, or True for the last one in ``output_dir``.
+    """
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    if not isinstance(config, MultiTurnGRPOConfig):
+        raise InvalidArgumentError(
+            "config must be a MultiTurnGRPOConfig (trainers.GRPOConfig), "
+            f"got {type(config).__name__}."
+        )
+    if config.max_turns is None:
+        raise InvalidArgumentError("train_multi_turn needs config.max_turns (the turn limit).")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    trainer = MultiTurnGRPOTrainer(
+        model=model,
+        args=config,
+        env_factory=env_factory,
+        tasks=load_tasks(tasks),
+        val_tasks=load_tasks(val_tasks) if val_tasks is not None else None,
+        processing_class=processing_class,
+        oracle=oracle,
+        callbacks=callbacks,
+    )
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    return trainer

@@ -1,0 +1,496 @@
+"""``MultiTurnGRPOTrainer``: TRL's GRPOTrainer with whole multi-turn episodes as its samples.
+
+TRL keeps the loss variants, clipping, KL, importance sampling, the optimizer, Accelerate, PEFT,
+checkpoints and logging. This subclass replaces one method, ``_generate_and_score_completions``:
+it runs groups of episodes with llm_gym's rollout engine (token-in/token-out, one batched
+generation per wave), shapes the rewards (failed parse, soft overlong penalty), computes
+group-relative advantages (per episode or per turn), applies overlong masking and dynamic
+sampling, and hands TRL the tensors its loss reads. The pure parts live in
+:mod:`trainers.advantages` and :mod:`trainers.batch`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
+
+from llm_gym.aio import run_sync
+from llm_gym.core.task import Task
+from llm_gym.eval.metrics import summarize_episodes
+from llm_gym.rollout.episode import Episode
+from llm_gym.rollout.hf_policy import HFPolicy
+from llm_gym.rollout.loop import collect_groups_async
+from llm_gym.rollout.policies import Oracle
+from trainers.advantages import (
+    EpisodeOutcome,
+    group_advantages,
+    is_zero_variance,
+    per_turn_group_advantages,
+    shaped_reward,
+)
+from trainers.batch import Row, episode_rows, padding_row, rows_to_tensors
+from trainers.config import MultiTurnGRPOConfig
+
+__all__ = ["MultiTurnGRPOTrainer"]
+
+
+def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """TRL requires a reward function; episode rewards come from the environments instead."""
+    return [0.0] * len(completions)
+
+
+class MultiTurnGRPOTrainer(GRPOTrainer):
+    """Multi-turn GRPO on llm_gym environments.
+
+    Args:
+        model: A model, or a path / hub id (default: ``args.model``).
+        args: A :class:`MultiTurnGRPOConfig`.
+        env_factory: Builds a fresh environment for each episode (``task -> Env``).
+        tasks: The training tasks.
+        val_tasks: Validation tasks (validated every ``args.validation_interval`` steps).
+        processing_class: The tokenizer (default: loaded from the model's path).
+        peft_config: A PEFT config (default: a LoRA config when ``args.use_lora``).
+        oracle: The environment's scripted expert (only used by scripted policies).
+        callbacks: Extra ``TrainerCallback`` s.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        args: MultiTurnGRPOConfig | None = None,
+        *,
+        env_factory: Callable[[Task], Any],
+        tasks: Sequence[Task],
+        val_tasks: Sequence[Task] | None = None,
+        processing_class: Any = None,
+        peft_config: Any = None,
+        oracle: Oracle | None = None,
+        callbacks: list[Any] | None = None,
+    ) -> None:
+        from datasets import Dataset
+
+        from llm_gym.errors import InvalidArgumentError
+        from llm_gym.gym.text_env import _as_env_factory
+
+        if args is None or not isinstance(args, MultiTurnGRPOConfig):
+            raise InvalidArgumentError("args must be a MultiTurnGRPOConfig.")
+        if args.max_turns is None:
+            raise InvalidArgumentError("max_turns is required: set it in the config.")
+        model = model if model is not None else args.model
+        if model is None:
+            raise InvalidArgumentError("No model: pass model= or set the config's model field.")
+        tasks = list(tasks)
+        if len(tasks) < args.batch_size:
+            raise InvalidArgumentError(
+                f"Expected at least batch_size={args.batch_size} tasks, got {len(tasks)}."
+            )
+        if peft_config is None and args.use_lora:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(
+                r=args.lora_r,
+                lora_alpha=args.lora_alpha,
+                target_modules=args.lora_target_modules or "all-linear",
+                task_type="CAUSAL_LM",
+            )
+        dataset = Dataset.from_list(
+            [{"prompt": task.prompt, "task_index": i} for i, task in enumerate(tasks)]
+        )
+        super().__init__(
+            model=model,
+            reward_funcs=[_unused_reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )
+        self.env_factory = _as_env_factory(env_factory)
+        self.tasks = tasks
+        self.val_tasks = list(val_tasks) if val_tasks is not None else []
+        self.oracle = oracle
+        self.validation_history: list[dict[str, Any]] = []
+        self._last_collection_end: float | None = None
+        self._validated_steps: set[int] = set()
+
+    # --- generation --------------------------------------------------------------------------
+
+    @property
+    def _episode_tokenizer(self) -> Any:
+        return getattr(self.processing_class, "tokenizer", self.processing_class)
+
+    def _collect(
+        self,
+        tasks: Sequence[Task],
+        *,
+        episodes_per_task: int,
+        temperature: float,
+        max_turns: int,
+        sequential: bool = False,
+    ) -> list[list[Episode]]:
+        """Run groups of episodes with the current weights."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        if self.use_vllm:
+            from trainers.vllm_policy import VLLMPolicy
+
+            if self.state.global_step != self._last_loaded_step:
+                self.vllm_generation.sync_weights()
+                self._last_loaded_step = self.state.global_step
+            policy: Any = VLLMPolicy(self, temperature=temperature)
+            try:
+                return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
+            finally:
+                policy.drain()
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+            ) as unwrapped,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            was_training = unwrapped.training
+            unwrapped.eval()
+            policy = HFPolicy(
+                unwrapped,
+                self._episode_tokenizer,
+                temperature=temperature,
+                top_p=args.top_p,
+                max_new_tokens=args.max_tokens_per_turn,
+                seed=None,
+                max_batch_size=1 if sequential else None,
+            )
+            try:
+                return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
+            finally:
+                unwrapped.train(was_training)
+
+    def _run_collection(
+        self,
+        policy: Any,
+        tasks: Sequence[Task],
+        episodes_per_task: int,
+        max_turns: int,
+        sequential: bool,
+    ) -> list[list[Episode]]:
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+
+        async def collect(chunk: Sequence[Task]) -> list[list[Episode]]:
+            return await collect_groups_async(
+                self.env_factory,
+                chunk,
+                policy,
+                episodes_per_task=episodes_per_task,
+                max_turns=max_turns,
+                max_model_length=args.max_model_length,
+                max_new_tokens=args.max_tokens_per_turn,
+                action_format=args.action_format,
+                failed_parse_reward=args.failed_parse_reward,
+                oracle=self.oracle,
+                tokenizer=self._episode_tokenizer,
+            )
+
+        if not sequential:
+            return run_sync(collect(tasks))
+        groups: list[list[Episode]] = []
+        for task in tasks:  # one episode at a time
+            group = []
+            for _ in range(episodes_per_task):
+                group.extend(run_sync(collect([task]))[0][:1])
+            groups.append(group)
+        return groups
+
+    # --- rewards and advantages ------------------------------------------------------------
+
+    def _shaped(self, episode: Episode) -> float:
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        total = max((len(s.prompt_ids) + len(s.completion_ids) for s in episode.samples), default=0)
+        outcome = EpisodeOutcome(
+            reward=episode.reward,
+            truncation_cause=episode.truncation_cause,
+            total_tokens=total,
+            turns=episode.num_turns,
+        )
+        return shaped_reward(
+            outcome,
+            max_model_length=args.max_model_length,
+            max_turns=args.max_turns or 1,
+            overlong_buffer=args.overlong_buffer,
+            overlong_penalty_factor=args.overlong_penalty_factor,
+        )
+
+    def _advantages(
+        self, groups: Sequence[Sequence[Episode]], rewards: Sequence[Sequence[float]]
+    ) -> tuple[list[list[float]], list[list[list[float] | None]]]:
+        """Per-episode advantages and, for per-turn credit, per-turn advantages (or None)."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        episode_adv = group_advantages(rewards, args.scale_rewards)
+        turn_adv: list[list[list[float] | None]] = [[None] * len(g) for g in groups]
+        if args.credit_assignment == "per_turn":
+            for g, group in enumerate(groups):
+                per_turn = [e.per_turn_rewards for e in group]
+                if any(p is None for p in per_turn):
+                    continue  # a missing or invalid vector: this group uses episode-level credit
+                (computed,) = per_turn_group_advantages([per_turn], args.scale_rewards)  # type: ignore[list-item]
+                turn_adv[g] = computed  # type: ignore[assignment]
+        return episode_adv, turn_adv
+
+    def _sample_refill(self, count: int, attempt: int) -> list[Task]:
+        """Tasks for a dynamic-sampling refill: seeded by step, attempt and rank (resumable)."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        seed = hash(
+            (args.task_seed, self.state.global_step, attempt, self.accelerator.process_index)
+        )
+        rng = random.Random(seed)
+        return [self.tasks[rng.randrange(len(self.tasks))] for _ in range(count)]
+
+    # --- the override ------------------------------------------------------------------------
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        mode = "train" if self.model.training else "eval"
+        self._maybe_validate()
+        train_seconds = (
+            time.perf_counter() - self._last_collection_end
+            if self._last_collection_end is not None
+            else float("nan")
+        )
+        start = time.perf_counter()
+        size = args.episodes_per_task
+        task_indices = [int(row["task_index"]) for row in inputs[::size]]
+        wanted = len(task_indices)
+        tasks = [self.tasks[i] for i in task_indices]
+
+        kept: list[tuple[list[Episode], list[float]]] = []
+        spare: list[tuple[list[Episode], list[float]]] = []
+        collected: list[list[Episode]] = []
+        for attempt in range(args.max_sampling_attempts):
+            if attempt > 0:
+                tasks = self._sample_refill(wanted - len(kept), attempt)
+            groups = self._collect(
+                tasks,
+                episodes_per_task=size,
+                temperature=args.temperature,
+                max_turns=args.max_turns or 1,
+            )
+            collected.extend(groups)
+            for group in groups:
+                rewards = [self._shaped(e) for e in group]
+                target = spare if is_zero_variance(rewards) else kept
+                target.append((group, rewards))
+            if len(kept) >= wanted or args.max_sampling_attempts == 1:
+                break
+        zero_variance = sum(is_zero_variance([self._shaped(e) for e in g]) for g in collected)
+        # Fill the batch: signal-carrying groups first, then zero-variance ones (their
+        # advantages are all zero, so they only keep the batch shape).
+        chosen = (kept + spare)[:wanted]
+        groups = [g for g, _ in chosen]
+        rewards = [r for _, r in chosen]
+        rollout_seconds = time.perf_counter() - start
+
+        episode_adv, turn_adv = self._advantages(groups, rewards)
+        pad_id = self._episode_tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = self._episode_tokenizer.eos_token_id
+        rows: list[Row] = []
+        dropped = 0
+        for g, group in enumerate(groups):
+            for e, episode in enumerate(group):
+                train = not (args.overlong_masking and episode.truncated)
+                episode_rows_, lost = episode_rows(
+                    episode.samples,
+                    advantage=episode_adv[g][e],
+                    turn_advantages=turn_adv[g][e],
+                    train=train,
+                    max_rows=args.max_samples_per_episode,
+                )
+                dropped += lost
+                rows.extend(episode_rows_)
+                rows.extend(
+                    padding_row(pad_id)
+                    for _ in range(args.max_samples_per_episode - len(episode_rows_))
+                )
+        device = self.accelerator.device
+        batch = rows_to_tensors(rows, pad_id, device)
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._add_reference_logps(batch)
+        batch.pop("sampling_per_token_logps")
+        self._log_rollout(
+            mode, collected, groups, rewards, zero_variance, dropped, rollout_seconds, train_seconds
+        )
+        self._last_collection_end = time.perf_counter()
+        return batch
+
+    def _add_reference_logps(self, batch: dict[str, Any]) -> None:
+        """``old_per_token_logps`` when off-policy, ``ref_per_token_logps`` when beta != 0."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        keep = batch["completion_ids"].size(1)
+        micro = args.per_device_train_batch_size
+        generate_every = args.steps_per_generation * self.num_iterations
+        with torch.no_grad():
+            if args.gradient_accumulation_steps % generate_every != 0:
+                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, keep, batch_size=micro
+                )
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    ref_model = self.ref_model
+                    batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                        ref_model, input_ids, attention, keep, batch_size=micro
+                    )
+                else:
+                    from trl.models.utils import use_adapter
+
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    name = "ref" if "ref" in getattr(unwrapped, "peft_config", {}) else None
+                    with use_adapter(unwrapped, adapter_name=name):
+                        batch["ref_per_token_logps"], _, _ = (
+                            self._get_per_token_logps_and_entropies(
+                                self.model, input_ids, attention, keep, batch_size=micro
+                            )
+                        )
+
+    # --- metrics -----------------------------------------------------------------------------
+
+    def _log_rollout(
+        self,
+        mode: str,
+        collected: Sequence[Sequence[Episode]],
+        groups: Sequence[Sequence[Episode]],
+        rewards: Sequence[Sequence[float]],
+        zero_variance: int,
+        dropped: int,
+        rollout_seconds: float,
+        train_seconds: float,
+    ) -> None:
+        local = {
+            "episodes": [e for g in groups for e in g],
+            "shaped": [r for g in rewards for r in g],
+            "collected_groups": len(collected),
+            "zero_variance": zero_variance,
+            "dropped": dropped,
+        }
+        everything = gather_object([local])
+        episodes = [e for part in everything for e in part["episodes"]]
+        shaped = [r for part in everything for r in part["shaped"]]
+        summary = summarize_episodes(episodes)
+        metrics = self._metrics[mode]
+        for key in (
+            "terminated_ratio",
+            "truncated_ratio",
+            "context_overflow_ratio",
+            "parse_failure_ratio",
+            "max_turns_ratio",
+            "env_truncated_ratio",
+            "success_rate",
+            "turns_mean",
+            "tool_calls_mean",
+            "tool_error_rate",
+            "completion_tokens_mean",
+        ):
+            metrics[f"episodes/{key}"].append(summary[key])
+        metrics["reward"].append(summary["reward_mean"])
+        metrics["reward_std"].append(summary["reward_std"])
+        metrics["episodes/shaped_reward_mean"].append(sum(shaped) / max(1, len(shaped)))
+        collected_groups = sum(part["collected_groups"] for part in everything)
+        metrics["zero_variance_skip_ratio"].append(
+            sum(part["zero_variance"] for part in everything) / max(1, collected_groups)
+        )
+        metrics["episodes/dropped_samples"].append(sum(part["dropped"] for part in everything))
+        metrics["timing/rollout_seconds"].append(rollout_seconds)
+        if train_seconds == train_seconds:  # not NaN: there was a previous step
+            metrics["timing/train_seconds"].append(train_seconds)
+
+    # --- validation --------------------------------------------------------------------------
+
+    def _maybe_validate(self) -> None:
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        step = self.state.global_step
+        if (
+            self.val_tasks
+            and args.validation_interval
+            and step % args.validation_interval == 0
+            and step not in self._validated_steps
+        ):
+            self.validate()
+
+    def validate(self, tasks: Sequence[Task] | None = None) -> dict[str, float]:
+        """Run the validation tasks once each (greedy by default) and log ``val/...`` metrics."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        tasks = list(tasks if tasks is not None else self.val_tasks)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        mine = tasks[rank::world]
+        groups = (
+            self._collect(
+                mine,
+                episodes_per_task=1,
+                temperature=args.val_temperature,
+                max_turns=args.validation_max_turns or 1,
+                sequential=args.sequential_validation,
+            )
+            if mine
+            else []
+        )
+        episodes = [e for part in gather_object([[e for g in groups for e in g]]) for e in part]
+        summary = summarize_episodes(episodes)
+        record = {"step": self.state.global_step, **summary}
+        self._validated_steps.add(self.state.global_step)
+        self.validation_history.append(record)
+        keys = (
+            "success_rate",
+            "success_ci_low",
+            "success_ci_high",
+            "reward_mean",
+            "turns_mean",
+            "parse_failure_ratio",
+            "tool_error_rate",
+        )
+        self.log({f"val/{k}": summary[k] for k in keys if k in summary})
+        return summary
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().train(*args, **kwargs)
+        config: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        done = self.state.global_step in self._validated_steps
+        if self.val_tasks and config.validation_interval and not done:
+            self.validate()
+        return output
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Write the checkpoint to a hidden staging folder, then rename it into place, so a run
+        killed mid-save never leaves a half-written ``checkpoint-N`` to resume from."""
+        run_dir = self._get_output_dir(trial=trial)
+        step = self.state.global_step
+        staging_root = os.path.join(run_dir, f".staging-{step}")
+        original = self._get_output_dir
+        self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._get_output_dir = original  # type: ignore[method-assign]
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            staged = os.path.join(staging_root, f"checkpoint-{step}")
+            final = os.path.join(run_dir, f"checkpoint-{step}")
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            shutil.rmtree(staging_root, ignore_errors=True)
+            self._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
+        self.accelerator.wait_for_everyone()

@@ -1,0 +1,85 @@
+"""Generation through TRL's vLLM backend (server or colocate mode), as an llm_gym ``Policy``.
+
+Each wave of the rollout engine becomes one ``vllm_generation.generate`` call with the exact
+token ids the episodes hold (token-in/token-out), returning the sampled ids and their logprobs.
+
+vLLM's server mode (and tensor-parallel colocate mode) generates collectively: every process must
+call ``generate`` the same number of times. Processes finish their episodes after different
+numbers of waves, so each wave starts with a collective "still active?" round, and a process
+that is done keeps answering with empty batches until every process is done (:meth:`drain`).
+
+This path needs vLLM and a GPU; CI has neither, so it is exercised by the GPU check script
+(``benchmarks/gpu_check.py``), not by the default tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from accelerate.utils import gather_object
+
+from llm_gym.rollout.policies import Generation, Policy, PolicyRequest
+
+__all__ = ["VLLMPolicy"]
+
+
+class VLLMPolicy(Policy):
+    """A policy backed by ``trainer.vllm_generation`` (TRL's vLLM client or colocated engine)."""
+
+    name = "vllm"
+
+    def __init__(self, trainer: Any, *, temperature: float) -> None:
+        self.trainer = trainer
+        self.generation = trainer.vllm_generation
+        self.tokenizer = trainer.processing_class
+        self.temperature = temperature
+        accelerator = trainer.accelerator
+        tensor_parallel = getattr(self.generation, "tensor_parallel_size", 1) or 1
+        self.collective = accelerator.num_processes > 1 and (
+            self.generation.mode == "server" or tensor_parallel > 1
+        )
+
+    def _still_active(self, active: bool) -> bool:
+        return any(gather_object([active])) if self.collective else active
+
+    def _generate(self, prompts: list[list[int]], budget: int) -> tuple[list, list]:
+        generation = self.generation
+        saved = generation.temperature, generation.max_completion_length
+        generation.temperature = self.temperature if self.temperature > 0 else 1e-6
+        generation.max_completion_length = budget
+        try:
+            _, completion_ids, logprobs, _ = generation.generate(
+                prompts=prompts, images=None, num_generations=1
+            )
+        finally:
+            generation.temperature, generation.max_completion_length = saved
+        return completion_ids, logprobs
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        self._still_active(True)
+        prompts = [list(r.prompt_ids or []) for r in requests]
+        budget = max((r.max_new_tokens or 256) for r in requests)
+        completion_ids, logprobs = await asyncio.to_thread(self._generate, prompts, budget)
+        eos = set(self.trainer.eos_token_ids)
+        out = []
+        for ids, lps in zip(completion_ids, logprobs, strict=True):
+            ids = list(ids)
+            finish = "stop" if ids and ids[-1] in eos else "length"
+            text_ids = ids[:-1] if finish == "stop" else ids
+            text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+            out.append(
+                Generation(
+                    text=text,
+                    token_ids=ids,
+                    logprobs=[float(lp[0]) for lp in lps],
+                    finish_reason=finish,
+                )
+            )
+        return out
+
+    def drain(self) -> None:
+        """Keep answering the collective rounds with empty batches until every process is done."""
+        while self._still_active(False):
+            self._generate([], 1)
