@@ -1,0 +1,200 @@
+"""Golden tests of the trainer's pure parts against hand computation, and the masked loss."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from llm_gym import TruncationCause
+from llm_gym.errors import InvalidArgumentError
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from trainers.advantages import (
+    EpisodeOutcome,
+    group_advantages,
+    is_zero_variance,
+    per_turn_group_advantages,
+    shaped_reward,
+    soft_overlong_penalty,
+)
+from trainers.batch import episode_rows, padding_row, rows_to_tensors
+
+EPS = 1e-4
+
+
+def test_per_episode_advantages_by_hand() -> None:
+    # Group [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3) = 0.57735.
+    (adv,) = group_advantages([[1.0, 0.0, 0.0, 1.0]])
+    std = math.sqrt(1 / 3)
+    assert adv == pytest.approx(
+        [0.5 / (std + EPS), -0.5 / (std + EPS)] * 1 + [-0.5 / (std + EPS), 0.5 / (std + EPS)]
+    )
+    (centred,) = group_advantages([[1.0, 0.0, -0.1]], scale_rewards="none")
+    assert centred == pytest.approx([1 - 0.3, -0.3, -0.1 - 0.3])
+    # batch scaling: std over all 4 rewards [1, 0, 1, 1] = 0.5
+    adv_b = group_advantages([[1.0, 0.0], [1.0, 1.0]], scale_rewards="batch")
+    assert adv_b[0] == pytest.approx([0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS)])
+    assert adv_b[1] == [0.0, 0.0]
+    with pytest.raises(InvalidArgumentError, match="scale_rewards"):
+        group_advantages([[1.0]], scale_rewards="std")
+
+
+def test_per_turn_advantages_by_hand() -> None:
+    # Episode A turns [0, 1], episode B turns [0, 0, 1]: all five turns form the baseline.
+    (group,) = per_turn_group_advantages([[[0.0, 1.0], [0.0, 0.0, 1.0]]], scale_rewards="none")
+    assert group[0] == pytest.approx([-0.4, 0.6])
+    assert group[1] == pytest.approx([-0.4, -0.4, 0.6])
+    (scaled,) = per_turn_group_advantages([[[0.0, 1.0], [0.0, 0.0, 1.0]]])
+    std = math.sqrt((3 * 0.16 + 2 * 0.36) / 4)
+    assert scaled[0] == pytest.approx([-0.4 / (std + EPS), 0.6 / (std + EPS)])
+
+
+def test_soft_overlong_penalty_values() -> None:
+    assert soft_overlong_penalty(800, 1000, 200, 1.0) == 0.0
+    assert soft_overlong_penalty(850, 1000, 200, 1.0) == pytest.approx(-0.25)
+    assert soft_overlong_penalty(1000, 1000, 200, 0.5) == pytest.approx(-0.5)
+    assert soft_overlong_penalty(1500, 1000, 200, 1.0) == -1.0
+    with pytest.raises(InvalidArgumentError, match="buffer"):
+        soft_overlong_penalty(10, 100, 0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("cause", "tokens", "expected"),
+    [
+        (None, 2000, 1.0),  # terminated: never penalised
+        (TruncationCause.CONTEXT_OVERFLOW, 1900, 1.0 - 0.5),  # (1900 - 1800) / 200
+        (TruncationCause.MAX_TURNS, 100, 1.0 - 1.0),  # the whole turn budget: full factor
+        (TruncationCause.ENV, 2000, 1.0),  # no penalty
+        (TruncationCause.PARSE_FAILURE, 2000, 1.0),  # no penalty
+    ],
+)
+def test_shaped_reward_penalises_only_length_budget_causes(cause, tokens, expected) -> None:
+    outcome = EpisodeOutcome(reward=1.0, truncation_cause=cause, total_tokens=tokens, turns=3)
+    value = shaped_reward(
+        outcome,
+        max_model_length=2000,
+        max_turns=3,
+        overlong_buffer=200,
+        overlong_penalty_factor=1.0,
+    )
+    assert value == pytest.approx(expected)
+    off = shaped_reward(
+        outcome,
+        max_model_length=2000,
+        max_turns=3,
+        overlong_buffer=None,
+        overlong_penalty_factor=1.0,
+    )
+    assert off == 1.0
+
+
+def test_zero_variance() -> None:
+    assert is_zero_variance([1.0, 1.0, 1.0]) and is_zero_variance([-0.1, -0.1])
+    assert not is_zero_variance([1.0, 0.0])
+
+
+def _sample(prompt, completion, mask, turns):
+    return SimpleNamespace(
+        prompt_ids=prompt,
+        completion_ids=completion,
+        env_mask=mask,
+        logprobs=[0.0] * len(completion),
+        turn_index=turns,
+    )
+
+
+def test_overlong_masking_keeps_the_baseline() -> None:
+    # Group rewards [1, 0, 0(truncated)]: the truncated episode still counts in the baseline.
+    (adv,) = group_advantages([[1.0, 0.0, 0.0]], scale_rewards="none")
+    assert adv == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    sample = _sample([1, 2], [5, 6, 7], [1, 0, 1], [0, -1, 1])
+    kept, _ = episode_rows([sample], advantage=adv[0], turn_advantages=None, train=True, max_rows=1)
+    masked, _ = episode_rows(
+        [sample], advantage=adv[2], turn_advantages=None, train=False, max_rows=1
+    )
+    assert kept[0].env_mask == [1, 0, 1] and kept[0].advantages == pytest.approx([2 / 3, 0, 2 / 3])
+    assert masked[0].env_mask == [0, 0, 0] and masked[0].advantages == [0.0, 0.0, 0.0]
+
+
+def test_rows_per_turn_advantages_and_padding() -> None:
+    sample = _sample([1, 2], [5, 6, 7, 8], [1, 0, 1, 1], [0, -1, 1, 1])
+    rows, dropped = episode_rows(
+        [sample, sample], advantage=9.0, turn_advantages=[0.5, -1.0], train=True, max_rows=1
+    )
+    assert dropped == 1 and rows[0].advantages == [0.5, 0.0, -1.0, -1.0]
+    batch = rows_to_tensors([rows[0], padding_row(0)], pad_id=0)
+    assert batch["prompt_ids"].tolist() == [[1, 2], [0, 0]]
+    assert batch["prompt_mask"].tolist() == [[1, 1], [0, 1]]
+    assert batch["completion_ids"].tolist() == [[5, 6, 7, 8], [0, 0, 0, 0]]
+    assert batch["completion_mask"].tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+    assert batch["tool_mask"].tolist() == [[1, 0, 1, 1], [0, 0, 0, 0]]
+    assert batch["advantages"].tolist() == [[0.5, 0.0, -1.0, -1.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
+    """The loss and its gradients do not move when environment tokens' targets change."""
+    import torch
+
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    config = GRPOConfig(
+        output_dir="/tmp/llm_gym_test_loss",
+        model=str(small_model_dir),
+        batch_size=1,
+        episodes_per_task=2,
+        num_steps=1,
+        max_turns=2,
+        max_model_length=1024,
+        max_tokens_per_turn=16,
+        use_cpu=True,
+        save_strategy="no",
+        loss_type="grpo",
+    )
+    trainer = MultiTurnGRPOTrainer(
+        args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
+    )
+    # Two rows whose last tokens are environment tokens (after every policy token).
+    rows = [
+        episode_rows(
+            [_sample([11, 12, 13], [20, 21, 22, 30, 31], [1, 1, 1, 0, 0], [0, 0, 0, -1, -1])],
+            advantage=1.0,
+            turn_advantages=None,
+            train=True,
+            max_rows=1,
+        )[0][0],
+        episode_rows(
+            [_sample([11, 14], [23, 24, 32, 33, 34], [1, 1, 0, 0, 0], [0, 0, -1, -1, -1])],
+            advantage=-1.0,
+            turn_advantages=None,
+            train=True,
+            max_rows=1,
+        )[0][0],
+    ]
+
+    def loss_and_grads(batch):
+        trainer.model.zero_grad()
+        batch = dict(batch)
+        batch.pop("sampling_per_token_logps")
+        batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
+        loss = trainer._compute_loss(trainer.model, batch)
+        loss.backward()
+        return loss.item(), [
+            p.grad.clone() for p in trainer.model.parameters() if p.grad is not None
+        ]
+
+    base = rows_to_tensors(rows, pad_id=0)
+    perturbed = {k: v.clone() for k, v in base.items()}
+    env = perturbed["tool_mask"] == 0
+    perturbed["completion_ids"][env & (perturbed["completion_mask"] == 1)] = 99
+    perturbed["advantages"][env] = 1e6
+    loss_a, grads_a = loss_and_grads(base)
+    loss_b, grads_b = loss_and_grads(perturbed)
+    assert loss_a == pytest.approx(loss_b, abs=1e-7)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads_a, grads_b, strict=True))
+    assert any(g.abs().sum() > 0 for g in grads_a)
