@@ -3,6 +3,7 @@
 from llm_gym.eval.metrics import (
     is_success,
     mean_pass_at_k,
+    paired_difference_interval,
     pass_at_k,
     summarize_episodes,
     wilson_interval,
@@ -18,6 +19,7 @@ __all__ = [
     "pass_at_k",
     "mean_pass_at_k",
     "wilson_interval",
+    "paired_difference_interval",
     "summarize_episodes",
     "is_success",
 ]

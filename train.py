@@ -1,0 +1,47 @@
+"""Train an agent on an llm_gym environment: ``accelerate launch train.py --config CONFIG``.
+
+Thin on purpose: read the config, run :func:`trainers.pipeline.run_pipeline`. Override single
+keys with ``--set grpo.num_steps=2 sft.time_budget_s=60``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="a YAML file from configs/")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys, e.g. grpo.num_steps=2 (values are parsed as YAML)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from llm_gym.errors import LlmGymError
+    from trainers.pipeline import load_config, run_pipeline
+
+    args = parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            sys.exit(f"train.py: --set expects KEY=VALUE, got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        config = load_config(args.config, overrides)
+    except LlmGymError as exc:
+        sys.exit(f"train.py: {exc}")
+    return run_pipeline(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""The whole recipe behind ``train.py``: model, optional SFT warm start, GRPO, evaluations.
+
+A YAML config has four sections (each optional but ``grpo``)::
+
+    env: ToolUseGame-v0          # a registered llm_gym environment
+    model: tiny                  # "tiny" builds the embedded model; or a path / hub id
+    output_dir: outputs/run
+    seed: 0
+    sft: {...}                   # SFTSettings: warm start on oracle transcripts
+    grpo: {...}                  # MultiTurnGRPOConfig fields
+    evaluation: {...}            # EvalSettings: held-out episodes before and after GRPO
+
+The run writes ``summary.json`` (every number it printed) and ``reward_curve.png`` into
+``output_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["PipelineConfig", "SFTSettings", "EvalSettings", "load_config", "run_pipeline"]
+
+
+@dataclass
+class SFTSettings:
+    """Multi-turn SFT warm start on the environment's oracle transcripts."""
+
+    episodes: int = 4000
+    """Oracle transcripts to train on (train split tasks, then fresh seeded tasks if needed)."""
+    learning_rate: float = 2e-3
+    """AdamW learning rate."""
+    batch_size: int = 32
+    """Transcripts per optimizer step."""
+    epochs: float = 1.0
+    """Passes over the transcripts."""
+    max_steps: int | None = None
+    """Stop after this many steps (None: by epochs)."""
+    time_budget_s: float | None = None
+    """Stop after this many seconds of training (None: no limit)."""
+
+
+@dataclass
+class EvalSettings:
+    """Held-out evaluation, before and after GRPO, with greedy decoding."""
+
+    episodes: int = 200
+    """Episodes (one per task) on the split."""
+    split: str = "val"
+    """The split to evaluate on."""
+    max_new_tokens: int = 96
+    """Tokens per assistant turn."""
+    max_turns: int | None = None
+    """Turn limit (None: the GRPO config's val_max_turns or max_turns)."""
+
+
+@dataclass
+class PipelineConfig:
+    """A ``train.py`` config file."""
+
+    env: str = "ToolUseGame-v0"
+    """A registered environment id."""
+    model: str = "tiny"
+    """``tiny`` (build the embedded model) or a local path / hub id."""
+    output_dir: str = "outputs/run"
+    """Where models, checkpoints, the summary and the reward curve go."""
+    seed: int = 0
+    """Seed of everything seeded."""
+    val_tasks: int = 64
+    """Validation tasks used during GRPO (``validation_interval``)."""
+    tiny_model: dict[str, Any] = field(default_factory=dict)
+    """Arguments of ``build_tiny_model`` when ``model: tiny``."""
+    sft: SFTSettings | None = None
+    """The SFT warm start (None: start GRPO from the model as it is)."""
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Fields of :class:`trainers.MultiTurnGRPOConfig` (``output_dir`` and ``model`` are set)."""
+    evaluation: EvalSettings | None = field(default_factory=EvalSettings)
+    """Held-out evaluation before and after GRPO (None: skip)."""
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InvalidArgumentError(
+            f"Unknown key(s) {unknown} in {where}; allowed: {sorted(names)}."
+        )
+    return cls(**data)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a YAML config; ``overrides`` (``{"grpo.num_steps": 2}``) replace single keys."""
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
+    data = yaml.safe_load(path.read_text()) or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    sft = data.pop("sft", None)
+    evaluation = data.pop("evaluation", {})
+    config = _build(PipelineConfig, data, str(path))
+    config.sft = _build(SFTSettings, sft, f"{path}: sft") if sft is not None else None
+    config.evaluation = (
+        _build(EvalSettings, evaluation, f"{path}: evaluation") if evaluation is not None else None
+    )
+    return config
+
+
+def _evaluate(model_path: str, config: PipelineConfig, max_turns: int, label: str) -> Any:
+    from llm_gym.eval import run_and_report
+    from llm_gym.rollout.hf_policy import HFPolicy
+
+    assert config.evaluation is not None
+    policy = HFPolicy.from_pretrained(
+        model_path, temperature=0.0, max_new_tokens=config.evaluation.max_new_tokens
+    )
+    policy.name = label
+    report = run_and_report(
+        config.env,
+        policy,
+        split=config.evaluation.split,
+        episodes=config.evaluation.episodes,
+        seed=config.seed,
+        max_turns=max_turns,
+        print_report=False,
+        output=Path(config.output_dir) / f"eval_{label}.json",
+    )
+    return report
+
+
+def _success_vector(report: Any) -> dict[str, float]:
+    from llm_gym.eval import is_success
+
+    return {e.task.id or e.task.prompt: float(is_success(e)) for e in report.episodes}
+
+
+def _plot(trainer: Any, before: float | None, after: float | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, rewards, success = [], [], []
+    val_steps, val_success = [], []
+    for record in trainer.state.log_history:
+        if "reward" in record and "step" in record:
+            steps.append(record["step"])
+            rewards.append(record["reward"])
+            success.append(record.get("episodes/success_rate", float("nan")))
+        if "val/success_rate" in record:
+            val_steps.append(record["step"])
+            val_success.append(record["val/success_rate"])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, rewards, label="train reward (mean over the step's episodes)", color="#4C72B0")
+    ax.plot(steps, success, label="train success rate", color="#55A868", alpha=0.7)
+    if val_steps:
+        ax.plot(val_steps, val_success, "o-", label="validation success (greedy)", color="#C44E52")
+    for value, name, style in (
+        (before, "held-out success after SFT", ":"),
+        (after, "held-out success after GRPO", "--"),
+    ):
+        if value is not None:
+            ax.axhline(value, linestyle=style, color="gray", label=f"{name}: {value:.3f}")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("reward / success")
+    ax.set_ylim(-0.15, 1.05)
+    ax.set_title("Multi-turn GRPO on ToolUseGame-v0 (tiny model, CPU)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
+    """Build or load the model, warm-start it, train it with GRPO, evaluate before and after."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from llm_gym.eval import paired_difference_interval
+    from llm_gym.gym.registration import env_entry
+    from llm_gym.gym.text_env import _as_task_source, resolve
+    from trainers import GRPOConfig, train_multi_turn
+
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    entry = env_entry(config.env)
+    tasks = _as_task_source(entry.tasks)
+    env_class = resolve(entry.env)
+    oracle = resolve(entry.oracle) if entry.oracle is not None else None
+    summary: dict[str, Any] = {"env": config.env, "env_version": entry.version}
+    started = time.perf_counter()
+
+    # 1. the model
+    if config.model == "tiny":
+        from llm_gym.models import build_tiny_model
+
+        print("== 1/5 building the tiny model", flush=True)
+        model_path = str(build_tiny_model(seed=config.seed, **config.tiny_model))
+    else:
+        model_path = config.model
+    summary["base_model"] = model_path
+
+    # 2. the SFT warm start
+    if config.sft is not None:
+        from trainers.sft import oracle_sft_dataset, sft_warm_start
+
+        print(f"== 2/5 SFT warm start on {config.sft.episodes} oracle transcripts", flush=True)
+        t = time.perf_counter()
+        dataset = oracle_sft_dataset(config.env, episodes=config.sft.episodes, seed=config.seed)
+        model_path = str(
+            sft_warm_start(
+                model_path,
+                out / "sft",
+                dataset,
+                learning_rate=config.sft.learning_rate,
+                per_device_train_batch_size=config.sft.batch_size,
+                num_train_epochs=config.sft.epochs,
+                max_steps=config.sft.max_steps,
+                time_budget_s=config.sft.time_budget_s,
+                seed=config.seed,
+            )
+        )
+        summary["sft_seconds"] = time.perf_counter() - t
+    summary["start_model"] = model_path
+
+    grpo_fields = dict(config.grpo)
+    max_turns = grpo_fields.get("max_turns") or entry.kwargs["max_turns"]
+    eval_turns = (
+        (config.evaluation.max_turns if config.evaluation else None)
+        or grpo_fields.get("val_max_turns")
+        or max_turns
+    )
+
+    # 3. held-out success before GRPO
+    before = None
+    if config.evaluation is not None:
+        print(
+            f"== 3/5 held-out evaluation before GRPO ({config.evaluation.episodes} "
+            f"{config.evaluation.split} episodes, greedy)",
+            flush=True,
+        )
+        before = _evaluate(model_path, config, eval_turns, "before_grpo")
+        print(before.format_table(), flush=True)
+
+    # 4. GRPO
+    print("== 4/5 multi-turn GRPO", flush=True)
+    grpo_fields.setdefault("max_turns", max_turns)
+    grpo_fields.setdefault("seed", config.seed)
+    grpo_fields.setdefault("use_cpu", not _has_gpu())
+    grpo_config = GRPOConfig(output_dir=str(out / "grpo"), model=model_path, **grpo_fields)
+    t = time.perf_counter()
+    val_tasks = list(tasks("val"))[: config.val_tasks] if config.val_tasks else None
+    trainer = train_multi_turn(
+        grpo_config,
+        tasks=list(tasks("train")),
+        env_factory=env_class,
+        val_tasks=val_tasks,
+        oracle=oracle,
+    )
+    summary["grpo_seconds"] = time.perf_counter() - t
+    final_path = out / "final"
+    trainer.save_model(str(final_path))
+    trainer.processing_class.save_pretrained(str(final_path))
+    summary["final_model"] = str(final_path)
+    summary["validation_history"] = trainer.validation_history
+
+    # 5. held-out success after GRPO, and the gain on the same tasks
+    after = None
+    if config.evaluation is not None:
+        print("== 5/5 held-out evaluation after GRPO", flush=True)
+        after = _evaluate(str(final_path), config, eval_turns, "after_grpo")
+        print(after.format_table(), flush=True)
+        b, a = _success_vector(before), _success_vector(after)
+        keys = sorted(set(b) & set(a))
+        gain, low, high = paired_difference_interval([b[k] for k in keys], [a[k] for k in keys])
+        summary["evaluation"] = {
+            "split": config.evaluation.split,
+            "episodes": len(keys),
+            "success_before": before.metrics["success_rate"],
+            "success_before_ci": [
+                before.metrics["success_ci_low"],
+                before.metrics["success_ci_high"],
+            ],
+            "success_after": after.metrics["success_rate"],
+            "success_after_ci": [after.metrics["success_ci_low"], after.metrics["success_ci_high"]],
+            "gain": gain,
+            "gain_ci": [low, high],
+            "gain_significant": low > 0,
+        }
+    summary["total_seconds"] = time.perf_counter() - started
+    _plot(
+        trainer,
+        before.metrics["success_rate"] if before else None,
+        after.metrics["success_rate"] if after else None,
+        out / "reward_curve.png",
+    )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if config.evaluation is not None:
+        e = summary["evaluation"]
+        print(
+            f"\nHeld-out {e['split']} success ({e['episodes']} episodes, greedy):\n"
+            f"  after SFT:  {e['success_before']:.3f}  95% CI [{e['success_before_ci'][0]:.3f}, "
+            f"{e['success_before_ci'][1]:.3f}]\n"
+            f"  after GRPO: {e['success_after']:.3f}  95% CI [{e['success_after_ci'][0]:.3f}, "
+            f"{e['success_after_ci'][1]:.3f}]\n"
+            f"  gain:       {e['gain']:+.3f}  95% CI [{e['gain_ci'][0]:+.3f}, "
+            f"{e['gain_ci'][1]:+.3f}] (paired, same tasks)"
+        )
+    print(
+        f"Total time: {summary['total_seconds'] / 60:.1f} min. Wrote {out / 'summary.json'} "
+        f"and {out / 'reward_curve.png'}."
+    )
+    return summary
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
