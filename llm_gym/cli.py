@@ -135,6 +135,29 @@ def _cmd_build_tiny_model(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.rollout.serve import serve
+
+    server = serve(
+        args.model_path,
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        default_max_tokens=args.max_tokens,
+        log=not args.quiet,
+    )
+    print(f"serving {server.model_name!r} at {server.url} (Ctrl-C stops)", file=out, flush=True)
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``llm-gym`` (sub-commands register themselves here)."""
     parser = argparse.ArgumentParser(prog="llm-gym", description="Gymnasium for LLM agents.")
@@ -174,6 +197,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=None, help="default: 192")
     p.add_argument("--num-layers", type=int, default=None, help="default: 4")
     p.set_defaults(func=_cmd_build_tiny_model)
+
+    p = sub.add_parser(
+        "serve", help="serve a local model over an OpenAI-compatible /v1/chat/completions API"
+    )
+    p.add_argument("model_path", help="a model directory (or hub id) for from_pretrained")
+    p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    p.add_argument("--model-name", default=None, help="the id clients send (default: the path)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--dtype", default="float32", help="torch dtype of the weights")
+    p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
+    p.add_argument("--quiet", action="store_true", help="no log line per request")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("show-task", help="print one task as JSON")
     p.add_argument("env_id")

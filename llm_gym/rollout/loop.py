@@ -234,6 +234,11 @@ async def _run_episode(
             turns.append(turn)
             if generation.token_ids is not None:
                 episode.completion_tokens += len(generation.token_ids)
+            else:  # an HTTP endpoint reports its own token counts
+                usage = generation.metadata.get("usage") or {}
+                episode.completion_tokens += int(usage.get("completion_tokens") or 0)
+                if turn_number == 0:
+                    episode.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             if tracker is not None and generation.token_ids is not None:
                 tracker.add_generation(
                     generation.token_ids, generation.logprobs, generation.text, turn_number

@@ -1,0 +1,577 @@
+"""A minimal OpenAI-compatible chat-completions server for a local transformers model.
+
+For tests, demos and small local runs: the standard library's ``ThreadingHTTPServer`` in a
+background thread, one ``generate`` at a time (a lock), no extra package beyond the training stack
+(torch, transformers)::
+
+    >>> from llm_gym.rollout.serve import serve
+    >>> from llm_gym.rollout.openai_policy import OpenAIPolicy
+    >>> with serve("path/to/model") as server:  # doctest: +SKIP
+    ...     policy = OpenAIPolicy(model=server.model_name, base_url=server.url)
+
+or from a shell: ``llm-gym serve PATH --port 8000``. For throughput use vLLM or SGLang: same API.
+
+Endpoints:
+
+* ``POST /v1/chat/completions`` (non-streaming): the request's messages (and ``tools``, when
+  given) go through the tokenizer's chat template with the generation prompt; the model samples
+  up to ``max_tokens`` (or ``max_completion_tokens``; default :data:`DEFAULT_MAX_TOKENS`, never
+  past the model's context) with ``temperature`` and ``top_p`` (greedy when ``temperature`` is 0)
+  and stops at an end-of-sequence token or a ``stop`` string. ``seed`` reseeds torch before the
+  generation. The answer's ``message.content`` is the model's raw text (special tokens skipped):
+  tool calls are *not* parsed out of it, clients parse them with their own action format, as
+  :class:`~llm_gym.rollout.openai_policy.OpenAIPolicy` does. ``finish_reason`` is ``"stop"`` or
+  ``"length"``; ``usage`` counts prompt and completion tokens.
+* ``GET /v1/models``: the one model served; ``GET /health``: ``{"status": "ok"}``.
+
+Errors come back as ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request
+(the message names the field), 404 for an unknown path or model, 405 for a wrong method, 413 for
+a body over :data:`MAX_BODY_BYTES`, 500 when generation itself fails. Unknown request fields are
+ignored; ``stream=true`` and ``n`` other than 1 are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_PORT",
+    "MAX_BODY_BYTES",
+    "ChatCompletionServer",
+    "serve",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+"""Loopback only, unless asked otherwise."""
+DEFAULT_PORT = 0
+"""0: any free port (read it from :attr:`ChatCompletionServer.port`)."""
+DEFAULT_MAX_TOKENS = 256
+"""Tokens per completion when a request sets no ``max_tokens``."""
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The largest request body accepted."""
+
+_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class _HTTPError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def _bad(message: str, param: str | None = None) -> _HTTPError:
+    return _HTTPError(HTTPStatus.BAD_REQUEST, message, param)
+
+
+def _text_content(value: Any, field: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts: only text parts are supported
+        texts = []
+        for i, part in enumerate(value):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise _bad(f"{field}[{i}] must be a text part {{'type': 'text', ...}}", field)
+            if not isinstance(part.get("text"), str):
+                raise _bad(f"{field}[{i}].text must be a string", f"{field}[{i}].text")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(f"{field} must be a string, a list of text parts or null", field)
+
+
+def _tool_calls(value: Any, field: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise _bad(f"{field} must be a list", field)
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _bad(
+                f"{field}[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                "'arguments': ...}}}",
+                f"{field}[{i}]",
+            )
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):  # chat templates expect an object (they tojson it)
+            # Unparseable: keep the string, the template writes what the client sent.
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments) if arguments.strip() else {}
+        calls.append(
+            {
+                "id": call.get("id", f"call_{i}"),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return calls
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise _bad("'messages' must be a non-empty list of message objects", "messages")
+    out = []
+    for i, message in enumerate(value):
+        field = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _bad(f"{field} must be an object", field)
+        role = message.get("role")
+        if role not in _ROLES:
+            raise _bad(f"{field}.role must be one of {', '.join(_ROLES)}; got {role!r}", field)
+        item: dict[str, Any] = {
+            "role": "system" if role == "developer" else role,
+            "content": _text_content(message.get("content"), f"{field}.content"),
+        }
+        if role == "assistant" and message.get("tool_calls"):
+            item["tool_calls"] = _tool_calls(message["tool_calls"], f"{field}.tool_calls")
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if isinstance(message.get(key), str):
+                    item[key] = message[key]
+        out.append(item)
+    return out
+
+
+def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise _bad(f"'{key}' must be a number in [{low:g}, {high:g}]; got {value!r}", key)
+    return float(value)
+
+
+def _positive_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(f"'{key}' must be an integer >= 1; got {value!r}", key)
+    return value
+
+
+def _stops(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return [s for s in value if s]
+    raise _bad("'stop' must be a string or a list of strings", "stop")
+
+
+class ChatCompletionServer:
+    """A running server (see the module docstring); build it with :func:`serve`.
+
+    Args:
+        model: A causal LM (``AutoModelForCausalLM``), already on its device.
+        tokenizer: Its tokenizer; it must have a chat template.
+        host: Interface to listen on.
+        port: TCP port (0: any free one).
+        model_name: The model id clients send and ``/v1/models`` lists.
+        default_max_tokens: Tokens per completion when a request sets none.
+        log: Print one line per request to stderr.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        model_name: str = "model",
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        log: bool = False,
+    ) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidArgumentError(
+                "The tokenizer has no chat template; the server renders every request with it. "
+                "Set tokenizer.chat_template (or save a model directory that has one)."
+            )
+        if default_max_tokens < 1:
+            raise InvalidArgumentError(
+                f"default_max_tokens must be >= 1, actual value: {default_max_tokens}."
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.default_max_tokens = default_max_tokens
+        self.log = log
+        self.created = int(time.time())
+        self.requests = 0
+        self._generate_lock = threading.Lock()
+        self._eos_ids = self._find_eos_ids()
+        self._context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self._httpd = ThreadingHTTPServer((host, port), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="llm_gym-serve",
+            daemon=True,
+        )
+        self._thread.start()
+        self._closed = False
+
+    # --- the handle ---------------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return str(self._httpd.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use, ``http://HOST:PORT/v1`` (``OpenAIPolicy(base_url=...)``)."""
+        host = self.host
+        if ":" in host:  # IPv6
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
+
+    def wait(self) -> None:
+        """Block until :meth:`close` (from another thread) or Ctrl-C."""
+        while self._thread.is_alive():
+            self._thread.join(0.5)
+
+    def close(self) -> None:
+        """Stop serving and release the port (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> ChatCompletionServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ChatCompletionServer(model={self.model_name!r}, url={self.url!r})"
+
+    # --- the work -----------------------------------------------------------------------------
+
+    def _find_eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif isinstance(configured, list | tuple):
+            ids.update(int(i) for i in configured)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    def models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "llm_gym",
+                }
+            ],
+        }
+
+    def chat_completion(self, body: Any) -> dict[str, Any]:
+        """Answer one ``/v1/chat/completions`` body (raises ``_HTTPError`` for bad requests)."""
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _bad("'model' is required (a string)", "model")
+        if model != self.model_name:
+            raise _HTTPError(
+                HTTPStatus.NOT_FOUND,
+                f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
+                "model",
+                code="model_not_found",
+            )
+        messages = _messages(body.get("messages"))
+        if body.get("stream"):
+            raise _bad("stream=true is not supported by this server; send stream=false", "stream")
+        if body.get("n") not in (None, 1):
+            raise _bad(f"'n' must be 1 on this server; got {body.get('n')!r}", "n")
+        tools = body.get("tools")
+        if tools is not None and not (
+            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        ):
+            raise _bad("'tools' must be a list of tool objects", "tools")
+        temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        if top_p == 0:
+            raise _bad("'top_p' must be > 0", "top_p")
+        max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
+            body, "max_tokens"
+        )
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise _bad(f"'seed' must be an integer; got {seed!r}", "seed")
+        stops = _stops(body.get("stop"))
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise _bad("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+
+        try:
+            prompt = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=True,
+                **kwargs,
+            )
+        except Exception as exc:  # a template that rejects these messages
+            raise _bad(f"the chat template rejected the messages: {exc}", "messages") from exc
+        prompt_ids = list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        budget = max_tokens or self.default_max_tokens
+        if self._context is not None:
+            if len(prompt_ids) >= self._context:
+                raise _bad(
+                    f"the prompt is {len(prompt_ids)} tokens; the model's context is "
+                    f"{self._context} tokens",
+                    "messages",
+                )
+            budget = min(budget, self._context - len(prompt_ids))
+        ids = self._generate(prompt_ids, budget, temperature, top_p, seed)
+
+        finish = "length"
+        if ids and ids[-1] in self._eos_ids:
+            ids, finish = ids[:-1], "stop"
+            completion_tokens = len(ids) + 1
+        else:
+            completion_tokens = len(ids)
+        text = self.tokenizer.decode(
+            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        cuts = [i for i in (text.find(s) for s in stops) if i != -1]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
+
+    def _generate(
+        self, prompt_ids: list[int], budget: int, temperature: float, top_p: float, seed: int | None
+    ) -> list[int]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self._eos_ids[0] if self._eos_ids else 0
+        greedy = temperature == 0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": budget,
+            "do_sample": not greedy,
+            "pad_token_id": pad,
+            "eos_token_id": self._eos_ids or None,
+        }
+        if not greedy:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+        with self._generate_lock:
+            if seed is not None:
+                torch.manual_seed(seed)
+            with torch.inference_mode():
+                output = self.model.generate(
+                    input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
+                )
+        ids = output[0, len(prompt_ids) :].tolist()
+        for position, token in enumerate(ids):  # stop at the first end of sequence
+            if token in self._eos_ids:
+                return ids[: position + 1]
+        return ids
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+        routes: dict[tuple[str, str], Callable[[Any], dict[str, Any]]] = {
+            ("POST", "/v1/chat/completions"): server.chat_completion,
+            ("GET", "/v1/models"): lambda _: server.models(),
+            ("GET", "/health"): lambda _: {"status": "ok"},
+        }
+        paths = {path for _, path in routes}
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "llm_gym-serve"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                if server.log:
+                    sys.stderr.write(f"[llm_gym.serve] {self.address_string()} {format % args}\n")
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _read_body(self) -> Any:
+                length = self.headers.get("Content-Length")
+                if length is None:
+                    raise _HTTPError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+                try:
+                    size = int(length)
+                except ValueError as exc:
+                    raise _bad(f"bad Content-Length {length!r}") from exc
+                if size > MAX_BODY_BYTES:
+                    self.close_connection = True
+                    raise _HTTPError(
+                        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                        f"the body is {size} bytes; the limit is {MAX_BODY_BYTES}",
+                    )
+                raw = self.rfile.read(size)
+                try:
+                    return json.loads(raw)
+                except ValueError as exc:
+                    raise _bad(f"the body is not valid JSON: {exc}") from exc
+
+            def _handle(self, method: str) -> None:
+                server.requests += 1
+                path = self.path.split("?", 1)[0].rstrip("/") or "/"
+                try:
+                    route = routes.get((method, path))
+                    if route is None:
+                        if path in paths:
+                            raise _HTTPError(
+                                HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}"
+                            )
+                        raise _HTTPError(
+                            HTTPStatus.NOT_FOUND,
+                            f"no such endpoint {method} {path}; this server has POST "
+                            "/v1/chat/completions, GET /v1/models and GET /health",
+                            code="not_found",
+                        )
+                    body = self._read_body() if method == "POST" else None
+                    self._send(HTTPStatus.OK, route(body))
+                except _HTTPError as exc:
+                    self._send(exc.status, exc.body())
+                except Exception as exc:  # generation failed: the client sees why
+                    error = _HTTPError(
+                        HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"internal error: {type(exc).__name__}: {exc}",
+                        kind="server_error",
+                    )
+                    self._send(error.status, error.body())
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_PUT(self) -> None:
+                self._handle("PUT")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        return Handler
+
+
+def serve(
+    model_path: str | os.PathLike[str],
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    model_name: str | None = None,
+    device: str | None = None,
+    dtype: str = "float32",
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    log: bool = False,
+) -> ChatCompletionServer:
+    """Load a model directory (or hub id) with ``from_pretrained`` and serve it in the background.
+
+    Args:
+        model_path: What ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` load.
+        host: Interface to listen on (loopback by default).
+        port: TCP port (0: any free one; see ``.port`` / ``.url``).
+        model_name: The model id clients send (default: ``str(model_path)``).
+        device: ``"cpu"``, ``"cuda"``, ... (default: CUDA when available).
+        dtype: The torch dtype name to load the weights in.
+        default_max_tokens: Tokens per completion when a request sets none.
+        log: Print one line per request to stderr.
+
+    Returns:
+        The running server: ``.url`` is the base URL (``http://HOST:PORT/v1``), ``.close()``
+        stops it; it is also a context manager.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not hasattr(torch, dtype):
+        raise InvalidArgumentError(f"dtype must name a torch dtype, actual value: {dtype!r}.")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device).eval()
+    return ChatCompletionServer(
+        model,
+        tokenizer,
+        host=host,
+        port=port,
+        model_name=model_name or str(model_path),
+        default_max_tokens=default_max_tokens,
+        log=log,
+    )
