@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -41,6 +42,18 @@ from trainers.batch import Row, episode_rows, padding_row, rows_to_tensors
 from trainers.config import MultiTurnGRPOConfig
 
 __all__ = ["MultiTurnGRPOTrainer"]
+
+
+class _ValidationCallback(TrainerCallback):
+    """Validate after every ``validation_interval``-th optimizer step (on every process)."""
+
+    def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        interval = getattr(args, "validation_interval", None)
+        if self.trainer.val_tasks and interval and state.global_step % interval == 0:
+            self.trainer.validate()
 
 
 def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -112,7 +125,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             train_dataset=dataset,
             processing_class=processing_class,
             peft_config=peft_config,
-            callbacks=callbacks,
+            callbacks=[*(callbacks or []), _ValidationCallback(self)],
         )
         self.env_factory = _as_env_factory(env_factory)
         self.tasks = tasks
@@ -120,7 +133,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self.oracle = oracle
         self.validation_history: list[dict[str, Any]] = []
         self._last_collection_end: float | None = None
-        self._validated_steps: set[int] = set()
 
     # --- generation --------------------------------------------------------------------------
 
@@ -260,7 +272,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
         mode = "train" if self.model.training else "eval"
-        self._maybe_validate()
         train_seconds = (
             time.perf_counter() - self._last_collection_end
             if self._last_collection_end is not None
@@ -417,17 +428,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
 
     # --- validation --------------------------------------------------------------------------
 
-    def _maybe_validate(self) -> None:
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        step = self.state.global_step
-        if (
-            self.val_tasks
-            and args.validation_interval
-            and step % args.validation_interval == 0
-            and step not in self._validated_steps
-        ):
-            self.validate()
-
     def validate(self, tasks: Sequence[Task] | None = None) -> dict[str, float]:
         """Run the validation tasks once each (greedy by default) and log ``val/...`` metrics."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
@@ -448,7 +448,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         episodes = [e for part in gather_object([[e for g in groups for e in g]]) for e in part]
         summary = summarize_episodes(episodes)
         record = {"step": self.state.global_step, **summary}
-        self._validated_steps.add(self.state.global_step)
         self.validation_history.append(record)
         keys = (
             "success_rate",
@@ -459,16 +458,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             "parse_failure_ratio",
             "tool_error_rate",
         )
-        self.log({f"val/{k}": summary[k] for k in keys if k in summary})
+        for key in keys:  # logged with the step's own record (TRL averages _metrics lists)
+            if key in summary:
+                self._metrics["train"][f"val/{key}"].append(summary[key])
         return summary
-
-    def train(self, *args: Any, **kwargs: Any) -> Any:
-        output = super().train(*args, **kwargs)
-        config: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        done = self.state.global_step in self._validated_steps
-        if self.val_tasks and config.validation_interval and not done:
-            self.validate()
-        return output
 
     # --- checkpoints -------------------------------------------------------------------------
 
