@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -485,5 +486,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                 shutil.rmtree(final)
             os.replace(staged, final)
             shutil.rmtree(staging_root, ignore_errors=True)
-            self._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=False,
+            )
         self.accelerator.wait_for_everyone()
