@@ -16,7 +16,7 @@ PLAY_HELP = """\
 Type the assistant's turn and press Enter. A line ending in '\\' continues on the next line.
 Commands: ':oracle' shows the oracle's next action, ':transcript' the conversation so far,
 ':quit' ends the game. Tool calls in the hermes format look like:
-  <tool_call>{"name": "lookup", "arguments": {"key": "velmora.population"}}</tool_call>
+  <tool_call>{"name": "lookup", "arguments": {"key": "Velmora.population"}}</tool_call>
 """
 
 

@@ -52,7 +52,7 @@ def test_reset_options_pick_split_and_index() -> None:
             "task": {
                 "prompt": "What is the population of Tarsk?",
                 "target": 1,
-                "metadata": {"keys": ["tarsk.population"], "type": "lookup"},
+                "metadata": {"keys": ["Tarsk.population"], "type": "lookup"},
             }
         }
     )

@@ -46,7 +46,7 @@ TOOLS: list[ToolSpec] = [
 CALL = {
     "id": "call_t1_0",
     "type": "function",
-    "function": {"name": "lookup", "arguments": '{"key": "velmora.population"}'},
+    "function": {"name": "lookup", "arguments": '{"key": "Velmora.population"}'},
 }
 CONVERSATION: list[Message] = [
     {"role": "system", "content": "You answer questions."},
@@ -254,7 +254,7 @@ def test_native_tools_and_tool_call_responses(endpoint: FakeEndpoint) -> None:
     assert parsed.is_tool_calls
     assert parsed.tool_calls[0]["function"]["name"] == "lookup"
     assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {
-        "key": "velmora.population"
+        "key": "Velmora.population"
     }
 
 

@@ -88,7 +88,7 @@ def test_builds_and_loads_with_from_pretrained(small_build: Path, loaded) -> Non
 def test_loaded_tokenizer_matches_the_trained_one(loaded) -> None:
     _, tokenizer = loaded
     trained = tiny.build_tokenizer(tiny.default_corpus(SMALL["max_tasks_per_env"]), 512)
-    text = 'What is 1234 + 56? <tool_call>\n{"key": "velmora.population"}</tool_call> ü 中'
+    text = 'What is 1234 + 56? <tool_call>\n{"key": "Velmora.population"}</tool_call> ü 中'
     assert trained.encode(text) == tokenizer.encode(text)
     assert trained.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
 
@@ -99,7 +99,7 @@ def test_loaded_tokenizer_matches_the_trained_one(loaded) -> None:
         "plain ascii: The quick brown fox, 3.14159!",
         "unicode: héllo wörld — naïve café, 中文字符, Ελληνικά, emoji 🚀🎉, \u00e9",
         "whitespace\t\ttabs\n\nnewlines   spaces \r\n",
-        'json {"name": "lookup", "arguments": {"key": "tarsk.area_km2"}}',
+        'json {"name": "lookup", "arguments": {"key": "Tarsk.area"}}',
         "digits 0123456789 and -42, 1e10, 2,500,000",
         "",
     ],
@@ -152,7 +152,7 @@ CONVERSATION = [
         "tool_calls": [
             {
                 "type": "function",
-                "function": {"name": "lookup", "arguments": {"key": "velmora.population"}},
+                "function": {"name": "lookup", "arguments": {"key": "Velmora.population"}},
             }
         ],
     },
@@ -182,7 +182,7 @@ def test_chat_template_renders_tools_calls_and_results(loaded) -> None:
     assert '"name": "lookup"' in text and "<tools>" in text
     assert (
         '<|im_start|>assistant\n<tool_call>\n{"name": "lookup", "arguments": '
-        '{"key": "velmora.population"}}\n</tool_call><|im_end|>' in text
+        '{"key": "Velmora.population"}}\n</tool_call><|im_end|>' in text
     )
     assert "<|im_start|>user\n<tool_response>\n123456\n</tool_response><|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n123456<|im_end|>\n")

@@ -44,14 +44,21 @@ def test_generator_is_a_pure_function_of_its_seed() -> None:
 
 
 def test_lookup_and_list_tools() -> None:
-    assert lookup("velmora.population") == str(FACTS["velmora.population"])
-    assert lookup(" Velmora.Population ") == str(FACTS["velmora.population"])
-    with pytest.raises(ToolArgumentError, match="Did you mean 'velmora.population'"):
+    assert lookup("Velmora.population") == str(FACTS["Velmora.population"])
+    assert lookup(" velmora.POPULATION ") == str(FACTS["Velmora.population"])
+    with pytest.raises(ToolArgumentError, match="Did you mean 'Velmora.population'"):
         lookup("velmora.populaton")
     keys = list_fact_keys("tarsk.")
-    assert keys.splitlines() == [k for k in FACTS if k.startswith("tarsk.")]
+    assert keys.splitlines() == [k for k in FACTS if k.startswith("Tarsk.")]
     assert list_fact_keys("zzz") == "no keys start with 'zzz'"
     assert len(list_fact_keys().splitlines()) == len(FACTS)
+
+
+def test_keys_can_be_copied_from_the_question() -> None:
+    for task in get_tasks("val"):
+        for key in task.metadata["keys"]:
+            town, attribute = key.split(".")
+            assert town in task.prompt and attribute.split("_")[0] in task.prompt
 
 
 def test_reward_on_hand_made_transcripts() -> None:

@@ -30,9 +30,8 @@ def test_per_episode_advantages_by_hand() -> None:
     # Group [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3) = 0.57735.
     (adv,) = group_advantages([[1.0, 0.0, 0.0, 1.0]])
     std = math.sqrt(1 / 3)
-    assert adv == pytest.approx(
-        [0.5 / (std + EPS), -0.5 / (std + EPS)] * 1 + [-0.5 / (std + EPS), 0.5 / (std + EPS)]
-    )
+    a = 0.5 / (std + EPS)
+    assert adv == pytest.approx([a, -a, -a, a])
     (centred,) = group_advantages([[1.0, 0.0, -0.1]], scale_rewards="none")
     assert centred == pytest.approx([1 - 0.3, -0.3, -0.1 - 0.3])
     # batch scaling: std over all 4 rewards [1, 0, 1, 1] = 0.5

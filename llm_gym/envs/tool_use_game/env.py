@@ -43,7 +43,7 @@ VERSION = "0"
 
 SYSTEM_PROMPT = (
     "You answer questions about the towns of a fictional country. You cannot know the facts: "
-    "look them up. Fact keys have the form 'town.attribute', for example 'velmora.population' "
+    "look them up. Fact keys have the form 'Town.attribute', for example 'Velmora.population' "
     "(list_fact_keys lists them). Use lookup to read facts and calculator for arithmetic. "
     "When you know the answer, reply with only the answer: a number, or a town's name when the "
     "question asks which town."
@@ -77,11 +77,13 @@ TOWNS = (
 )
 
 ATTRIBUTES: dict[str, tuple[str, int, int]] = {
-    # attribute: (noun phrase, low, high)
+    # attribute: (noun phrase, low, high). Each key word appears in its phrase, so a model can
+    # build a key by copying words of the question ("the area in square kilometres of Tarsk"
+    # -> "Tarsk.area").
     "population": ("population", 2_000, 500_000),
-    "founded": ("founding year", 1100, 1950),
-    "area_km2": ("area in square kilometres", 5, 900),
-    "elevation_m": ("elevation in metres", 0, 2500),
+    "founding_year": ("founding year", 1100, 1950),
+    "area": ("area in square kilometres", 5, 900),
+    "elevation": ("elevation in metres", 0, 2500),
     "schools": ("number of schools", 1, 120),
     "bridges": ("number of bridges", 0, 40),
 }
@@ -96,21 +98,23 @@ MAX_LISTED_KEYS = 200
 def _build_facts(seed: int = 7) -> dict[str, int]:
     rng = random.Random(seed)
     return {
-        f"{town.lower()}.{attribute}": rng.randint(low, high)
+        f"{town}.{attribute}": rng.randint(low, high)
         for town in TOWNS
         for attribute, (_, low, high) in ATTRIBUTES.items()
     }
 
 
 FACTS: dict[str, int] = _build_facts()
-"""The fact table: ``"town.attribute" -> int``."""
+"""The fact table: ``"Town.attribute" -> int`` (``lookup`` ignores case)."""
+_FACTS_BY_LOWER_KEY = {key.lower(): value for key, value in FACTS.items()}
+_KEYS_BY_LOWER_KEY = {key.lower(): key for key in FACTS}
 
 
 # --- the seeded task generator -----------------------------------------------------------------
 
 
 def _key(town: str, attribute: str) -> str:
-    return f"{town.lower()}.{attribute}"
+    return f"{town}.{attribute}"
 
 
 def _phrase(town: str, attribute: str) -> str:
@@ -240,9 +244,9 @@ def list_fact_keys(prefix: str = "") -> str:
     """List the keys of the fact table, one per line.
 
     Args:
-        prefix: Only list keys that start with this text, for example 'velmora.'.
+        prefix: Only list keys that start with this text, for example 'Velmora.'.
     """
-    keys = [k for k in FACTS if k.startswith(prefix.lower())]
+    keys = [k for k in FACTS if k.lower().startswith(prefix.lower())]
     if not keys:
         return f"no keys start with {prefix[:80]!r}"
     shown = keys[:MAX_LISTED_KEYS]
@@ -255,13 +259,14 @@ def lookup(key: str) -> str:
     """Look up one fact by its key.
 
     Args:
-        key: A fact key of the form 'town.attribute', for example 'velmora.population'.
+        key: A fact key of the form 'Town.attribute', for example 'Velmora.population'.
     """
     normalized = key.strip().lower()
-    if normalized in FACTS:
-        return str(FACTS[normalized])
-    close = difflib.get_close_matches(normalized, list(FACTS), n=3)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    if normalized in _FACTS_BY_LOWER_KEY:
+        return str(_FACTS_BY_LOWER_KEY[normalized])
+    close = difflib.get_close_matches(normalized, list(_KEYS_BY_LOWER_KEY), n=3)
+    suggestions = [_KEYS_BY_LOWER_KEY[c] for c in close]
+    hint = f" Did you mean {', '.join(repr(c) for c in suggestions)}?" if close else ""
     raise ToolArgumentError(f"unknown key {key[:80]!r}.{hint} list_fact_keys lists every key.")
 
 
@@ -317,7 +322,7 @@ def oracle_action(task: Task, messages: Sequence[Message]) -> Message:
         return Message(role="assistant", content="", tool_calls=calls)
     values = [int(v) for v in looked_up[-len(keys) :]]
     if task.metadata["type"] == "compare":
-        a_town, b_town = (k.split(".")[0].capitalize() for k in keys)
+        a_town, b_town = (k.split(".")[0] for k in keys)
         answer = a_town if values[0] > values[1] else b_town
         return Message(role="assistant", content=answer)
     if expression is not None and not computed:
