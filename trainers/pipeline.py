@@ -219,7 +219,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
         print(f"== 2/5 SFT warm start on {config.sft.episodes} oracle transcripts", flush=True)
         t = time.perf_counter()
-        dataset = oracle_sft_dataset(config.env, episodes=config.sft.episodes, seed=config.seed)
+        sft_tasks = _sft_tasks(entry, tasks, config.sft.episodes, config.seed)
+        dataset = oracle_sft_dataset(config.env, sft_tasks)
         model_path = str(
             sft_warm_start(
                 model_path,
@@ -324,6 +325,32 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         f"and {out / 'reward_curve.png'}."
     )
     return summary
+
+
+def _sft_tasks(entry: Any, tasks: Any, episodes: int, seed: int) -> list[Any]:
+    """``episodes`` distinct training tasks: the train split, then fresh tasks from the env's
+    seeded generator (``generate_tasks(seed, n)`` beside its task source) that share no prompt
+    with any split; cycled through the train split when the env has no generator."""
+    import importlib
+
+    from trainers.sft import disjoint_tasks
+
+    train = list(tasks("train"))
+    if episodes <= len(train):
+        return train[:episodes]
+    module_name = entry.tasks.partition(":")[0] if isinstance(entry.tasks, str) else None
+    generate = (
+        getattr(importlib.import_module(module_name), "generate_tasks", None)
+        if (module_name)
+        else None
+    )
+    if generate is None:
+        return [train[i % len(train)] for i in range(episodes)]
+    held_out = [*tasks("val"), *tasks("test")]
+    extra = disjoint_tasks(
+        generate, episodes - len(train), seed=10_000 + seed, exclude=[*train, *held_out]
+    )
+    return train + extra
 
 
 def _has_gpu() -> bool:
