@@ -177,7 +177,7 @@ def _plot(trainer: Any, before: float | None, after: float | None, path: Path) -
     ax.set_ylabel("reward / success")
     ax.set_ylim(-0.15, 1.05)
     ax.set_title("Multi-turn GRPO on ToolUseGame-v0 (tiny model, CPU)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

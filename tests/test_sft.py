@@ -1,0 +1,240 @@
+"""Multi-turn SFT warm start (trainers/sft.py): data format, the loss mask against the RL side's
+env_mask, a short training run, and document 002's SFT hook."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from llm_gym import Task  # noqa: E402
+from llm_gym.datasets import TaskExample  # noqa: E402
+from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action  # noqa: E402
+from llm_gym.rollout import (  # noqa: E402
+    Generation,
+    OraclePolicy,
+    Policy,
+    PolicyRequest,
+    collect_groups,
+    episode_to_samples,
+)
+from tests.seeds.agent_env import AgentEnv  # noqa: E402
+from trainers.sft import (  # noqa: E402
+    RL_ALIGNED_QWEN2_5_TEMPLATE,
+    build_sft_trainer,
+    oracle_sft_dataset,
+    rl_aligned_chat_template,
+    sft_dataset_from_multi_turn,
+    sft_warm_start,
+)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def _tasks() -> list[Task]:
+    """One training task of each kind (one, two and three turns; compare answers a name)."""
+    by_type: dict[str, Task] = {}
+    for task in get_tasks("train"):
+        by_type.setdefault(task.metadata["type"], task)
+    return list(by_type.values())
+
+
+def _oracle_episodes(tasks: Sequence[Task]):
+    groups = collect_groups(
+        ToolUseGameEnv, tasks, OraclePolicy(), max_turns=8, oracle=oracle_action
+    )
+    return [group[0] for group in groups]
+
+
+def _label_mask(row) -> list[int]:
+    return [int(label != -100) for label in row["labels"]]
+
+
+def test_oracle_dataset_format() -> None:
+    tasks = _tasks()
+    dataset = oracle_sft_dataset("ToolUseGame-v0", tasks)
+    assert len(dataset) == len(tasks)
+    assert {"messages", "tools"} <= set(dataset.column_names)
+    episodes = _oracle_episodes(tasks)
+    specs = [dict(s) for s in ToolUseGameEnv().tool_specs]
+    for row, episode in zip(dataset, episodes, strict=True):
+        assert json.loads(row["tools"]) == specs
+        messages = row["messages"]
+        assert [m["role"] for m in messages[:2]] == ["system", "user"]
+        assert messages[1]["content"] == episode.task.prompt
+        assistant = [m for m in messages if m["role"] == "assistant"]
+        # the raw text the oracle's action was rendered to, no structured tool calls
+        assert [m["content"] for m in assistant] == [t.text for t in episode.turns]
+        assert all("tool_calls" not in m for m in messages)
+        assert assistant[0]["content"].startswith("<tool_call>\n{")
+        assert assistant[-1]["content"] == str(episode.task.target)
+        tool_messages = [m for m in messages if m["role"] == "tool"]
+        assert tool_messages and all(m["name"] in {"lookup", "calculator"} for m in tool_messages)
+    # episodes= cycles the tasks; a factory needs tasks and an oracle
+    assert len(oracle_sft_dataset("ToolUseGame-v0", tasks[:2], episodes=5)) == 5
+    factory_rows = oracle_sft_dataset(ToolUseGameEnv, tasks[:2], oracle=oracle_action)
+    assert factory_rows[0]["messages"] == dataset[0]["messages"]
+
+
+def test_sft_labels_are_exactly_the_rl_env_mask(small_model_dir, small_model, tmp_path) -> None:
+    _, tokenizer = small_model
+    tasks = _tasks()
+    dataset = oracle_sft_dataset("ToolUseGame-v0", tasks)
+    rl = build_sft_trainer(small_model_dir, tmp_path, dataset, max_steps=1, progress=False)
+    trl = build_sft_trainer(
+        small_model_dir, tmp_path, dataset, max_steps=1, progress=False, loss_mask="trl"
+    )
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    for index, episode in enumerate(_oracle_episodes(tasks)):
+        (sample,) = episode_to_samples(episode, tokenizer)
+        ids = sample.prompt_ids + sample.completion_ids
+        env_mask = [0] * len(sample.prompt_ids) + sample.env_mask
+        row = rl.train_dataset[index]
+        # the same token sequence, plus the template's "\n" after the last <|im_end|>
+        assert row["input_ids"] == ids + newline
+        # the loss covers exactly the tokens RL trains (assistant text and its <|im_end|>)
+        assert _label_mask(row) == [*env_mask, 0]
+        # TRL's own training template also trains the "\n" before and after each assistant turn
+        trl_row = trl.train_dataset[index]
+        assert trl_row["input_ids"] == row["input_ids"]
+        extra = [
+            i
+            for i, (a, b) in enumerate(zip(_label_mask(trl_row), _label_mask(row), strict=True))
+            if a != b
+        ]
+        assert all(_label_mask(trl_row)[i] == 1 for i in extra)
+        assert [row["input_ids"][i] for i in extra] == newline * (2 * episode.num_turns)
+
+
+def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_path) -> None:
+    from trainers.sft import _shared_prefix_inputs
+
+    dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
+    results = []
+    for shared in (False, True):
+        trainer = build_sft_trainer(
+            small_model_dir, tmp_path, dataset, max_steps=1, progress=False, shared_prefix=shared
+        )
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
+        count = (batch["labels"][:, 1:] != -100).sum()
+        trainer.model.train()
+        loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=count)
+        loss.backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters()]
+        results.append((float(loss), grads, trainer._metrics["train"]["num_tokens"]))
+    split = _shared_prefix_inputs(trainer.model, dict(batch), 32)
+    assert "shift_labels" in split  # the system prompt and tool specs ran once
+    assert split["input_ids"].shape[1] < batch["input_ids"].shape[1] // 2
+    (plain_loss, plain_grads, plain_tokens), (loss, grads, tokens) = results
+    assert loss == pytest.approx(plain_loss, rel=1e-5) and tokens == plain_tokens
+    for a, b in zip(plain_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_rl_aligned_template_renders_the_original_text(small_model) -> None:
+    _, tokenizer = small_model
+    assert rl_aligned_chat_template(tokenizer) == RL_ALIGNED_QWEN2_5_TEMPLATE
+
+    class Other:
+        chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+        def apply_chat_template(self, messages, chat_template=None, **kwargs):
+            return tokenizer.apply_chat_template(messages, chat_template=chat_template, **kwargs)
+
+    assert rl_aligned_chat_template(Other()) is None
+
+
+def test_short_sft_run_lowers_the_loss_and_saves(small_model_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
+    settings = dict(
+        learning_rate=1e-2,
+        max_steps=3,
+        per_device_train_batch_size=len(dataset),
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        progress=False,
+    )
+    trainer = build_sft_trainer(small_model_dir, tmp_path / "probe", dataset, **settings)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
+
+    def loss(model) -> float:
+        with torch.no_grad():
+            return float(model(**batch).loss)
+
+    before = loss(trainer.model)
+    out = sft_warm_start(small_model_dir, tmp_path / "sft", dataset, **settings)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert loss(model) < before
+    info = json.loads((out / "sft_info.json").read_text())
+    assert info["steps"] == 3 and not info["stopped_by_time_budget"]
+    # the saved tokenizer keeps the original template (no generation markers)
+    assert tokenizer.chat_template == AutoTokenizer.from_pretrained(small_model_dir).chat_template
+    assert "{%- generation %}" not in tokenizer.chat_template
+
+
+def test_time_budget_stops_training(small_model_dir, tmp_path) -> None:
+    dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
+    out = sft_warm_start(
+        small_model_dir,
+        tmp_path,
+        dataset,
+        max_steps=50,
+        per_device_train_batch_size=2,
+        time_budget_s=1e-3,
+        progress=False,
+    )
+    info = json.loads((out / "sft_info.json").read_text())
+    assert info["steps"] == 1 and info["stopped_by_time_budget"]
+
+
+class _Replay(Policy):
+    """Plays fixed assistant texts, one per turn."""
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self.texts = list(texts)
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        return [
+            Generation(text=self.texts[sum(m["role"] == "assistant" for m in r.messages[2:])])
+            for r in requests
+        ]
+
+
+def test_document_002_hook_matches_the_rl_side(small_model_dir, small_model, tmp_path) -> None:
+    _, tokenizer = small_model
+    get = '<tool_call>{"name": "get_order", "args": {"order_id": "A1001"}}</tool_call>'
+    refund = '<tool_call>{"name": "refund_order", "args": {"order_id": "A1001"}}</tool_call>'
+    texts = [get, refund, "Refunded."]
+    env = AgentEnv()
+    task = Task("Refund my last order.", target="refund_order")
+    (episode,) = collect_groups(env, [task], _Replay(texts), max_turns=8)[0]
+    assert episode.reward == 1.0
+    transcript = episode.messages[episode.num_opening_messages :]  # the target transcript
+    examples = [
+        TaskExample(input="Refund my last order.", output=transcript),
+        {"input": "Hi", "output": "Hello."},
+    ]
+    dataset = sft_dataset_from_multi_turn(env, examples, prompt_text="")
+    assert dataset[1]["messages"][-1] == {"role": "assistant", "content": "Hello."}
+    assert json.loads(dataset[0]["tools"]) == []
+    trainer = build_sft_trainer(small_model_dir, tmp_path, dataset, max_steps=1, progress=False)
+    row = trainer.train_dataset[0]
+    (sample,) = episode_to_samples(episode, tokenizer)
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    assert row["input_ids"] == sample.prompt_ids + sample.completion_ids + newline
+    assert _label_mask(row) == [0] * len(sample.prompt_ids) + sample.env_mask + [0]
+    trained = tokenizer.decode(
+        [i for i, m in zip(row["input_ids"], _label_mask(row), strict=True) if m]
+    )
+    assert trained == "".join(t + "<|im_end|>" for t in texts)
