@@ -104,9 +104,14 @@ def _cmd_play(
 def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.eval import run_and_report
 
+    policy = args.policy
+    if args.temperature is not None and not args.policy.startswith(("oracle", "random")):
+        from llm_gym.rollout.policies import policy_from_spec
+
+        policy = policy_from_spec(args.policy, seed=args.seed, temperature=args.temperature)
     report = run_and_report(
         args.env_id,
-        args.policy,
+        policy,
         split=args.split,
         episodes=args.episodes,
         k=args.k,
@@ -181,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="val", choices=["train", "val", "test"])
     p.add_argument("--episodes", type=int, default=None, help="total episodes (default: split)")
     p.add_argument("--k", type=int, default=1, help="episodes per task; pass@k")
+    p.add_argument(
+        "--temperature", type=float, default=None, help="model policies: 0 is greedy (default 1)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=None)
