@@ -251,12 +251,18 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         episode_adv = group_advantages(rewards, args.scale_rewards)
         turn_adv: list[list[list[float] | None]] = [[None] * len(g) for g in groups]
         if args.credit_assignment == "per_turn":
-            for g, group in enumerate(groups):
-                per_turn = [e.per_turn_rewards for e in group]
-                if any(p is None for p in per_turn):
-                    continue  # a missing or invalid vector: this group uses episode-level credit
-                (computed,) = per_turn_group_advantages([per_turn], args.scale_rewards)  # type: ignore[list-item]
-                turn_adv[g] = computed  # type: ignore[assignment]
+            # Groups with a missing or invalid vector use episode-level credit.
+            eligible = [
+                g
+                for g, group in enumerate(groups)
+                if all(e.per_turn_rewards is not None for e in group)
+            ]
+            computed = per_turn_group_advantages(
+                [[e.per_turn_rewards for e in groups[g]] for g in eligible],  # type: ignore[misc]
+                args.scale_rewards,
+            )
+            for g, values in zip(eligible, computed, strict=True):
+                turn_adv[g] = values  # type: ignore[assignment]
         return episode_adv, turn_adv
 
     def _sample_refill(self, count: int, attempt: int) -> list[Task]:
@@ -280,8 +286,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         )
         start = time.perf_counter()
         size = args.episodes_per_task
-        task_indices = [int(row["task_index"]) for row in inputs[::size]]
-        wanted = len(task_indices)
+        # TRL's sampler hands each process rows for max_samples_per_episode x the episodes:
+        # run the tasks of the first 1 / max_samples_per_episode of them.
+        wanted = len(inputs) // (size * args.max_samples_per_episode)
+        task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
         tasks = [self.tasks[i] for i in task_indices]
 
         kept: list[tuple[list[Episode], list[float]]] = []
@@ -289,7 +297,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         collected: list[list[Episode]] = []
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
-                tasks = self._sample_refill(wanted - len(kept), attempt)
+                # Every process collects in every round (generation may be collective: ZeRO-3,
+                # FSDP, vLLM server); one whose batch is already full refills a single group.
+                tasks = self._sample_refill(max(1, wanted - len(kept)), attempt)
             groups = self._collect(
                 tasks,
                 episodes_per_task=size,
@@ -301,7 +311,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                 rewards = [self._shaped(e) for e in group]
                 target = spare if is_zero_variance(rewards) else kept
                 target.append((group, rewards))
-            if len(kept) >= wanted or args.max_sampling_attempts == 1:
+            deficit = torch.tensor([max(0, wanted - len(kept))], device=self.accelerator.device)
+            if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
                 break
         zero_variance = sum(is_zero_variance([self._shaped(e) for e in g]) for g in collected)
         # Fill the batch: signal-carrying groups first, then zero-variance ones (their
@@ -353,11 +364,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         keep = batch["completion_ids"].size(1)
         micro = args.per_device_train_batch_size
         generate_every = args.steps_per_generation * self.num_iterations
+        correct = self.use_vllm and self.vllm_importance_sampling_correction
         with torch.no_grad():
-            if args.gradient_accumulation_steps % generate_every != 0:
+            if args.gradient_accumulation_steps % generate_every != 0 or correct:
                 batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention, keep, batch_size=micro
                 )
+            if correct:
+                batch["importance_sampling_ratio"] = self._importance_ratio(batch)
             if self.beta != 0.0:
                 if self.ref_model is not None:
                     ref_model = self.ref_model
@@ -375,6 +389,25 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                                 self.model, input_ids, attention, keep, batch_size=micro
                             )
                         )
+
+    def _importance_ratio(self, batch: dict[str, Any]) -> Any:
+        """vLLM's sampler vs the trainer's logprobs, as TRL corrects it (same modes)."""
+        import math
+
+        mask = batch["completion_mask"] * batch["tool_mask"]
+        diff = (batch["old_per_token_logps"] - batch["sampling_per_token_logps"]) * mask
+        diff = torch.nan_to_num(diff, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        if mode in ("sequence_mask", "sequence_truncate"):
+            diff = diff.sum(dim=-1, keepdim=True)
+        ratio = torch.exp(diff)
+        low = self.vllm_importance_sampling_clip_min
+        high = self.vllm_importance_sampling_clip_max
+        if mode in ("sequence_truncate", "token_truncate"):
+            return torch.clamp(ratio, min=low, max=high)
+        low = -math.inf if low is None else low
+        high = math.inf if high is None else high
+        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
     # --- metrics -----------------------------------------------------------------------------
 
@@ -435,16 +468,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         tasks = list(tasks if tasks is not None else self.val_tasks)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         mine = tasks[rank::world]
-        groups = (
-            self._collect(
-                mine,
-                episodes_per_task=1,
-                temperature=args.val_temperature,
-                max_turns=args.validation_max_turns or 1,
-                sequential=args.sequential_validation,
-            )
-            if mine
-            else []
+        # Every process collects, also one with no tasks: generation may be collective.
+        groups = self._collect(
+            mine,
+            episodes_per_task=1,
+            temperature=args.val_temperature,
+            max_turns=args.validation_max_turns or 1,
+            sequential=args.sequential_validation,
         )
         episodes = [e for part in gather_object([[e for g in groups for e in g]]) for e in part]
         summary = summarize_episodes(episodes)
@@ -485,7 +515,12 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.replace(staged, final)
-            shutil.rmtree(staging_root, ignore_errors=True)
+            best = self.state.best_model_checkpoint
+            if best and best.startswith(staging_root):
+                self.state.best_model_checkpoint = run_dir + best[len(staging_root) :]
+            for stale in os.listdir(run_dir):  # left over by runs killed while saving
+                if stale.startswith(".staging-"):
+                    shutil.rmtree(os.path.join(run_dir, stale), ignore_errors=True)
             rotate_checkpoints(
                 output_dir=run_dir,
                 save_total_limit=self.args.save_total_limit,

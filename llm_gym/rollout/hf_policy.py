@@ -141,17 +141,22 @@ class HFPolicy(Policy):
             if ids:
                 input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
                 attention[row, width - len(ids) :] = 1
+        from transformers import GenerationConfig
+
         greedy = self.temperature == 0
-        generation_kwargs: dict[str, Any] = {
-            "max_new_tokens": max(budgets),
-            "do_sample": not greedy,
-            "pad_token_id": pad,
-            "eos_token_id": eos_ids,
-            "return_dict_in_generate": True,
-            "output_logits": True,
-        }
-        if not greedy:
-            generation_kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+        # A fresh config: the model's own (repetition penalty, min_p, ...) would sample from
+        # another distribution than the logprobs (and TRL's loss) assume.
+        config = GenerationConfig(
+            max_new_tokens=max(budgets),
+            do_sample=not greedy,
+            temperature=None if greedy else self.temperature,
+            top_p=None if greedy else self.top_p,
+            top_k=None if greedy else 0,
+            pad_token_id=pad,
+            eos_token_id=eos_ids,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         if self.seed is not None:
             torch.manual_seed(self.seed + self._batches)
         self._batches += 1
@@ -160,7 +165,7 @@ class HFPolicy(Policy):
             output = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
-                **generation_kwargs,
+                generation_config=config,
             )
         sequences = output.sequences[:, width:].cpu()
         logits = torch.stack(output.logits, dim=1).float().cpu()  # (B, T, V)
