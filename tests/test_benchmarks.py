@@ -10,3 +10,25 @@ def test_env_step_smoke(tmp_path) -> None:
     kinds = {(env, kind) for env, kind, _, _ in rows}
     assert ("ToolUseGame-v0", "lookup") in kinds and ("ToolUseGame-v0", "final_answer") in kinds
     assert (tmp_path / "env_step.md").exists() and (tmp_path / "env_step.png").exists()
+
+
+def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("trl")
+    from benchmarks import rollout_throughput as rt
+
+    summary = rt.main(
+        rt.Args(
+            model=str(small_model_dir),
+            tasks=2,
+            episodes_per_task=2,
+            max_turns=2,
+            max_tokens_per_turn=8,
+            repeats=1,
+            out_dir=tmp_path,
+        )
+    )
+    assert set(summary) == {"ours", "limit", "trl"}
+    assert all(s["episodes"] == 4 and s["wall_s"] > 0 for s in summary.values())
+    assert (tmp_path / "rollout_throughput.md").exists()
