@@ -19,16 +19,9 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("trl")
 
 from llm_gym.models import tiny
+from tests.conftest import SMALL_MODEL
 
-SMALL = dict(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    intermediate_size=64,
-    vocab_size=512,
-    max_tasks_per_env=40,
-)
+SMALL = SMALL_MODEL
 SPECIAL_AND_ADDED = [*tiny.SPECIAL_TOKENS, *tiny.ADDED_TOKENS]
 
 
