@@ -129,7 +129,7 @@ def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_pa
         loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=count)
         loss.backward()
         grads = [p.grad.clone() for p in trainer.model.parameters()]
-        results.append((float(loss), grads, trainer._metrics["train"]["num_tokens"]))
+        results.append((float(loss.detach()), grads, trainer._metrics["train"]["num_tokens"]))
     split = _shared_prefix_inputs(trainer.model, dict(batch), 32)
     assert "shift_labels" in split  # the system prompt and tool specs ran once
     assert split["input_ids"].shape[1] < batch["input_ids"].shape[1] // 2

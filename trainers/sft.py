@@ -21,14 +21,19 @@ after ``<|im_end|>``, which RL never samples: it is the start of the environment
 around ``content + "<|im_end|>"`` only, i.e. exactly the tokens whose ``env_mask`` is 1 in
 :func:`llm_gym.rollout.episode_to_samples`. The saved model keeps the tokenizer's own template.
 
+Speed. Every ToolUseGame conversation starts with the same 413 tokens (system prompt and tool
+specs) out of ~520; with ``shared_prefix=True`` (the default) they run once per batch, not once
+per row (the same loss and gradients, ~3.5x faster at batch 32). On 2 CPU cores the default tiny
+model (1.8M parameters) then trains at ~1.2 steps/s at batch 32 and ~3.5 steps/s at batch 8.
+
 Usage::
 
     from trainers.sft import oracle_sft_dataset, sft_warm_start
     from llm_gym.models import build_tiny_model
 
     dataset = oracle_sft_dataset("ToolUseGame-v0")             # 1,000 train transcripts
-    path = sft_warm_start(build_tiny_model(), "runs/sft", dataset, max_steps=150,
-                          time_budget_s=300)
+    path = sft_warm_start(build_tiny_model(), "runs/sft", dataset, num_train_epochs=100,
+                          per_device_train_batch_size=8, time_budget_s=300)
 """
 
 from __future__ import annotations
