@@ -32,3 +32,27 @@ def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
     assert set(summary) == {"ours", "limit", "trl"}
     assert all(s["episodes"] == 4 and s["wall_s"] > 0 for s in summary.values())
     assert (tmp_path / "rollout_throughput.md").exists()
+
+
+def test_train_step_smoke(small_model_dir, tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("trl")
+    from benchmarks import train_step
+
+    result = train_step.main(
+        train_step.Args(
+            model=str(small_model_dir),
+            steps=1,
+            batch_size=2,
+            episodes_per_task=2,
+            max_turns=2,
+            max_tokens_per_turn=8,
+            val_tasks=2,
+            out_dir=tmp_path,
+        )
+    )
+    for name in ("ours", "trl"):
+        assert len(result[name]["step_times"]) == 1 and result[name]["val"]["episodes"] == 2
+    assert result["ratio"] > 0
+    assert (tmp_path / "train_step.md").exists()

@@ -1,0 +1,285 @@
+"""Training step, side by side in one run: our ``MultiTurnGRPOTrainer`` against TRL's
+``GRPOTrainer`` with ``environment_factory`` (TRL's own multi-turn tool loop).
+
+Both start from the same tools-calling model (the SFT-warmed tiny model), train on the same
+ToolUseGame train tasks with the same seed, group size, tasks per step, turn limit, learning rate,
+loss (``dapo``, ``beta=0``) and number of optimizer steps, on the CPU, one after the other. We
+report seconds per optimizer step (median over the steps; rollout and update together) and the
+held-out success of each final model, measured by the same greedy evaluator on the same val
+tasks (and the starting model's, for reference).
+
+    python -m benchmarks.train_step --model outputs/tool_use_game_tiny/sft
+
+Targets (issue 4): our step <= 0.67x TRL's, our val success >= TRL's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+
+
+@dataclass
+class Args:
+    model: str | None = None
+    """A tools-calling model directory (None: the rollout benchmark's SFT-warmed tiny model)."""
+    steps: int = 8
+    """Optimizer steps per trainer."""
+    batch_size: int = 4
+    """Tasks per optimizer step."""
+    episodes_per_task: int = 8
+    """Episodes per task (the group)."""
+    max_turns: int = 6
+    """Assistant turns per episode (TRL: ``max_tool_calling_iterations = max_turns - 1``)."""
+    max_tokens_per_turn: int = 64
+    """Generation budget per assistant turn (TRL has one budget for the whole completion:
+    ``max_turns * max_tokens_per_turn``)."""
+    learning_rate: float = 2e-4
+    """Both trainers' learning rate (constant)."""
+    val_tasks: int = 100
+    """Held-out ToolUseGame val tasks for the final greedy evaluation."""
+    seed: int = 0
+    """Seed of both trainers and of the evaluation."""
+    sft_seconds: float = 120.0
+    """SFT budget when no model is given."""
+    out_dir: Path = RESULTS_DIR
+    """Where train_step.md goes."""
+    write: bool = True
+    """Write the results file."""
+
+
+def _step_clock(times: list[float]) -> Any:
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        """Wall time of each optimizer step (generation, scoring and update)."""
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter() - self.start)
+
+    return StepClock()
+
+
+def run_ours(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv
+    from trainers import GRPOConfig, train_multi_turn
+
+    times: list[float] = []
+    config = GRPOConfig(
+        model=model_path,
+        batch_size=args.batch_size,
+        episodes_per_task=args.episodes_per_task,
+        num_steps=args.steps,
+        max_turns=args.max_turns,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        max_model_length=1024,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        loss_type="dapo",
+        beta=0.0,
+        temperature=1.0,
+        wandb_project=None,
+        validation_interval=None,
+        use_cpu=True,
+        output_dir=str(out / "ours"),
+        save_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        seed=args.seed,
+    )
+    trainer = train_multi_turn(
+        config, tasks=tasks, env_factory=ToolUseGameEnv, callbacks=[_step_clock(times)]
+    )
+    trainer.save_model(str(out / "ours" / "final"))
+    return {"step_times": times, "model": str(out / "ours" / "final"), "log": _rewards(trainer)}
+
+
+def run_trl(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
+    import warnings
+
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmarks.rollout_throughput import _trl_environment
+    from llm_gym.core.tool_env import answers_match, extract_answer
+    from llm_gym.envs.tool_use_game import SYSTEM_PROMPT
+
+    warnings.filterwarnings("ignore")
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": t.prompt},
+            ],
+            "target": str(t.target),
+        }
+        for t in tasks
+    ]
+
+    def answer_reward(completions, target, **kwargs):
+        """ToolUseGame's reward: 1.0 when the final reply matches the target."""
+        rewards = []
+        for completion, expected in zip(completions, target, strict=True):
+            last = completion[-1] if completion else {}
+            text = last.get("content") or "" if isinstance(last, dict) else str(last)
+            final = not (isinstance(last, dict) and last.get("tool_calls"))
+            rewards.append(float(final and answers_match(extract_answer(text), expected)))
+        return rewards
+
+    times: list[float] = []
+    config = GRPOConfig(
+        output_dir=str(out / "trl"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        num_generations=args.episodes_per_task,
+        per_device_train_batch_size=args.batch_size * args.episodes_per_task,
+        gradient_accumulation_steps=1,
+        max_completion_length=args.max_turns * args.max_tokens_per_turn,
+        max_tool_calling_iterations=args.max_turns - 1,
+        temperature=1.0,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        loss_type="dapo",
+        beta=0.0,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=args.seed,
+    )
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=[answer_reward],
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        environment_factory=_trl_environment(),
+        callbacks=[_step_clock(times)],
+    )
+    trainer.train()
+    trainer.save_model(str(out / "trl" / "final"))
+    return {"step_times": times, "model": str(out / "trl" / "final"), "log": _rewards(trainer)}
+
+
+def _rewards(trainer: Any) -> list[float]:
+    return [h["reward"] for h in trainer.state.log_history if "reward" in h]
+
+
+def evaluate(model_path: str, args: Args, label: str) -> dict[str, float]:
+    from llm_gym.eval import run_and_report
+    from llm_gym.rollout.hf_policy import HFPolicy
+
+    policy = HFPolicy.from_pretrained(
+        model_path, device="cpu", temperature=0.0, max_new_tokens=args.max_tokens_per_turn
+    )
+    policy.name = label
+    report = run_and_report(
+        "ToolUseGame-v0",
+        policy,
+        split="val",
+        episodes=args.val_tasks,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        progress=False,
+        print_report=False,
+    )
+    summary = report.metrics
+    return {
+        "success": summary["success_rate"],
+        "low": summary["success_ci_low"],
+        "high": summary["success_ci_high"],
+        "episodes": len(report.episodes),
+    }
+
+
+def main(args: Args) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.rollout_throughput import Args as RolloutArgs
+    from benchmarks.rollout_throughput import _warm_model
+    from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    model_path = _warm_model(RolloutArgs(model=args.model, sft_seconds=args.sft_seconds))
+    tasks = list(TOOL_USE_GAME_TASKS)
+    with tempfile.TemporaryDirectory(prefix="llm_gym_train_step_") as tmp:
+        out = Path(tmp)
+        start = evaluate(model_path, args, "start")
+        ours = run_ours(model_path, tasks, args, out)
+        ours["val"] = evaluate(ours["model"], args, "ours")
+        trl = run_trl(model_path, tasks, args, out)
+        trl["val"] = evaluate(trl["model"], args, "trl")
+    for result in (ours, trl):
+        result["step_s"] = statistics.median(result["step_times"])
+    ratio = ours["step_s"] / trl["step_s"]
+    trl_budget = args.max_turns * args.max_tokens_per_turn
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        v = r["val"]
+        return (
+            f"| {name} | {r['step_s']:.2f} | {' '.join(f'{t:.1f}' for t in r['step_times'])} | "
+            f"{v['success']:.3f} [{v['low']:.3f}, {v['high']:.3f}] | "
+            f"{statistics.fmean(r['log']):.3f} |"
+        )
+
+    lines = [
+        "# Training step: MultiTurnGRPOTrainer vs TRL GRPOTrainer(environment_factory=...)",
+        "",
+        f"Machine: {machine_description()}, torch {torch.__version__}. Model: `{model_path}` "
+        f"(the SFT-warmed tiny model). ToolUseGame-v0 train tasks, {args.batch_size} tasks x "
+        f"{args.episodes_per_task} episodes per step, up to {args.max_turns} turns "
+        f"({args.max_tokens_per_turn} tokens per turn; TRL: {trl_budget} tokens per completion), "
+        f"{args.steps} steps, lr {args.learning_rate} constant, dapo, "
+        f"beta 0, temperature 1.0, seed {args.seed}. Val: greedy, {args.val_tasks} val tasks, the "
+        "same evaluator for every model; 95% Wilson intervals.",
+        "",
+        "| trainer | s / step (median) | every step (s) | val success after training | "
+        "mean train reward |",
+        "| --- | ---: | --- | --- | ---: |",
+        row("llm_gym MultiTurnGRPOTrainer", ours),
+        row("TRL GRPOTrainer + environment_factory", trl),
+        "",
+        f"Starting model: val success {start['success']:.3f} "
+        f"[{start['low']:.3f}, {start['high']:.3f}].",
+        "",
+        f"Step time ratio (ours / TRL): **{ratio:.2f}** (target <= 0.67). Val success: ours "
+        f"{ours['val']['success']:.3f} vs TRL {trl['val']['success']:.3f} (target: ours >= TRL).",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.write:
+        write_markdown("train_step", text, args.out_dir)
+    return {"ours": ours, "trl": trl, "start": start, "ratio": ratio}
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--steps", type=int, default=Args.steps)
+    parser.add_argument("--batch-size", type=int, default=Args.batch_size)
+    parser.add_argument("--episodes-per-task", type=int, default=Args.episodes_per_task)
+    parser.add_argument("--max-turns", type=int, default=Args.max_turns)
+    parser.add_argument("--max-tokens-per-turn", type=int, default=Args.max_tokens_per_turn)
+    parser.add_argument("--learning-rate", type=float, default=Args.learning_rate)
+    parser.add_argument("--val-tasks", type=int, default=Args.val_tasks)
+    parser.add_argument("--seed", type=int, default=Args.seed)
+    parser.add_argument("--sft-seconds", type=float, default=Args.sft_seconds)
+    parser.add_argument("--no-write", dest="write", action="store_false")
+    ns = parser.parse_args(argv)
+    return Args(**{k: v for k, v in vars(ns).items()})
+
+
+if __name__ == "__main__":
+    main(parse_args())
