@@ -7,12 +7,23 @@ it called, or ``final_answer``).
 
     python -m benchmarks.env_step              # all environments, writes results/env_step.md
     python -m benchmarks.env_step --episodes 50 --no-write
+
+Side by side in the same run, GEM's ``game:GuessTheNumber-v0-easy`` (PyPI ``gem-llm``) is timed
+the same way (``perf_counter_ns`` around ``env.step``, a bisection agent reading the feedback),
+in a separate virtual environment because gem-llm pins packages of its own::
+
+    python -m venv .venv-peers && .venv-peers/bin/pip install gem-llm
+    python -m benchmarks.env_step --peers-python .venv-peers/bin/python   # the default path
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -27,6 +38,39 @@ from llm_gym.gym import registered_envs
 TARGETS_US = {("ToolUseGame-v0", "lookup"): 50.0}
 """Targets from the issues: median µs per step."""
 
+GEM_ENV = "game:GuessTheNumber-v0-easy"
+"""GEM's environment timed beside ours."""
+GEM_LABEL = f"GEM {GEM_ENV}"
+RELATIVE_TARGETS = {"GuessNumber-v0": (GEM_LABEL, 2.0)}
+"""Targets relative to a peer: our env's median over all its steps <= factor x the peer's."""
+DEFAULT_PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
+
+_GEM_SNIPPET = r"""
+import json, re, sys, time
+import gem
+
+episodes, repeats = int(sys.argv[1]), int(sys.argv[2])
+env = gem.make(sys.argv[3])
+number = re.compile(r"between (\d+) and (\d+)")
+times = []
+for _ in range(repeats):
+    for episode in range(episodes):
+        observation, _ = env.reset(seed=episode)
+        low, high = map(int, number.search(observation).groups())
+        while True:
+            guess = (low + high) // 2
+            start = time.perf_counter_ns()
+            observation, _, terminated, truncated, _ = env.step("\\boxed{%d}" % guess)
+            times.append((time.perf_counter_ns() - start) / 1000)
+            if terminated or truncated:
+                break
+            if "higher" in observation:
+                low = guess + 1
+            else:
+                high = guess - 1
+print(json.dumps(times))
+"""
+
 
 @dataclass
 class Args:
@@ -40,13 +84,17 @@ class Args:
     """Where env_step.md and env_step.png go."""
     write: bool = True
     """Write the results files (off for smoke tests)."""
+    peers: bool = True
+    """Time GEM's GuessTheNumber beside ours (skipped, with a note, when gem-llm is missing)."""
+    peers_python: str | None = None
+    """An interpreter with gem-llm installed (default: ``.venv-peers/bin/python``)."""
 
 
-def _action_kind(info: dict) -> str:
+def _action_kind(info: dict, done: bool) -> str:
     message = next(m for m in reversed(info["messages"]) if m.get("role") == "assistant")
     calls = message.get("tool_calls") or []
     if not calls:
-        return "final_answer"
+        return "final_answer" if done else "text"
     counts: dict[str, int] = defaultdict(int)
     for call in calls:
         counts[call["function"]["name"]] += 1
@@ -67,11 +115,36 @@ def time_env(env_id: str, episodes: int, repeats: int) -> dict[str, list[float]]
                 start = time.perf_counter_ns()
                 _, _, terminated, truncated, info = env.step(action)
                 elapsed = (time.perf_counter_ns() - start) / 1000
-                times[_action_kind(info)].append(elapsed)
+                times[_action_kind(info, terminated or truncated)].append(elapsed)
                 if terminated or truncated:
                     break
     env.close()
     return times
+
+
+def time_gem(python: str | Path | None, episodes: int, repeats: int) -> list[float] | None:
+    """GEM's step times in µs, measured by ``python`` (an interpreter with gem-llm installed).
+
+    Returns None when no such interpreter is found (the row is then left out, with a note).
+    """
+    candidates = [str(python)] if python else []
+    if not python and DEFAULT_PEERS_PYTHON.exists():
+        candidates.append(str(DEFAULT_PEERS_PYTHON))
+    candidates.append(sys.executable)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for exe in candidates:
+        done = subprocess.run(
+            [exe, "-c", _GEM_SNIPPET, str(episodes), str(repeats), GEM_ENV],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        if done.returncode == 0:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        if python:
+            raise RuntimeError(f"GEM timing failed with {exe}: {done.stderr.strip()[-2000:]}")
+    return None
 
 
 def _plot(rows: list[tuple[str, str, float, int]], path: Path) -> bool:
@@ -112,16 +185,24 @@ def _plot(rows: list[tuple[str, str, float, int]], path: Path) -> bool:
 def main(args: Args) -> list[tuple[str, str, float, int]]:
     env_ids = args.envs or [entry.id for entry in registered_envs()]
     rows: list[tuple[str, str, float, int]] = []
+    every_step: dict[str, list[float]] = {}
     for env_id in env_ids:
-        for kind, values in sorted(time_env(env_id, args.episodes, args.repeats).items()):
+        by_kind = time_env(env_id, args.episodes, args.repeats)
+        every_step[env_id] = [t for values in by_kind.values() for t in values]
+        for kind, values in sorted(by_kind.items()):
             rows.append((env_id, kind, statistics.median(values), len(values)))
+    gem_times = time_gem(args.peers_python, args.episodes, args.repeats) if args.peers else None
+    if gem_times:
+        every_step[GEM_LABEL] = gem_times
+        rows.append((GEM_LABEL, "guess (\\boxed{n})", statistics.median(gem_times), len(gem_times)))
     lines = [
         "# env.step: median µs per step",
         "",
         f"Machine: {machine_description()}. llm_gym {llm_gym.__version__}, "
         f"gymnasium {gym.__version__}.",
         f"Command: `python -m benchmarks.env_step --episodes {args.episodes} "
-        f"--repeats {args.repeats}`.",
+        f"--repeats {args.repeats}`. Our steps go through `gym.make` (with its default "
+        "wrappers); actions come from each environment's oracle.",
         "",
         "| env | action | median µs | steps timed | target |",
         "| --- | --- | ---: | ---: | --- |",
@@ -132,12 +213,28 @@ def main(args: Args) -> list[tuple[str, str, float, int]]:
             "" if target is None else f"≤ {target:g} µs: {'met' if median <= target else 'MISSED'}"
         )
         lines.append(f"| {env_id} | {kind} | {median:.1f} | {count} | {verdict} |")
+    lines.append("")
+    for env_id, (peer, factor) in RELATIVE_TARGETS.items():
+        if env_id not in every_step:
+            continue
+        ours = statistics.median(every_step[env_id])
+        if peer not in every_step:
+            lines.append(
+                f"{env_id}: median {ours:.1f} µs over all steps; {peer} not measured (install "
+                "gem-llm in .venv-peers, see the module docstring)."
+            )
+            continue
+        theirs = statistics.median(every_step[peer])
+        ratio = ours / theirs
+        lines.append(
+            f"{env_id} vs {peer}: median over all steps {ours:.1f} µs vs {theirs:.1f} µs, "
+            f"ratio {ratio:.2f} (target ≤ {factor:g}x: {'met' if ratio <= factor else 'MISSED'})."
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.write:
         write_markdown("env_step", text, args.out_dir)
-        if _plot(rows, args.out_dir / "env_step.png"):
-            lines.append("")
+        _plot(rows, args.out_dir / "env_step.png")
         print(f"wrote {args.out_dir / 'env_step.md'}")
     return rows
 
@@ -151,9 +248,21 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--repeats", type=int, default=Args.repeats)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-write", dest="write", action="store_false")
+    parser.add_argument(
+        "--peers-python",
+        default=None,
+        help=f"an interpreter with gem-llm (default: {DEFAULT_PEERS_PYTHON} if it exists)",
+    )
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip GEM")
     ns = parser.parse_args(argv)
     return Args(
-        envs=ns.envs, episodes=ns.episodes, repeats=ns.repeats, out_dir=ns.out_dir, write=ns.write
+        envs=ns.envs,
+        episodes=ns.episodes,
+        repeats=ns.repeats,
+        out_dir=ns.out_dir,
+        write=ns.write,
+        peers=ns.peers,
+        peers_python=ns.peers_python,
     )
 
 

@@ -76,11 +76,7 @@ class LoopRunner:
         if it suspends on a real awaitable it is finished on the loop, so the result is the same
         either way. Use it for coroutines that usually complete without suspending.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
+        if asyncio._get_running_loop() is not None:  # called from inside a running loop
             return _in_thread(coro)
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()

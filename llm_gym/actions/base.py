@@ -132,7 +132,15 @@ class ParsedAction:
     @classmethod
     def final(cls, content: str) -> ParsedAction:
         """A final answer with ``content``."""
-        return cls(ParseKind.FINAL_ANSWER, {"role": "assistant", "content": content})
+        if type(content) is not str:
+            return cls(ParseKind.FINAL_ANSWER, {"role": "assistant", "content": content})
+        # The hot path of every plain reply: valid by construction, so skip __post_init__.
+        parsed = object.__new__(cls)
+        _set = object.__setattr__
+        _set(parsed, "kind", ParseKind.FINAL_ANSWER)
+        _set(parsed, "message", {"role": "assistant", "content": content})
+        _set(parsed, "error", None)
+        return parsed
 
     @classmethod
     def failure(cls, raw_text: str, error: str) -> ParsedAction:

@@ -166,6 +166,12 @@ def copy_messages(messages: Sequence[Message]) -> list[Message]:
     out: list[Message] = []
     for message in messages:
         clone = dict(message)
+        for value in clone.values():
+            if type(value) is not str:
+                break
+        else:  # the common case: every value is a string
+            out.append(clone)  # type: ignore[arg-type]
+            continue
         for key, value in clone.items():
             kind = type(value)
             if kind is str or value is None or kind is int or kind is float or kind is bool:
@@ -280,6 +286,9 @@ class TextEnv(gymnasium.Env[str, str]):
         self._messages: list[Message] = []
         self._turn = 0
         self._done = False
+        self._eager = False
+        self._raw_text = False
+        self._limit = max_turns
 
     # --- tasks -------------------------------------------------------------------------------
     def tasks(self, split: str | None = None) -> Sequence[Task]:
@@ -318,12 +327,17 @@ class TextEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         task, split = self._pick_task(options or {})
         self._close_inner()
-        self._env = self._env_factory(task)
+        self._env = env = self._env_factory(task)
         self._specs_pickle = None
         self._task, self._task_split = task, split
         self._turn = 0
         self._done = False
-        self._messages = list(self._runner.run(self._env.reset(task), eager=self._env.synchronous))
+        self._messages = list(self._runner.run(env.reset(task), eager=env.synchronous))
+        # Read once per episode what every step needs (the hot path stays attribute lookups).
+        self._eager = env.synchronous
+        self._raw_text = bool(getattr(env, "raw_text_actions", False))
+        env_cap = getattr(env, "max_turns", None)  # an env that caps its own episodes
+        self._limit = env_cap if isinstance(env_cap, int) and env_cap > 0 else self.max_turns
         observation = self._opening_text(self._messages)
         return self._clip(observation), self._info()
 
@@ -340,7 +354,7 @@ class TextEnv(gymnasium.Env[str, str]):
                 f"{type(action).__name__}."
             )
         self._turn += 1
-        if getattr(self._env, "raw_text_actions", False):
+        if self._raw_text:
             # The env parses the assistant text itself (document 002's EnvironmentMultiTurn
             # adapter): hand it the raw text; there is no parse failure to end the episode on.
             message: Message = {"role": "assistant", "content": action}
@@ -353,9 +367,7 @@ class TextEnv(gymnasium.Env[str, str]):
             message = parsed.message
         before = len(self._messages) + 1
         try:
-            result: StepResult = self._runner.run(
-                self._env.step(message), eager=self._env.synchronous
-            )
+            result: StepResult = self._runner.run(self._env.step(message), eager=self._eager)
         except Exception:
             self._messages = [*self._messages, message]
             extra = {"env_error": traceback.format_exc(), "metrics": {}}
@@ -366,9 +378,7 @@ class TextEnv(gymnasium.Env[str, str]):
             cause = None if result.terminated else TruncationCause.ENV
             extra = {"metrics": dict(result.metrics)}
             return self._end(float(result.reward), cause, extra, observation)
-        env_cap = getattr(self._env, "max_turns", None)  # an env that caps its own episodes
-        limit = env_cap if isinstance(env_cap, int) and env_cap > 0 else self.max_turns
-        if self._turn >= limit:
+        if self._turn >= self._limit:
             return self._end(0.0, TruncationCause.MAX_TURNS, {"metrics": {}}, observation)
         return self._clip(observation), 0.0, False, False, self._info()
 
@@ -447,12 +457,13 @@ class TextEnv(gymnasium.Env[str, str]):
 
     def _info(self) -> dict[str, Any]:
         if self._env is not None and self._specs_pickle is None:
-            self._specs_pickle = pickle.dumps(self._env.tool_specs)
+            specs = self._env.tool_specs
+            self._specs_pickle = pickle.dumps(specs) if specs else b""
         return {
             "messages": copy_messages(self._messages),
             # A fresh copy each call (gymnasium's checker forbids sharing objects between infos);
             # unpickling our own bytes is twice as fast as json.loads or copy.deepcopy.
-            "tool_specs": pickle.loads(self._specs_pickle) if self._env is not None else [],
+            "tool_specs": pickle.loads(self._specs_pickle) if self._specs_pickle else [],
             "task": self._task,
             "split": self._task_split,
             "turn": self._turn,
