@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import gymnasium
 
-from llm_gym.actions import ActionFormat, get_action_format
+from llm_gym.actions import ActionFormat, ParseKind, get_action_format
 from llm_gym.aio import LoopRunner
 from llm_gym.core.env import Env, StepResult, TruncationCause
 from llm_gym.core.task import Task
@@ -30,10 +30,12 @@ __all__ = [
     "DEFAULT_FAILED_PARSE_REWARD",
     "SPLITS",
     "EnvFactory",
+    "FrozenMessage",
     "TaskSource",
     "TextEnv",
     "render_transcript",
     "copy_messages",
+    "freeze_message",
     "resolve",
 ]
 
@@ -155,6 +157,55 @@ def _as_task(value: Any) -> Task:
     raise InvalidArgumentError(
         f"options['task'] must be a Task, a dict or a prompt string, actual value: {value!r}."
     )
+
+
+class FrozenMessage(dict):
+    """A read-only chat message: a ``dict`` (JSON, chat templates and ``isinstance`` work) that
+    refuses changes. ``info["messages"]`` holds these, so the entries can be shared between the
+    infos of one episode at no risk; ``dict(message)`` (or ``copy.copy``) gives an editable copy.
+    Pickles, and deep-copies, as a plain ``dict``.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "info['messages'] entries are read-only (FrozenMessage); copy one with "
+            "dict(message) to edit it."
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        return {key: copy.deepcopy(value, memo) for key, value in self.items()}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (copy.deepcopy(self),))
+
+
+def _freeze(value: Any) -> Any:
+    kind = type(value)
+    if kind is str or value is None or kind is int or kind is float or kind is bool:
+        return value
+    if isinstance(value, Mapping):
+        return FrozenMessage({key: _freeze(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(item) for item in value)
+    return copy.deepcopy(value)
+
+
+def freeze_message(message: Message) -> Message:
+    """A read-only deep copy of ``message`` (nested dicts frozen too, lists become tuples)."""
+    for value in message.values():
+        if type(value) is not str:
+            break
+    else:  # the common case: every value is a string
+        return FrozenMessage(message)  # type: ignore[return-value]
+    return _freeze(message)  # type: ignore[no-any-return]
 
 
 def copy_messages(messages: Sequence[Message]) -> list[Message]:
@@ -289,6 +340,8 @@ class TextEnv(gymnasium.Env[str, str]):
         self._eager = False
         self._raw_text = False
         self._limit = max_turns
+        self._frozen_source: list[Message] = []
+        self._frozen: list[Message] = []
 
     # --- tasks -------------------------------------------------------------------------------
     def tasks(self, split: str | None = None) -> Sequence[Task]:
@@ -329,6 +382,7 @@ class TextEnv(gymnasium.Env[str, str]):
         self._close_inner()
         self._env = env = self._env_factory(task)
         self._specs_pickle = None
+        self._frozen_source, self._frozen = [], []
         self._task, self._task_split = task, split
         self._turn = 0
         self._done = False
@@ -360,7 +414,7 @@ class TextEnv(gymnasium.Env[str, str]):
             message: Message = {"role": "assistant", "content": action}
         else:
             parsed = self.action_format.parse(action, call_id_prefix=f"call_t{self._turn}")
-            if parsed.is_failure:
+            if parsed.kind is ParseKind.PARSE_FAILURE:
                 self._messages = [*self._messages, parsed.message]
                 extra = {"parse_error": parsed.error, "metrics": {}}
                 return self._end(self.failed_parse_reward, TruncationCause.PARSE_FAILURE, extra)
@@ -372,15 +426,20 @@ class TextEnv(gymnasium.Env[str, str]):
             self._messages = [*self._messages, message]
             extra = {"env_error": traceback.format_exc(), "metrics": {}}
             return self._end(0.0, TruncationCause.ENV, extra)
-        self._messages = list(result.messages)
-        observation = self._reply_text(self._messages[before:])
+        self._messages = messages = list(result.messages)
+        if len(messages) == before + 1 and messages[before].get("role") != "tool":
+            observation = messages[before].get("content") or ""  # one plain reply: no join
+        else:
+            observation = self._reply_text(messages[before:])
         if result.terminated or result.truncated:
             cause = None if result.terminated else TruncationCause.ENV
             extra = {"metrics": dict(result.metrics)}
             return self._end(float(result.reward), cause, extra, observation)
         if self._turn >= self._limit:
             return self._end(0.0, TruncationCause.MAX_TURNS, {"metrics": {}}, observation)
-        return self._clip(observation), 0.0, False, False, self._info()
+        if len(observation) > self.observation_space.max_length:
+            observation = self._clip(observation)
+        return observation, 0.0, False, False, self._info()
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -460,7 +519,7 @@ class TextEnv(gymnasium.Env[str, str]):
             specs = self._env.tool_specs
             self._specs_pickle = pickle.dumps(specs) if specs else b""
         return {
-            "messages": copy_messages(self._messages),
+            "messages": self._messages_view(),
             # A fresh copy each call (gymnasium's checker forbids sharing objects between infos);
             # unpickling our own bytes is twice as fast as json.loads or copy.deepcopy.
             "tool_specs": pickle.loads(self._specs_pickle) if self._specs_pickle else [],
@@ -468,6 +527,25 @@ class TextEnv(gymnasium.Env[str, str]):
             "split": self._task_split,
             "turn": self._turn,
         }
+
+    def _messages_view(self) -> list[Message]:
+        """A new list of read-only copies of the conversation, each message frozen only once.
+
+        Messages are append-only in the ``Env`` contract; when the known prefix no longer
+        equals what was frozen (an env that rewrote history), everything is frozen again. The
+        comparison is a C-level list compare that short-cuts on identity, so it costs ~5 ns a
+        message.
+        """
+        messages, source, frozen = self._messages, self._frozen_source, self._frozen
+        known = len(source)
+        if known > len(messages) or source != messages[:known]:
+            source.clear()
+            frozen.clear()
+            known = 0
+        for message in messages[known:]:
+            source.append(message)
+            frozen.append(freeze_message(message))
+        return list(frozen)
 
     def _close_inner(self) -> None:
         if self._env is not None:
