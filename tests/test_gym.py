@@ -157,3 +157,57 @@ def test_json_action_format_variant() -> None:
     assert action.lstrip().startswith(("{", "["))
     _, _, _terminated, _truncated, info = env.step(action)
     assert info["messages"][-1]["role"] == "tool"
+
+
+def test_info_messages_are_read_only_fresh_lists_of_plain_data() -> None:
+    import copy
+    import json
+    import pickle
+
+    env = gym.make("ToolUseGame-v0")
+    _, info0 = env.reset(seed=0, options={"split": "val", "index": 0})
+    _, _, _, _, info1 = env.step(
+        '<tool_call>{"name": "lookup", "arguments": {"key": "x"}}</tool_call>'
+    )
+    first, later = info0["messages"], info1["messages"]
+    assert first is not later and len(later) == len(first) + 2
+    assert all(isinstance(m, dict) for m in later)
+    with pytest.raises(TypeError, match="read-only"):
+        later[-1]["content"] = "edited"
+    with pytest.raises(TypeError, match="read-only"):
+        later[-2]["tool_calls"][0].update(id="x")  # nested dicts are frozen too
+    editable = dict(later[-1])
+    editable["content"] = "edited"  # a plain copy is editable and changes nothing in the env
+    assert env.unwrapped._messages[-1]["content"] != "edited"
+    assert type(copy.deepcopy(later[-2])) is dict and type(copy.copy(later[-1])) is dict
+    assert type(pickle.loads(pickle.dumps(later))[-1]) is dict
+    assert json.loads(json.dumps(later))[-2]["tool_calls"][0]["function"]["name"] == "lookup"
+
+
+def test_info_messages_follow_an_env_that_rewrites_history() -> None:
+    class Rewriter(Env):
+        synchronous = True
+
+        async def reset(self, task):
+            self._m = [{"role": "user", "content": task.prompt}]
+            return list(self._m)
+
+        async def step(self, message):
+            # Rewrites the opening message every turn (as a think-stripping template would).
+            self._m = [{"role": "user", "content": f"turn {len(self._m)}"}, *self._m[1:], message]
+            return StepResult(False, False, list(self._m))
+
+        @property
+        def tool_specs(self):
+            return []
+
+        @property
+        def messages(self):
+            return list(self._m)
+
+    env = TextEnv(Rewriter, [Task("start")], max_turns=5)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("a")
+    assert [m["content"] for m in info["messages"]] == ["turn 1", "a"]
+    _, _, _, _, info = env.step("b")
+    assert [m["content"] for m in info["messages"]] == ["turn 2", "a", "b"]
