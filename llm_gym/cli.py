@@ -163,6 +163,16 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_new_env(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.scaffold import new_env, scaffold_names
+
+    path = new_env(args.name, args.dir)
+    names = scaffold_names(args.name)
+    print(f"created {path} ({names.class_name}, registers as {names.env_id})", file=out)
+    print(f"next: python -m pytest {path}; then read {path / 'README.md'}", file=out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``llm-gym`` (sub-commands register themselves here)."""
     parser = argparse.ArgumentParser(prog="llm-gym", description="Gymnasium for LLM agents.")
@@ -218,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
     p.add_argument("--quiet", action="store_true", help="no log line per request")
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser(
+        "new-env", help="scaffold a starter multi-turn environment package with its tests"
+    )
+    p.add_argument("name", help="the package name: lowercase letters, digits, _ (e.g. my_task)")
+    p.add_argument("--dir", default=".", help="where to create it (default: the current folder)")
+    p.set_defaults(func=_cmd_new_env)
 
     p = sub.add_parser("show-task", help="print one task as JSON")
     p.add_argument("env_id")
