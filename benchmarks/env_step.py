@@ -185,13 +185,21 @@ def _plot(rows: list[tuple[str, str, float, int]], path: Path) -> bool:
 def main(args: Args) -> list[tuple[str, str, float, int]]:
     env_ids = args.envs or [entry.id for entry in registered_envs()]
     rows: list[tuple[str, str, float, int]] = []
+    by_env: dict[str, dict[str, list[float]]] = {env_id: defaultdict(list) for env_id in env_ids}
+    gem_times: list[float] | None = [] if args.peers else None
+    # Passes alternate between our environments and GEM's, so both see the same machine load.
+    for _ in range(args.repeats):
+        for env_id in env_ids:
+            for kind, values in time_env(env_id, args.episodes, 1).items():
+                by_env[env_id][kind].extend(values)
+        if gem_times is not None:
+            more = time_gem(args.peers_python, args.episodes, 1)
+            gem_times = None if more is None else gem_times + more
     every_step: dict[str, list[float]] = {}
     for env_id in env_ids:
-        by_kind = time_env(env_id, args.episodes, args.repeats)
-        every_step[env_id] = [t for values in by_kind.values() for t in values]
-        for kind, values in sorted(by_kind.items()):
+        every_step[env_id] = [t for values in by_env[env_id].values() for t in values]
+        for kind, values in sorted(by_env[env_id].items()):
             rows.append((env_id, kind, statistics.median(values), len(values)))
-    gem_times = time_gem(args.peers_python, args.episodes, args.repeats) if args.peers else None
     if gem_times:
         every_step[GEM_LABEL] = gem_times
         rows.append((GEM_LABEL, "guess (\\boxed{n})", statistics.median(gem_times), len(gem_times)))

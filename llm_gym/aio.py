@@ -6,6 +6,7 @@ import asyncio
 import threading
 import types
 import weakref
+from asyncio.events import _get_running_loop, _set_running_loop
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -69,29 +70,29 @@ class LoopRunner:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def run(self, coro: Coroutine[Any, Any, T], *, eager: bool = False) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], eager: bool = False) -> T:
         """Run ``coro`` to completion and return its result.
 
         With ``eager=True`` the coroutine is first driven directly (no event loop round trip);
         if it suspends on a real awaitable it is finished on the loop, so the result is the same
         either way. Use it for coroutines that usually complete without suspending.
         """
-        if asyncio._get_running_loop() is not None:  # called from inside a running loop
+        if _get_running_loop() is not None:  # called from inside a running loop
             return _in_thread(coro)
-        if self._loop is None or self._loop.is_closed():
-            self._loop = asyncio.new_event_loop()
-            # Close the loop when the runner is dropped without close() (no ResourceWarning).
-            weakref.finalize(self, self._loop.close)
         loop = self._loop
+        if loop is None or loop.is_closed():
+            self._loop = loop = asyncio.new_event_loop()
+            # Close the loop when the runner is dropped without close() (no ResourceWarning).
+            weakref.finalize(self, loop.close)
         if not eager:
             return loop.run_until_complete(coro)
-        asyncio._set_running_loop(loop)
+        _set_running_loop(loop)
         try:
             yielded = coro.send(None)
         except StopIteration as stop:
             return stop.value
         finally:
-            asyncio._set_running_loop(None)
+            _set_running_loop(None)
         return loop.run_until_complete(_finish(coro, yielded))
 
     def close(self) -> None:

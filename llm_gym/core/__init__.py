@@ -4,12 +4,22 @@ from llm_gym.core.env import Env, StepResult, TruncationCause
 from llm_gym.core.task import Task
 from llm_gym.core.tool import FunctionTool, Tool, ToolResult, decode_arguments, tool, tool_to_spec
 from llm_gym.core.tool_env import ToolEnv, answers_match, extract_answer
-from llm_gym.core.types import FunctionCall, FunctionSpec, Message, ToolCall, ToolSpec
+from llm_gym.core.types import (
+    FrozenMessage,
+    FunctionCall,
+    FunctionSpec,
+    Message,
+    ToolCall,
+    ToolSpec,
+    freeze_message,
+)
 
 __all__ = [
     # records
     "Task",
     "Message",
+    "FrozenMessage",
+    "freeze_message",
     "ToolCall",
     "FunctionCall",
     "ToolSpec",

@@ -22,7 +22,7 @@ from llm_gym.actions import ActionFormat, ParseKind, get_action_format
 from llm_gym.aio import LoopRunner
 from llm_gym.core.env import Env, StepResult, TruncationCause
 from llm_gym.core.task import Task
-from llm_gym.core.types import Message
+from llm_gym.core.types import FrozenMessage, Message, freeze_message
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym.spaces import UnicodeText
 
@@ -157,55 +157,6 @@ def _as_task(value: Any) -> Task:
     raise InvalidArgumentError(
         f"options['task'] must be a Task, a dict or a prompt string, actual value: {value!r}."
     )
-
-
-class FrozenMessage(dict):
-    """A read-only chat message: a ``dict`` (JSON, chat templates and ``isinstance`` work) that
-    refuses changes. ``info["messages"]`` holds these, so the entries can be shared between the
-    infos of one episode at no risk; ``dict(message)`` (or ``copy.copy``) gives an editable copy.
-    Pickles, and deep-copies, as a plain ``dict``.
-    """
-
-    __slots__ = ()
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            "info['messages'] entries are read-only (FrozenMessage); copy one with "
-            "dict(message) to edit it."
-        )
-
-    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
-    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
-
-    def __copy__(self) -> dict[str, Any]:
-        return dict(self)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
-        return {key: copy.deepcopy(value, memo) for key, value in self.items()}
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (dict, (copy.deepcopy(self),))
-
-
-def _freeze(value: Any) -> Any:
-    kind = type(value)
-    if kind is str or value is None or kind is int or kind is float or kind is bool:
-        return value
-    if isinstance(value, Mapping):
-        return FrozenMessage({key: _freeze(item) for key, item in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(item) for item in value)
-    return copy.deepcopy(value)
-
-
-def freeze_message(message: Message) -> Message:
-    """A read-only deep copy of ``message`` (nested dicts frozen too, lists become tuples)."""
-    for value in message.values():
-        if type(value) is not str:
-            break
-    else:  # the common case: every value is a string
-        return FrozenMessage(message)  # type: ignore[return-value]
-    return _freeze(message)  # type: ignore[no-any-return]
 
 
 def copy_messages(messages: Sequence[Message]) -> list[Message]:
@@ -396,13 +347,14 @@ class TextEnv(gymnasium.Env[str, str]):
         return self._clip(observation), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._env is None or self._task is None:
+        env = self._env
+        if env is None or self._task is None:
             raise gymnasium.error.ResetNeeded("Call reset() before step().")
         if self._done:
             raise gymnasium.error.ResetNeeded(
                 "The episode has ended; call reset() before step() again."
             )
-        if not isinstance(action, str):
+        if type(action) is not str and not isinstance(action, str):
             raise InvalidArgumentError(
                 f"Expected the action as a str (the assistant's text), actual type: "
                 f"{type(action).__name__}."
@@ -421,7 +373,7 @@ class TextEnv(gymnasium.Env[str, str]):
             message = parsed.message
         before = len(self._messages) + 1
         try:
-            result: StepResult = self._runner.run(self._env.step(message), eager=self._eager)
+            result: StepResult = self._runner.run(env.step(message), self._eager)
         except Exception:
             self._messages = [*self._messages, message]
             extra = {"env_error": traceback.format_exc(), "metrics": {}}
@@ -544,7 +496,12 @@ class TextEnv(gymnasium.Env[str, str]):
             known = 0
         for message in messages[known:]:
             source.append(message)
-            frozen.append(freeze_message(message))
+            if type(message) is FrozenMessage:  # read-only from birth: safe to share as it is
+                frozen.append(message)
+            elif len(message) == 2 and type(message.get("content")) is type(message["role"]) is str:
+                frozen.append(FrozenMessage(message))
+            else:
+                frozen.append(freeze_message(message))
         return list(frozen)
 
     def _close_inner(self) -> None:

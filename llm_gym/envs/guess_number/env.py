@@ -295,7 +295,7 @@ class GuessNumberEnv(Env):
         self._lo = self._hi = 0
         self._turn = 0
         self._invalid = 0
-        self._per_turn: list[float] = []
+        self._per_turn: list[tuple[int, int, int] | None] = []  # (guess, lo, hi) or invalid
         self._done = False
         self._range_hint = ""
         self.max_turns = 1
@@ -355,7 +355,7 @@ class GuessNumberEnv(Env):
         secret = self._secret
         if type(guess) is int and self._low <= guess <= self._high:
             lo, hi = self._lo, self._hi
-            self._per_turn.append(turn_reward(guess, secret, lo, hi))
+            self._per_turn.append((guess, lo, hi))  # scored by turn_reward when it ends
             if guess == secret:
                 messages.append(
                     {
@@ -374,7 +374,7 @@ class GuessNumberEnv(Env):
                 feedback = f"Lower: the secret is less than {guess}."
         else:
             self._invalid += 1
-            self._per_turn.append(INVALID_GUESS_REWARD)
+            self._per_turn.append(None)
             if type(guess) is int:
                 feedback = f"{guess} is outside the range: {self._range_hint}."
             else:
@@ -404,7 +404,10 @@ class GuessNumberEnv(Env):
     def _finish(self, reward: float) -> StepResult:
         self._done = True
         metrics: dict[str, Any] = {
-            "per_turn_rewards": list(self._per_turn),
+            "per_turn_rewards": [
+                INVALID_GUESS_REWARD if g is None else turn_reward(g[0], self._secret, g[1], g[2])
+                for g in self._per_turn
+            ],
             "guesses": self._turn,
             "invalid_guesses": self._invalid,
         }
