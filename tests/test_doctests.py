@@ -7,7 +7,24 @@ import importlib
 
 import pytest
 
-MODULES = ["llm_gym.eval.metrics", "llm_gym.core.tool", "llm_gym.gym.spaces", "llm_gym.core.task"]
+MODULES = [
+    "llm_gym.eval.metrics",
+    "llm_gym.core.tool",
+    "llm_gym.gym.spaces",
+    "llm_gym.core.task",
+    "llm_gym.environments.multi_turn",
+    "llm_gym.environments.records",
+    "llm_gym.environments.replay",
+    "llm_gym.envs.guess_number.env",
+    "llm_gym.envs.wordle.env",
+    "llm_gym.envs.wordle.solver",
+    "llm_gym.envs.refund.api",
+    "llm_gym.envs.refund.reward",
+    "llm_gym.envs.refund.world",
+    "llm_gym.envs.sql.database",
+    "llm_gym.scaffold",
+]
+# Not here: the registration modules' examples register ids as a side effect.
 
 
 @pytest.mark.parametrize("name", MODULES)
