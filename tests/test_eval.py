@@ -98,3 +98,31 @@ def test_cli_eval_writes_a_record(tmp_path) -> None:
     )
     assert code == 0 and "success rate" in out.getvalue()
     assert json.loads(path.read_text())["metrics"]["success_rate"] == 1.0
+
+
+def test_tool_counts_of_text_protocol_envs_come_from_their_metrics() -> None:
+    from types import SimpleNamespace
+
+    from llm_gym.eval.metrics import summarize_episodes
+
+    def episode(calls, errors, metrics):
+        return SimpleNamespace(
+            reward=0.0,
+            metrics=metrics,
+            tool_calls=calls,
+            tool_errors=errors,
+            terminated=True,
+            truncated=False,
+            num_turns=1,
+            error=None,
+            completion_tokens=0,
+            prompt_tokens=0,
+            truncation_cause=None,
+        )
+
+    structured = episode(2, 1, {"tool_calls": 9, "tool_errors": 9})  # the loop's count wins
+    text_protocol = episode(0, 0, {"tool_calls": 3, "tool_errors": 2})  # e.g. Refund-v0
+    no_tools = episode(0, 0, {})
+    summary = summarize_episodes([structured, text_protocol, no_tools])
+    assert summary["tool_calls_mean"] == pytest.approx(5 / 3)
+    assert summary["tool_error_rate"] == pytest.approx(3 / 5)

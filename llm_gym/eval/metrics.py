@@ -103,6 +103,18 @@ def is_success(episode: Any, threshold: float = 1.0) -> bool:
     return episode.reward >= threshold
 
 
+def _tool_counts(episode: Any) -> tuple[int, int]:
+    """(tool calls, tool errors) of an episode. The loop counts structured calls; an env that
+    parses its own text actions (``raw_text_actions``, e.g. document 002's) reports them in its
+    final metrics as ``tool_calls`` / ``tool_errors``, which count when the loop saw none."""
+    calls, errors = episode.tool_calls, episode.tool_errors
+    metrics = getattr(episode, "metrics", None) or {}
+    if not calls and isinstance(metrics.get("tool_calls"), (int, float)):
+        calls = int(metrics["tool_calls"])
+        errors = int(metrics.get("tool_errors", errors) or 0)
+    return calls, errors
+
+
 def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[str, float]:
     """The per-episode averages a report and a training log show.
 
@@ -120,8 +132,9 @@ def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[
     mean = sum(rewards) / n
     successes = sum(is_success(e, threshold) for e in episodes)
     low, high = wilson_interval(successes, n)
-    tool_calls = sum(e.tool_calls for e in episodes)
-    tool_errors = sum(e.tool_errors for e in episodes)
+    counts = [_tool_counts(e) for e in episodes]
+    tool_calls = sum(calls for calls, _ in counts)
+    tool_errors = sum(errors for _, errors in counts)
     summary = {
         "episodes": float(n),
         "reward_mean": mean,

@@ -71,6 +71,7 @@ class Behaviours:
     """The faults of each sampled action, in order."""
     refunded_cents: int
     """Everything refunded during the episode."""
+    tool_calls: int
     tool_errors: int
     """Tool calls the store refused."""
 
@@ -156,6 +157,7 @@ def judge(metadata: Mapping[str, Any], actions: Sequence[str]) -> Behaviours:
         engaged=engaged,
         turn_faults=tuple(per_action),
         refunded_cents=sum(r.amount_cents for r in state.refunds),
+        tool_calls=len(calls),
         tool_errors=sum(not call.ok for call in calls),
     )
 
@@ -163,7 +165,7 @@ def judge(metadata: Mapping[str, Any], actions: Sequence[str]) -> Behaviours:
 def score_transcript(metadata: Mapping[str, Any], actions: Sequence[str]) -> RewardResult:
     """The :class:`RewardResult` of an episode: the blended score, ``threshold=1.0``, and in
     ``metadata`` the behaviours (0/1), ``per_turn_rewards`` (one per action), ``refunded``
-    (dollars), ``tool_errors`` and ``faults`` (how many actions had one).
+    (dollars), ``tool_calls``, ``tool_errors`` and ``faults`` (how many actions had one).
 
     Example:
         >>> from llm_gym.envs.refund import get_tasks
@@ -180,6 +182,7 @@ def score_transcript(metadata: Mapping[str, Any], actions: Sequence[str]) -> Rew
             "per_turn_rewards": per_turn,
             **{name: float(getattr(behaviours, name)) for name in WEIGHTS},
             "refunded": behaviours.refunded_cents / 100,
+            "tool_calls": behaviours.tool_calls,
             "tool_errors": behaviours.tool_errors,
             "faults": sum(bool(f) for f in behaviours.turn_faults),
         },
