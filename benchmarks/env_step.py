@@ -43,6 +43,8 @@ GEM_ENV = "game:GuessTheNumber-v0-easy"
 GEM_LABEL = f"GEM {GEM_ENV}"
 RELATIVE_TARGETS = {"GuessNumber-v0": (GEM_LABEL, 2.0)}
 """Targets relative to a peer: our env's median over all its steps <= factor x the peer's."""
+EPISODE_CAPS = {"Code-v0": 40}
+"""Environments whose steps run a sandboxed subprocess (~50 ms a step) time fewer episodes."""
 DEFAULT_PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
 
 _GEM_SNIPPET = r"""
@@ -190,7 +192,8 @@ def main(args: Args) -> list[tuple[str, str, float, int]]:
     # Passes alternate between our environments and GEM's, so both see the same machine load.
     for _ in range(args.repeats):
         for env_id in env_ids:
-            for kind, values in time_env(env_id, args.episodes, 1).items():
+            episodes = min(args.episodes, EPISODE_CAPS.get(env_id, args.episodes))
+            for kind, values in time_env(env_id, episodes, 1).items():
                 by_env[env_id][kind].extend(values)
         if gem_times is not None:
             more = time_gem(args.peers_python, args.episodes, 1)

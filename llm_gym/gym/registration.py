@@ -86,7 +86,16 @@ def register_env(
         )
     _CATALOGUE[id] = entry
     if id not in gymnasium.registry:
-        gymnasium.register(id=id, entry_point=TEXT_ENV_ENTRY_POINT, kwargs=make_kwargs)
+        # TextEnv enforces reset-before-step itself and passes check_env (tested for every
+        # registered id), so gym.make adds neither wrapper to the hot path by default;
+        # gym.make(id, disable_env_checker=False) still adds the passive checker.
+        gymnasium.register(
+            id=id,
+            entry_point=TEXT_ENV_ENTRY_POINT,
+            kwargs=make_kwargs,
+            order_enforce=False,
+            disable_env_checker=True,
+        )
     return entry
 
 
@@ -114,7 +123,12 @@ def env_entry(env_id: str) -> EnvEntry:
 
 
 def register_builtin_envs() -> None:
-    """Register llm_gym's own environments (idempotent; also the ``gymnasium.envs`` entry point)."""
+    """Register llm_gym's own environments (idempotent; also the ``gymnasium.envs`` entry point).
+
+    Every entry point is a ``"module:attr"`` string, so registering imports no environment code.
+    Each environment package ``llm_gym.envs.<name>`` exposes its env, ``get_tasks(split)`` and
+    ``oracle_action(task, messages)``.
+    """
     register_env(
         "ToolUseGame-v0",
         env="llm_gym.envs.tool_use_game:ToolUseGameEnv",
@@ -125,3 +139,33 @@ def register_builtin_envs() -> None:
         max_turns=8,
         version="0",
     )
+    for name, module, env_class, max_turns, description in _BUILTIN_ENVS:
+        register_env(
+            name,
+            env=f"llm_gym.envs.{module}:{env_class}",
+            tasks=f"llm_gym.envs.{module}:get_tasks",
+            oracle=f"llm_gym.envs.{module}:oracle_action",
+            description=description,
+            max_turns=max_turns,
+            version="0",
+        )
+
+
+_BUILTIN_ENVS: tuple[tuple[str, str, str, int, str], ...] = (
+    # id, package under llm_gym.envs, env attribute, loop turn limit, one-line description
+    ("GuessNumber-v0", "guess_number", "GuessNumberEnv", 12,
+     "Find a secret integer in a range from higher/lower feedback (per-turn rewards)."),
+    ("Math-v0", "math", "MathEnv", 6,
+     "Solve arithmetic word problems with a calculator tool; exact answers."),
+    ("Wordle-v0", "wordle", "WordleEnv", 10,
+     "Guess a five-letter word in six tries from per-letter feedback (invalid words cost no try)."),
+    ("Refund-v0", "refund", "RefundEnv", 12,
+     "Customer service on a stateful store API: authenticate, inspect orders, refund within "
+     "policy."),
+    ("SQL-v0", "sql", "SQLEnv", 8,
+     "Answer questions about a per-task SQLite database through a read-only query tool."),
+    ("Code-v0", "code", "CodeEnv", 6,
+     "Write a Python function that passes hidden tests; code runs in a sandboxed process."),
+    ("Maze-v0", "maze", "MazeEnv", 40,
+     "Reach the goal of a text grid under partial observation with look and move tools."),
+)
