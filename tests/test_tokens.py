@@ -120,9 +120,12 @@ class Chatty(Env):
         return list(self._messages)
 
 
-def test_logprobs_match_a_teacher_forced_forward_pass(small_model) -> None:
+@pytest.mark.parametrize("batching", ["continuous", "waves"])
+def test_logprobs_match_a_teacher_forced_forward_pass(small_model, batching) -> None:
     model, tokenizer = small_model
-    policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=12, seed=3)
+    policy = HFPolicy(
+        model, tokenizer, temperature=1.0, max_new_tokens=12, seed=3, batching=batching
+    )
     groups = collect_groups(
         Chatty, [Task("hello"), Task("numbers 123")], policy, episodes_per_task=2, max_turns=3
     )
@@ -141,8 +144,10 @@ def test_logprobs_match_a_teacher_forced_forward_pass(small_model) -> None:
 
 
 def test_hf_policy_generates_one_batch_per_wave(small_model) -> None:
+    # The wave path; the default continuous path is checked in test_hf_engine.py
+    # (test_continuous_batching_serves_every_group_in_each_forward_pass).
     model, tokenizer = small_model
-    policy = HFPolicy(model, tokenizer, max_new_tokens=4, seed=0)
+    policy = HFPolicy(model, tokenizer, max_new_tokens=4, seed=0, batching="waves")
     stats: list[RolloutStats] = []
     groups = collect_groups(
         Chatty,

@@ -1,9 +1,15 @@
 """``HFPolicy``: a transformers causal LM as a batched, token-in/token-out policy.
 
-One ``generate`` call per wave: every episode that awaits an action is left-padded into one batch.
-The policy continues from exactly the ids the loop's :class:`~llm_gym.rollout.tokens.TokenTracker`
-holds (``PolicyRequest.prompt_ids``), and returns the sampled ids with their logprobs, so the
-training sample holds the very tokens that were generated.
+Two ways to batch, one contract. By default (``batching="continuous"``) the policy opens a stream
+for each collection, run by :class:`~llm_gym.rollout.hf_engine.DecodeEngine`: every episode keeps
+its KV cache across its turns, the shared system prompt is prefilled once, and an episode whose
+turn ended rejoins the running batch as soon as its environment has stepped. With
+``batching="waves"`` (and for architectures the engine does not cover) it is one ``generate`` call
+per wave: every episode that awaits an action is left-padded into one batch, its whole context
+prefilled again. Either way the policy continues from exactly the ids the loop's
+:class:`~llm_gym.rollout.tokens.TokenTracker` holds (``PolicyRequest.prompt_ids``), and returns
+the sampled ids with their logprobs, so the training sample holds the very tokens that were
+generated.
 
 Logprobs are ``log_softmax(logits / temperature)`` of the sampled token under the model, before
 top-p truncation: the same quantity TRL's GRPO loss computes for the current policy, so the two
@@ -13,16 +19,25 @@ line up in the importance ratio.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.rollout.policies import Generation, Policy, PolicyRequest
+from llm_gym.rollout.policies import Generation, Policy, PolicyRequest, PolicyStream
 from llm_gym.rollout.tokens import render_chat
 
 __all__ = ["HFPolicy"]
 
 DEFAULT_MAX_NEW_TOKENS = 256
+BATCHING_MODES = ("continuous", "waves")
+
+_ADMISSION_YIELDS = 16
+"""Event-loop turns the stream waits, after handing out finished turns, for those episodes to
+step their environments and come back before the next forward pass. Environments that do not
+await real I/O are back within a few, so batches (and seeded samples) are reproducible; slower
+ones rejoin a later step instead of holding the batch."""
 
 
 class HFPolicy(Policy):
@@ -35,8 +50,12 @@ class HFPolicy(Policy):
         top_p: Nucleus sampling mass.
         max_new_tokens: Tokens per assistant turn when the request sets none.
         seed: Seeds torch's generator before each batch (reproducible sampling), or None.
-        max_batch_size: Largest batch per ``generate`` call (None: the whole wave at once).
+        max_batch_size: Most episodes generated together (None: all of them): the largest
+            ``generate`` batch, or the most episodes holding a row of the continuous engine.
         chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).
+        batching: ``"continuous"`` (per-episode KV caches, a shared prompt prefix, continuous
+            batching; falls back to waves for architectures the engine does not cover) or
+            ``"waves"`` (one ``generate`` per wave of waiting episodes).
     """
 
     name = "hf"
@@ -53,6 +72,7 @@ class HFPolicy(Policy):
         max_batch_size: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         name_or_path: str | None = None,
+        batching: str = "continuous",
     ) -> None:
         if temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, actual value: {temperature}.")
@@ -61,6 +81,10 @@ class HFPolicy(Policy):
         if max_new_tokens < 1:
             raise InvalidArgumentError(
                 f"max_new_tokens must be >= 1, actual value: {max_new_tokens}."
+            )
+        if batching not in BATCHING_MODES:
+            raise InvalidArgumentError(
+                f"batching must be one of {BATCHING_MODES}, actual value: {batching!r}."
             )
         if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
             raise InvalidArgumentError("The tokenizer needs a pad or an eos token for batching.")
@@ -73,7 +97,16 @@ class HFPolicy(Policy):
         self.max_batch_size = max_batch_size
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.name_or_path = name_or_path or getattr(model, "name_or_path", None)
+        self.batching = batching
         self.generate_calls = 0
+        """``generate`` calls (waves)."""
+        self.forward_passes = 0
+        """Forward passes of the continuous engine (each serves every episode with work)."""
+        self.prefilled_tokens = 0
+        """Tokens the continuous engine prefilled: each shared prefix once, then what each
+        episode's context adds to it (the environment's deltas; never a context it holds)."""
+        self.shared_prefix_tokens = 0
+        """Length of the prefix the last stream's episodes shared (prefilled once)."""
         self._batches = 0
 
     @classmethod
@@ -99,7 +132,26 @@ class HFPolicy(Policy):
             "top_p": self.top_p,
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
+            "batching": self.batching,
         }
+
+    def open_stream(self) -> PolicyStream | None:
+        """A continuous-batching session (None with ``batching="waves"`` or an architecture the
+        engine does not cover: the loop then batches in waves)."""
+        if self.batching != "continuous":
+            return None
+        from llm_gym.rollout.hf_engine import unsupported_reason
+
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            warnings.warn(
+                f"HFPolicy batches in waves: continuous batching does not cover this model "
+                f"({reason}).",
+                stacklevel=2,
+            )
+            self.batching = "waves"
+            return None
+        return _HFStream(self)
 
     def _prompt_ids(self, request: PolicyRequest) -> list[int]:
         if request.prompt_ids is not None:
@@ -183,6 +235,18 @@ class HFPolicy(Policy):
             results.append((ids, chosen[row, : len(ids)].tolist(), finish))
         return results
 
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def _generation(self, ids: list[int], logprobs: list[float], finish: str) -> Generation:
+        eos_ids = self._eos_ids()
+        text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in eos_ids else ids
+        text = self.tokenizer.decode(
+            text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        return Generation(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish)
+
     def _eos_ids(self) -> list[int]:
         ids = []
         config = getattr(self.model, "generation_config", None)
@@ -198,14 +262,114 @@ class HFPolicy(Policy):
     def _generate(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
         prompts = [self._prompt_ids(r) for r in requests]
         budgets = [r.max_new_tokens or self.max_new_tokens for r in requests]
-        eos_ids = set(self._eos_ids())
-        generations = []
-        for ids, logprobs, finish in self.generate_ids(prompts, budgets):
-            text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in eos_ids else ids
-            text = self.tokenizer.decode(
-                text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-            generations.append(
-                Generation(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish)
-            )
-        return generations
+        return [
+            self._generation(ids, logprobs, finish)
+            for ids, logprobs, finish in self.generate_ids(prompts, budgets)
+        ]
+
+
+class _HFStream(PolicyStream):
+    """One collection's session on a :class:`~llm_gym.rollout.hf_engine.DecodeEngine`.
+
+    A driver task runs engine steps in a worker thread (the event loop stays free for the
+    environments) and admits, before each step, every turn that arrived meanwhile.
+    """
+
+    def __init__(self, policy: HFPolicy) -> None:
+        import torch
+
+        from llm_gym.rollout.hf_engine import DecodeEngine
+
+        self.policy = policy
+        device = next(policy.model.parameters()).device
+        generator = None
+        if policy.seed is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(policy.seed + policy._batches)
+        policy._batches += 1
+        self.engine = DecodeEngine(
+            policy.model,
+            eos_ids=policy._eos_ids(),
+            pad_id=policy._pad_id(),
+            temperature=policy.temperature,
+            top_p=policy.top_p,
+            generator=generator,
+            max_rows=policy.max_batch_size,
+        )
+        self.batch_sizes = self.engine.rows_per_pass
+        self._admits: list[tuple[Hashable, list[int], int]] = []
+        self._releases: list[Hashable] = []
+        self._futures: dict[Hashable, asyncio.Future[Generation]] = {}
+        self._out: set[Hashable] = set()  # handed a turn, not back yet
+        self._wake = asyncio.Event()
+        self._driver: asyncio.Task[None] | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+
+    @property
+    def calls(self) -> int:  # type: ignore[override]
+        return self.engine.forward_passes
+
+    async def act(self, key: Hashable, request: PolicyRequest) -> Generation:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise RuntimeError("The stream is closed.")
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self._futures[key] = future
+        self._out.discard(key)
+        budget = request.max_new_tokens or self.policy.max_new_tokens
+        self._admits.append((key, self.policy._prompt_ids(request), budget))
+        self._wake.set()
+        if self._driver is None:
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        return await future
+
+    def release(self, key: Hashable) -> None:
+        self._out.discard(key)
+        self._releases.append(key)
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._driver is not None:
+            with contextlib.suppress(Exception):  # a failure already reached the episodes
+                await self._driver
+        self.policy.forward_passes += self.engine.forward_passes
+        self.policy.prefilled_tokens += self.engine.prefilled_tokens
+        self.policy.shared_prefix_tokens = len(self.engine.prefix_ids or [])
+
+    async def _drive(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                for _ in range(_ADMISSION_YIELDS):
+                    if not self._out:
+                        break
+                    await asyncio.sleep(0)
+                if not (self._admits or self._releases or engine.busy):
+                    if self._closed:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                admits, self._admits = self._admits, []
+                releases, self._releases = self._releases, []
+                finished = await asyncio.to_thread(engine.step, admits, releases)
+                for turn in finished:
+                    future = self._futures.pop(turn.key)
+                    self._out.add(turn.key)
+                    if not future.done():
+                        future.set_result(
+                            self.policy._generation(
+                                turn.token_ids, turn.logprobs, turn.finish_reason
+                            )
+                        )
+        except BaseException as exc:
+            self._error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+            for future in self._futures.values():
+                if not future.done():
+                    future.set_exception(self._error)
+            self._futures.clear()
+            raise

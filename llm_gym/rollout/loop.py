@@ -1,9 +1,13 @@
-"""The episode loop: groups of whole episodes, run concurrently, generated in waves.
+"""The episode loop: groups of whole episodes, run concurrently, batched across groups.
 
-Every episode runs as its own coroutine. When an episode needs an action it joins the current
-*wave*; a wave is sent to the policy as one batched ``act`` call as soon as every live episode is
-waiting (none is inside an environment step), so a model generates for all groups at once while
-environment steps overlap with each other on the event loop.
+Every episode runs as its own coroutine. With a policy that opens a
+:class:`~llm_gym.rollout.policies.PolicyStream` (``HFPolicy``), each turn goes to the stream as
+soon as the episode needs it, and the policy batches continuously across all groups: an episode
+whose turn ended steps its environment and rejoins the running batch without waiting for the
+others. With any other policy an episode joins the current *wave*; a wave is sent to the policy as
+one batched ``act`` call as soon as every live episode is waiting (none is inside an environment
+step), so a model generates for all groups at once while environment steps overlap with each
+other on the event loop.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import math
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +28,7 @@ from llm_gym.core.task import Task
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.rollout.episode import Episode, Turn
-from llm_gym.rollout.policies import Generation, Oracle, Policy, PolicyRequest
+from llm_gym.rollout.policies import Generation, Oracle, Policy, PolicyRequest, PolicyStream
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
@@ -87,13 +91,13 @@ class _Waves:
         self.calls = 0
         self.batch_sizes: list[int] = []
 
-    async def act(self, request: PolicyRequest) -> Generation:
+    async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         self.pending.append((request, future))
         self._maybe_flush()
         return await future
 
-    def episode_done(self) -> None:
+    def episode_done(self, key: Hashable = None) -> None:
         self.live -= 1
         self._maybe_flush()
 
@@ -122,6 +126,34 @@ class _Waves:
         for (_, future), generation in zip(batch, generations, strict=True):
             if not future.done():
                 future.set_result(generation)
+
+
+class _Streamed:
+    """Hands each episode's turns to a continuous-batching :class:`PolicyStream`."""
+
+    def __init__(self, policy: Policy, stream: PolicyStream) -> None:
+        self.policy = policy
+        self.stream = stream
+
+    @property
+    def calls(self) -> int:
+        return self.stream.calls
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return list(self.stream.batch_sizes)
+
+    async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
+        try:
+            return await self.stream.act(key, request)
+        except (asyncio.CancelledError, PolicyError):
+            raise
+        except Exception as exc:  # the policy failed: the collection fails, loudly
+            error = PolicyError(f"{type(self.policy).__name__} stream failed: {exc!r}")
+            raise error from exc
+
+    def episode_done(self, key: Hashable = None) -> None:
+        self.stream.release(key)
 
 
 def _count_tool_errors(messages: Sequence[Message]) -> int:
@@ -158,7 +190,7 @@ async def _run_episode(
     task: Task,
     group: int,
     index: int,
-    waves: _Waves,
+    waves: _Waves | _Streamed,
     settings: RolloutSettings,
     action_format: ActionFormat,
     oracle: Oracle | None,
@@ -212,7 +244,7 @@ async def _run_episode(
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
             )
-            generation = await waves.act(request)
+            generation = await waves.act(request, (group, index))
             parsed = action_format.parse(generation.text, call_id_prefix=f"call_t{turn_number + 1}")
             # Envs with ``raw_text_actions`` (document 002's EnvironmentMultiTurn adapter) parse
             # the assistant text themselves: they get the raw text, and a parse failure of our
@@ -280,7 +312,7 @@ async def _run_episode(
                 await env.close()
             except Exception:
                 episode.error = (episode.error or "") + traceback.format_exc()
-        waves.episode_done()
+        waves.episode_done((group, index))
     if episode.terminated:
         episode.truncated, episode.truncation_cause = False, None
     _assign_per_turn_rewards(turns, episode.metrics)
@@ -295,9 +327,10 @@ class RolloutStats:
     """How a collection went (for tests, benchmarks and logs)."""
 
     policy_calls: int
-    """Batched ``policy.act`` calls (one per wave)."""
+    """Batched ``policy.act`` calls (one per wave), or a streaming policy's batched model calls
+    (one forward pass per step of continuous batching)."""
     batch_sizes: list[int]
-    """Requests in each call."""
+    """Episodes served by each call."""
     wall_time_s: float
     """Seconds for the whole collection."""
 
@@ -325,7 +358,8 @@ async def collect_groups_async(
         env_factory: Builds a fresh environment for each episode (``task -> Env``); an ``Env``
             class or a ``"module:attr"`` string works too.
         tasks: The tasks; every episode of a group starts from the same task.
-        policy: Produces the actions, one batched call per wave of waiting episodes.
+        policy: Produces the actions: through its stream when it opens one (continuous
+            batching), else one batched call per wave of waiting episodes.
         episodes_per_task: Episodes per task (the group size).
         max_turns: Assistant turns before ``MAX_TURNS`` truncation.
         max_model_length: Context budget in tokens (needs a tokenizer: the policy's by default).
@@ -360,7 +394,11 @@ async def collect_groups_async(
         tokenizer = getattr(policy, "tokenizer", None)
     task_list = list(tasks)
     total = len(task_list) * episodes_per_task
-    waves = _Waves(policy, total)
+    open_stream = getattr(policy, "open_stream", None)
+    stream = open_stream() if open_stream is not None else None
+    waves: _Waves | _Streamed = (
+        _Streamed(policy, stream) if stream is not None else _Waves(policy, total)
+    )
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -389,6 +427,8 @@ async def collect_groups_async(
     finally:
         if bar is not None:
             bar.close()
+        if stream is not None:
+            await stream.aclose()
     if stats is not None:
         stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
     return [

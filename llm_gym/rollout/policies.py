@@ -1,8 +1,10 @@
 """Policies: what produces the assistant's next text. One async, batched interface.
 
 A policy gets a batch of :class:`PolicyRequest` (every episode that awaits an action) and returns
-one :class:`Generation` per request. Scripted policies (random, oracle) live here; model-backed
-ones (``HFPolicy``, ``OpenAIPolicy``) in their own modules.
+one :class:`Generation` per request. A policy that batches continuously (``HFPolicy``) may also
+open a :class:`PolicyStream`: the loop then hands it each episode's turns one at a time, as they
+come, and the policy batches them itself. Scripted policies (random, oracle) live here;
+model-backed ones (``HFPolicy``, ``OpenAIPolicy``) in their own modules.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import abc
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,15 @@ from llm_gym.actions import ActionFormat
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 
-__all__ = ["Generation", "Oracle", "OraclePolicy", "Policy", "PolicyRequest", "RandomPolicy"]
+__all__ = [
+    "Generation",
+    "Oracle",
+    "OraclePolicy",
+    "Policy",
+    "PolicyRequest",
+    "PolicyStream",
+    "RandomPolicy",
+]
 
 Oracle = Callable[[Task, list[Message]], Message]
 """An environment's scripted expert: ``(task, messages so far) -> next assistant message``."""
@@ -72,6 +82,37 @@ class Policy(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description that goes into every record the policy produced."""
         return {"name": self.name}
+
+    def open_stream(self) -> PolicyStream | None:
+        """A continuous-batching session for one collection, or None (the default): the loop
+        then sends :meth:`act` one batch per wave of waiting episodes."""
+        return None
+
+
+class PolicyStream(abc.ABC):
+    """One collection's continuous-batching session (see :meth:`Policy.open_stream`).
+
+    Every episode sends its turns under its own key; the stream may keep per-episode state
+    (a KV cache) between them until :meth:`release`. It must batch the turns of many episodes
+    together: it is not one model call per episode.
+    """
+
+    calls: int = 0
+    """Batched model calls so far (forward passes)."""
+    batch_sizes: list[int]
+    """Episodes served by each call."""
+
+    @abc.abstractmethod
+    async def act(self, key: Hashable, request: PolicyRequest) -> Generation:
+        """The next turn of episode ``key``."""
+
+    @abc.abstractmethod
+    def release(self, key: Hashable) -> None:
+        """Episode ``key`` ended: drop what the stream holds for it."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """End the session (every episode has ended)."""
 
 
 _WORDS = ("velmora", "tarsk", "population", "key", "answer", "42", "area", "yes", "no", "town")
