@@ -173,6 +173,34 @@ def _cmd_new_env(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
+    from benchmarks.leaderboard import args_from_namespace, run_cli
+
+    return run_cli(args_from_namespace(args), out)
+
+
+def _add_leaderboard(sub: argparse._SubParsersAction) -> None:
+    """``llm-gym leaderboard``: the same options and code as ``python -m benchmarks.leaderboard``
+    (which lives in the repository checkout, not in the installed package)."""
+    p = sub.add_parser("leaderboard", help="score policies on every environment (benchmarks/)")
+    try:
+        from benchmarks.leaderboard import add_arguments
+    except ModuleNotFoundError as exc:  # an installed wheel has no benchmarks/
+        if exc.name not in ("benchmarks", "benchmarks.leaderboard"):
+            raise
+        p.set_defaults(func=_no_leaderboard)
+        return
+    add_arguments(p)
+    p.set_defaults(func=_cmd_leaderboard)
+
+
+def _no_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
+    raise LlmGymError(
+        "the leaderboard lives in the repository's benchmarks/ folder; run it from a checkout "
+        "installed with pip install -e ."
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``llm-gym`` (sub-commands register themselves here)."""
     parser = argparse.ArgumentParser(prog="llm-gym", description="Gymnasium for LLM agents.")
@@ -206,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_eval)
+
+    _add_leaderboard(sub)
 
     p = sub.add_parser(
         "build-tiny-model", help="build the tiny default model offline; prints its path last"
