@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["Task"]
+__all__ = ["Task", "cut_splits", "pick_split"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +79,33 @@ class Task:
             metadata=dict(data.get("metadata") or {}),
             id=data.get("id"),
         )
+
+
+def cut_splits(
+    universe: Sequence[Task], sizes: Mapping[str, int], name: str
+) -> dict[str, tuple[Task, ...]]:
+    """Cut distinct tasks into consecutive splits; ids become ``f"{name}/{split}/{i:04d}"``.
+
+    Example:
+        >>> splits = cut_splits([Task("a"), Task("b"), Task("c")], {"train": 2, "val": 1}, "demo")
+        >>> [t.id for t in splits["train"]], splits["val"][0].prompt
+        (['demo/train/0000', 'demo/train/0001'], 'c')
+    """
+    splits: dict[str, tuple[Task, ...]] = {}
+    start = 0
+    for split, size in sizes.items():
+        splits[split] = tuple(
+            Task(t.prompt, t.target, t.metadata, id=f"{name}/{split}/{i:04d}")
+            for i, t in enumerate(universe[start : start + size])
+        )
+        start += size
+    return splits
+
+
+def pick_split(splits: Mapping[str, tuple[Task, ...]], split: str) -> tuple[Task, ...]:
+    """``splits[split]``, or a clear error naming the splits there are."""
+    if split not in splits:
+        raise InvalidArgumentError(
+            f"split must be one of {sorted(splits)}, actual value: {split!r}."
+        )
+    return splits[split]

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from llm_gym.core.env import Env, StepResult
-from llm_gym.core.task import Task
+from llm_gym.core.task import Task, pick_split
 from llm_gym.core.tool_env import extract_answer
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError
@@ -170,12 +170,7 @@ def _splits() -> dict[str, tuple[Task, ...]]:
 
 def get_tasks(split: str = "train") -> tuple[Task, ...]:
     """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-    splits = _splits()
-    if split not in splits:
-        raise InvalidArgumentError(
-            f"split must be one of {sorted(splits)}, actual value: {split!r}."
-        )
-    return splits[split]
+    return pick_split(_splits(), split)
 
 
 # --- parsing -------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm_gym.core.env import StepResult
-from llm_gym.core.task import Task
+from llm_gym.core.task import Task, pick_split
 from llm_gym.core.tool import ToolResult, decode_arguments
 from llm_gym.core.tool_env import ToolEnv
 from llm_gym.core.types import JsonSchema, Message, ToolCall
@@ -289,12 +289,7 @@ def _splits() -> dict[str, tuple[Task, ...]]:
 
 def get_tasks(split: str = "train") -> tuple[Task, ...]:
     """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-    splits = _splits()
-    if split not in splits:
-        raise InvalidArgumentError(
-            f"split must be one of {sorted(splits)}, actual value: {split!r}."
-        )
-    return splits[split]
+    return pick_split(_splits(), split)
 
 
 # --- tools ----------------------------------------------------------------------------------------

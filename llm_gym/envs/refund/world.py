@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.core.task import Task
+from llm_gym.core.task import Task, cut_splits, pick_split
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
@@ -550,23 +550,9 @@ def generate_tasks(seed: int, n: int) -> list[Task]:
 @functools.cache
 def _splits() -> dict[str, tuple[Task, ...]]:
     universe = generate_tasks(TASK_SEED, sum(SPLIT_SIZES.values()))
-    splits: dict[str, tuple[Task, ...]] = {}
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        chunk = universe[start : start + size]
-        splits[split] = tuple(
-            Task(t.prompt, t.target, t.metadata, id=f"refund/{split}/{i:04d}")
-            for i, t in enumerate(chunk)
-        )
-        start += size
-    return splits
+    return cut_splits(universe, SPLIT_SIZES, "refund")
 
 
 def get_tasks(split: str = "train") -> tuple[Task, ...]:
     """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-    splits = _splits()
-    if split not in splits:
-        raise InvalidArgumentError(
-            f"split must be one of {sorted(splits)}, actual value: {split!r}."
-        )
-    return splits[split]
+    return pick_split(_splits(), split)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.core.task import Task
+from llm_gym.core.task import Task, pick_split
 from llm_gym.envs.sql.database import ReadOnlyDatabase, Table
 from llm_gym.errors import InvalidArgumentError
 
@@ -775,9 +775,4 @@ def _splits() -> dict[str, tuple[Task, ...]]:
 
 def get_tasks(split: str = "train") -> tuple[Task, ...]:
     """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-    splits = _splits()
-    if split not in splits:
-        raise InvalidArgumentError(
-            f"split must be one of {sorted(splits)}, actual value: {split!r}."
-        )
-    return splits[split]
+    return pick_split(_splits(), split)
