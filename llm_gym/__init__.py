@@ -11,6 +11,7 @@ from llm_gym.core import (
     FunctionTool,
     Message,
     StepResult,
+    SyncEnv,
     Task,
     Tool,
     ToolEnv,
@@ -48,6 +49,7 @@ __version__ = "0.1.0"
 __all__ = [
     # environment contract
     "Env",
+    "SyncEnv",
     "StepResult",
     "Task",
     "Message",

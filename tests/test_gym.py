@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from unittest import mock
 
 import gymnasium as gym
 import pytest
 
-from llm_gym import Env, InvalidArgumentError, StepResult, Task, TruncationCause, UnknownNameError
+from llm_gym import (
+    Env,
+    InvalidArgumentError,
+    StepResult,
+    SyncEnv,
+    Task,
+    TruncationCause,
+    UnknownNameError,
+)
 from llm_gym.gym import TextEnv, UnicodeText
 
 
@@ -211,3 +221,54 @@ def test_info_messages_follow_an_env_that_rewrites_history() -> None:
     assert [m["content"] for m in info["messages"]] == ["turn 1", "a"]
     _, _, _, _, info = env.step("b")
     assert [m["content"] for m in info["messages"]] == ["turn 2", "a", "b"]
+
+
+class _Counter(SyncEnv):
+    """Counts assistant turns; ends after two. Plain methods only (SyncEnv)."""
+
+    raw_text_actions = True
+
+    def reset_sync(self, task: Task) -> list:
+        self._m = [{"role": "user", "content": task.prompt}]
+        self.closed = 0
+        return list(self._m)
+
+    def step_sync(self, message) -> StepResult:
+        self._m += [message, {"role": "user", "content": f"seen {len(self._m) // 2 + 1}"}]
+        done = len(self._m) >= 5
+        return StepResult(done, False, list(self._m), 1.0 if done else 0.0)
+
+    def close_sync(self) -> None:
+        self.closed += 1
+
+    @property
+    def tool_specs(self) -> list:
+        return []
+
+    @property
+    def messages(self) -> list:
+        return list(self._m)
+
+
+def test_sync_env_runs_without_coroutines_in_text_env_and_as_an_async_env() -> None:
+    env = TextEnv(
+        _Counter,
+        [Task("go")],
+        max_turns=5,
+    )
+    env.reset(seed=0)
+    inner = env.unwrapped.inner_env
+    with mock.patch.object(_Counter, "step", side_effect=AssertionError("coroutine used")):
+        observation, reward, terminated, _, _ = env.step("a")
+        assert (observation, reward, terminated) == ("seen 1", 0.0, False)
+        observation, reward, terminated, _, info = env.step("b")
+    assert (observation, reward, terminated) == ("seen 2", 1.0, True)
+    assert [m["content"] for m in info["messages"]] == ["go", "a", "seen 1", "b", "seen 2"]
+    assert inner.closed == 1 and inner.synchronous
+    # The async methods the rollout loop awaits wrap the plain ones.
+    other = _Counter()
+    assert asyncio.run(other.reset(Task("x"))) == [{"role": "user", "content": "x"}]
+    result = asyncio.run(other.step({"role": "assistant", "content": "y"}))
+    assert result.messages[-1]["content"] == "seen 1" and not result.terminated
+    asyncio.run(other.close())
+    assert other.closed == 1

@@ -1,6 +1,6 @@
 """The environment contract: tasks, messages, tools, steps and environments."""
 
-from llm_gym.core.env import Env, StepResult, TruncationCause
+from llm_gym.core.env import Env, StepResult, SyncEnv, TruncationCause
 from llm_gym.core.task import Task
 from llm_gym.core.tool import FunctionTool, Tool, ToolResult, decode_arguments, tool, tool_to_spec
 from llm_gym.core.tool_env import ToolEnv, answers_match, extract_answer
@@ -35,6 +35,7 @@ __all__ = [
     "decode_arguments",
     # environments
     "Env",
+    "SyncEnv",
     "ToolEnv",
     "answers_match",
     "extract_answer",

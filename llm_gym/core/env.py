@@ -15,7 +15,7 @@ from typing import Any
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
 
-__all__ = ["Env", "StepResult", "TruncationCause"]
+__all__ = ["Env", "StepResult", "SyncEnv", "TruncationCause"]
 
 
 class TruncationCause(enum.StrEnum):
@@ -39,7 +39,7 @@ class TruncationCause(enum.StrEnum):
         return self in (TruncationCause.CONTEXT_OVERFLOW, TruncationCause.MAX_TURNS)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     """What ``Env.step`` returns.
 
@@ -98,3 +98,40 @@ class Env(abc.ABC):
         costs speed, never correctness.
         """
         return False
+
+
+class SyncEnv(Env):
+    """An :class:`Env` whose ``reset``, ``step`` and ``close`` never wait on anything, written as
+    plain methods.
+
+    Subclasses implement :meth:`reset_sync` and :meth:`step_sync` (and :meth:`close_sync` when
+    there is something to release) instead of the async trio, which this class provides on top
+    of them, so the rollout loop drives a ``SyncEnv`` like any other ``Env``. Synchronous callers
+    (``TextEnv``) call the plain methods directly: no coroutine and no event loop at all, which
+    halves the cost of a cheap step. Override the ``*_sync`` methods, never the async ones.
+    """
+
+    @abc.abstractmethod
+    def reset_sync(self, task: Task) -> list[Message]:
+        """Start an episode of ``task``; return the opening messages (system, user)."""
+
+    @abc.abstractmethod
+    def step_sync(self, message: Message) -> StepResult:
+        """Consume one assistant message (with any tool calls) and return the result."""
+
+    def close_sync(self) -> None:
+        """Release what ``reset_sync`` acquired. Safe to call more than once."""
+
+    async def reset(self, task: Task) -> list[Message]:
+        return self.reset_sync(task)
+
+    async def step(self, message: Message) -> StepResult:
+        return self.step_sync(message)
+
+    async def close(self) -> None:
+        self.close_sync()
+
+    @property
+    def synchronous(self) -> bool:
+        """Always True: the async methods only call the plain ones."""
+        return True

@@ -20,7 +20,7 @@ import gymnasium
 
 from llm_gym.actions import ActionFormat, ParseKind, get_action_format
 from llm_gym.aio import LoopRunner
-from llm_gym.core.env import Env, StepResult, TruncationCause
+from llm_gym.core.env import Env, StepResult, SyncEnv, TruncationCause
 from llm_gym.core.task import Task
 from llm_gym.core.types import FrozenMessage, Message, freeze_message
 from llm_gym.errors import InvalidArgumentError
@@ -289,6 +289,7 @@ class TextEnv(gymnasium.Env[str, str]):
         self._turn = 0
         self._done = False
         self._eager = False
+        self._step_sync: Callable[[Message], StepResult] | None = None
         self._raw_text = False
         self._limit = max_turns
         self._frozen_source: list[Message] = []
@@ -337,7 +338,12 @@ class TextEnv(gymnasium.Env[str, str]):
         self._task, self._task_split = task, split
         self._turn = 0
         self._done = False
-        self._messages = list(self._runner.run(env.reset(task), eager=env.synchronous))
+        if isinstance(env, SyncEnv):  # plain methods: no coroutine, no event loop
+            self._messages = list(env.reset_sync(task))
+            self._step_sync = env.step_sync
+        else:
+            self._messages = list(self._runner.run(env.reset(task), eager=env.synchronous))
+            self._step_sync = None
         # Read once per episode what every step needs (the hot path stays attribute lookups).
         self._eager = env.synchronous
         self._raw_text = bool(getattr(env, "raw_text_actions", False))
@@ -372,8 +378,12 @@ class TextEnv(gymnasium.Env[str, str]):
                 return self._end(self.failed_parse_reward, TruncationCause.PARSE_FAILURE, extra)
             message = parsed.message
         before = len(self._messages) + 1
+        step_sync = self._step_sync
         try:
-            result: StepResult = self._runner.run(env.step(message), self._eager)
+            if step_sync is not None:
+                result: StepResult = step_sync(message)
+            else:
+                result = self._runner.run(env.step(message), self._eager)
         except Exception:
             self._messages = [*self._messages, message]
             extra = {"env_error": traceback.format_exc(), "metrics": {}}
@@ -507,7 +517,11 @@ class TextEnv(gymnasium.Env[str, str]):
     def _close_inner(self) -> None:
         if self._env is not None:
             env, self._env = self._env, None
-            self._runner.run(env.close(), eager=env.synchronous)
+            self._step_sync = None
+            if isinstance(env, SyncEnv):
+                env.close_sync()
+            else:
+                self._runner.run(env.close(), eager=env.synchronous)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

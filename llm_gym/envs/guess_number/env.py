@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from llm_gym.core.env import Env, StepResult
+from llm_gym.core.env import StepResult, SyncEnv
 from llm_gym.core.task import Task, pick_split
 from llm_gym.core.tool_env import extract_answer
-from llm_gym.core.types import Message, ToolSpec
+from llm_gym.core.types import FrozenMessage, Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
@@ -247,7 +247,7 @@ def turn_reward(guess: int | None, secret: int, lo: int, hi: int) -> float:
 # --- the environment -----------------------------------------------------------------------------
 
 
-class GuessNumberEnv(Env):
+class GuessNumberEnv(SyncEnv):
     """Find the secret integer of a range from "higher" / "lower" feedback.
 
     ## Description
@@ -296,7 +296,7 @@ class GuessNumberEnv(Env):
         self.max_turns = 1
         """The current task's guess budget (the loop and ``TextEnv`` cap episodes at it)."""
 
-    async def reset(self, task: Task) -> list[Message]:
+    def reset_sync(self, task: Task) -> list[Message]:
         metadata = task.metadata
         secret = task.target
         try:
@@ -329,7 +329,7 @@ class GuessNumberEnv(Env):
         ]
         return list(self._messages)
 
-    async def step(self, message: Message) -> StepResult:
+    def step_sync(self, message: Message) -> StepResult:
         if self._task is None or self._done:
             raise RuntimeError("No episode is running: call reset(task) first.")
         messages = self._messages
@@ -353,10 +353,10 @@ class GuessNumberEnv(Env):
             self._per_turn.append((guess, lo, hi))  # scored by turn_reward when it ends
             if guess == secret:
                 messages.append(
-                    {
-                        "role": "user",
-                        "content": f"Correct! The secret is {secret}. Guesses used: {turn}.",
-                    }
+                    FrozenMessage(
+                        role="user",
+                        content=f"Correct! The secret is {secret}. Guesses used: {turn}.",
+                    )
                 )
                 return self._finish(SOLVE_REWARD)
             if guess < secret:
@@ -377,10 +377,13 @@ class GuessNumberEnv(Env):
         left = self.max_turns - turn
         if left > 0:
             plural = "es" if left > 1 else ""
-            messages.append({"role": "user", "content": f"{feedback} {left} guess{plural} left."})
+            # Built read-only: TextEnv shares a FrozenMessage in its infos without copying it.
+            messages.append(
+                FrozenMessage(role="user", content=f"{feedback} {left} guess{plural} left.")
+            )
             return StepResult(False, False, messages.copy(), 0.0, _NO_METRICS)
         messages.append(
-            {"role": "user", "content": f"{feedback} No guesses left: it was {secret}."}
+            FrozenMessage(role="user", content=f"{feedback} No guesses left: it was {secret}.")
         )
         return self._finish(0.0)
 
@@ -407,11 +410,6 @@ class GuessNumberEnv(Env):
             "invalid_guesses": self._invalid,
         }
         return StepResult(True, False, self._messages.copy(), reward, metrics)
-
-    @property
-    def synchronous(self) -> bool:
-        """Always True: ``reset`` and ``step`` never await anything."""
-        return True
 
     @property
     def tool_specs(self) -> list[ToolSpec]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, ClassVar
 
-from llm_gym.core.env import Env, StepResult
+from llm_gym.core.env import StepResult, SyncEnv
 from llm_gym.core.task import Task
 from llm_gym.core.tool_env import extract_answer
 from llm_gym.core.types import Message, ToolSpec
@@ -287,7 +287,7 @@ def _count(n: int, singular: str, plural: str) -> str:
     return f"{n} {singular if n == 1 else plural}"
 
 
-class WordleEnv(Env):
+class WordleEnv(SyncEnv):
     """Guess the secret five-letter word (``task.target``) in six tries.
 
     ## Description
@@ -346,7 +346,7 @@ class WordleEnv(Env):
         self._possible: Sequence[str] = WORDS
         self._done = False
 
-    async def reset(self, task: Task) -> list[Message]:
+    def reset_sync(self, task: Task) -> list[Message]:
         secret = task.target
         if not isinstance(secret, str) or secret not in _WORD_SET:
             raise InvalidArgumentError(
@@ -364,7 +364,7 @@ class WordleEnv(Env):
         ]
         return list(self._messages)
 
-    async def step(self, message: Message) -> StepResult:
+    def step_sync(self, message: Message) -> StepResult:
         if self._task is None or self._done:
             raise RuntimeError("No episode is running: call reset(task) first.")
         self._messages.append(message)
@@ -442,11 +442,6 @@ class WordleEnv(Env):
         if self.shaped_reward:
             metrics["per_turn_rewards"] = list(self._per_turn)
         return StepResult(True, False, list(self._messages), reward, metrics)
-
-    @property
-    def synchronous(self) -> bool:
-        """Always True: ``reset`` and ``step`` never await anything."""
-        return True
 
     @property
     def tool_specs(self) -> list[ToolSpec]:
