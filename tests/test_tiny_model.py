@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 pytest.importorskip("trl")
 
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.models import tiny
 from tests.conftest import SMALL_MODEL
 
@@ -286,15 +287,27 @@ def test_load_tiny_model(small_build: Path) -> None:
 
 
 def test_default_corpus_holds_oracle_transcripts() -> None:
-    corpus = tiny.default_corpus(max_tasks_per_env=3)
-    transcripts = [
-        t for t in corpus if t.startswith("<|im_start|>system") and '"name": "lookup"' in t
-    ]
-    assert len(transcripts) == 3  # ToolUseGame's (every registered env contributes its own)
+    corpus = tiny.default_corpus(max_tasks_per_env=3, envs=["ToolUseGame-v0"])
+    transcripts = [t for t in corpus if t.startswith("<|im_start|>system")]
+    assert len(transcripts) == 3
     for text in transcripts:
         assert "# Tools" in text and '"name": "lookup"' in text
         assert "<|im_start|>assistant\n<tool_call>\n" in text
         assert "<tool_response>" in text and text.endswith("<|im_end|>\n")
+
+
+def test_corpus_of_selected_envs() -> None:
+    every = tiny.default_corpus(max_tasks_per_env=2)
+    one = tiny.default_corpus(max_tasks_per_env=2, envs=["ToolUseGame-v0"])
+    assert set(one) < set(every)
+    with pytest.raises(InvalidArgumentError, match="Did you mean 'ToolUseGame-v0'"):
+        tiny.default_corpus(max_tasks_per_env=2, envs=["ToolUseGame-v1"])
+
+
+def test_build_args_name_the_corpus_envs() -> None:
+    args = tiny._build_args(["ToolUseGame-v0"], seed=0)
+    assert args["envs"] == [["ToolUseGame-v0", "0"]]
+    assert tiny.default_model_dir(envs=["ToolUseGame-v0"]) != tiny.default_model_dir()
 
 
 def test_cli_prints_the_path_last(tmp_path: Path) -> None:

@@ -35,15 +35,25 @@ class SFTSettings:
     episodes: int = 4000
     """Oracle transcripts to train on (train split tasks, then fresh seeded tasks if needed)."""
     learning_rate: float = 2e-3
-    """AdamW learning rate."""
+    """AdamW learning rate (both phases)."""
     batch_size: int = 32
     """Transcripts per optimizer step."""
     epochs: float = 1.0
-    """Passes over the transcripts."""
+    """Passes over the transcripts (of the full-transcript phase, when max_steps is None)."""
     max_steps: int | None = None
-    """Stop after this many steps (None: by epochs)."""
+    """Steps of the full-transcript phase (None: by epochs)."""
+    short_context_steps: int = 0
+    """Steps of a first phase on the transcripts without system prompt and tool specs
+    (:func:`trainers.sft.short_context_dataset`): a small model learns to copy names and
+    numbers there much sooner; 0: no such phase."""
+    lr_scheduler_type: str = "cosine"
+    """The decay of the full-transcript phase: cosine, linear or constant (the short-context
+    phase runs at a constant rate after its warmup)."""
+    warmup_steps: int = 10
+    """Linear warmup steps at the start of the first phase."""
     time_budget_s: float | None = None
-    """Stop after this many seconds of training (None: no limit)."""
+    """Stop after this many seconds of training, both phases together (None: no limit); the
+    short-context phase gets at most half of it."""
 
 
 @dataclass
@@ -208,32 +218,22 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         from llm_gym.models import build_tiny_model
 
         print("== 1/5 building the tiny model", flush=True)
-        model_path = str(build_tiny_model(seed=config.seed, **config.tiny_model))
+        # A tokenizer fitted to the environment it trains on (unless the config says otherwise).
+        tiny_args = {"envs": [config.env], **config.tiny_model}
+        model_path = str(build_tiny_model(seed=config.seed, **tiny_args))
     else:
         model_path = config.model
     summary["base_model"] = model_path
 
     # 2. the SFT warm start
     if config.sft is not None:
-        from trainers.sft import oracle_sft_dataset, sft_warm_start
+        from trainers.sft import oracle_sft_dataset
 
         print(f"== 2/5 SFT warm start on {config.sft.episodes} oracle transcripts", flush=True)
         t = time.perf_counter()
         sft_tasks = _sft_tasks(entry, tasks, config.sft.episodes, config.seed)
         dataset = oracle_sft_dataset(config.env, sft_tasks)
-        model_path = str(
-            sft_warm_start(
-                model_path,
-                out / "sft",
-                dataset,
-                learning_rate=config.sft.learning_rate,
-                per_device_train_batch_size=config.sft.batch_size,
-                num_train_epochs=config.sft.epochs,
-                max_steps=config.sft.max_steps,
-                time_budget_s=config.sft.time_budget_s,
-                seed=config.seed,
-            )
-        )
+        model_path = _sft(model_path, out, dataset, config.sft, config.seed)
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
@@ -327,30 +327,73 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     return summary
 
 
+def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) -> str:
+    """The SFT warm start: the short-context phase (if any), then the full transcripts."""
+    from trainers.sft import sft_warm_start, short_context_dataset
+
+    budget = sft.time_budget_s
+    common = dict(
+        learning_rate=sft.learning_rate, per_device_train_batch_size=sft.batch_size, seed=seed
+    )
+    warmup = sft.warmup_steps
+    if sft.short_context_steps > 0:
+        t = time.perf_counter()
+        print(f"   phase 1: {sft.short_context_steps} steps without the system prompt", flush=True)
+        model_path = str(
+            sft_warm_start(
+                model_path,
+                out / "sft_short_context",
+                short_context_dataset(dataset),
+                max_steps=sft.short_context_steps,
+                lr_scheduler_type="constant",
+                warmup_steps=warmup,
+                time_budget_s=budget / 2 if budget is not None else None,
+                **common,
+            )
+        )
+        warmup = 0
+        if budget is not None:
+            budget = max(budget - (time.perf_counter() - t), 0.1 * budget)
+        print("   phase 2: the full transcripts", flush=True)
+    return str(
+        sft_warm_start(
+            model_path,
+            out / "sft",
+            dataset,
+            num_train_epochs=sft.epochs,
+            max_steps=sft.max_steps,
+            lr_scheduler_type=sft.lr_scheduler_type,  # type: ignore[arg-type]
+            warmup_steps=warmup,
+            time_budget_s=budget,
+            **common,
+        )
+    )
+
+
 def _sft_tasks(entry: Any, tasks: Any, episodes: int, seed: int) -> list[Any]:
-    """``episodes`` distinct training tasks: the train split, then fresh tasks from the env's
-    seeded generator (``generate_tasks(seed, n)`` beside its task source) that share no prompt
-    with any split; cycled through the train split when the env has no generator."""
+    """``episodes`` distinct tasks for the SFT warm start, none of them in any split.
+
+    GRPO then trains on the train split, on tasks the warm-started model has never seen: on
+    tasks it was fitted to, a success can come from recalling the memorised answer instead of
+    reading the tool results, and reinforcing that does not carry over to held-out tasks (we
+    measured GRPO on SFT-seen tasks lowering held-out success). The tasks come from the env's
+    seeded generator (``generate_tasks(seed, n)`` beside its task source); an env without one
+    uses its train split (cycled)."""
     import importlib
 
     from trainers.sft import disjoint_tasks
 
     train = list(tasks("train"))
-    if episodes <= len(train):
-        return train[:episodes]
     module_name = entry.tasks.partition(":")[0] if isinstance(entry.tasks, str) else None
     generate = (
         getattr(importlib.import_module(module_name), "generate_tasks", None)
-        if (module_name)
+        if module_name
         else None
     )
     if generate is None:
         return [train[i % len(train)] for i in range(episodes)]
-    held_out = [*tasks("val"), *tasks("test")]
-    extra = disjoint_tasks(
-        generate, episodes - len(train), seed=10_000 + seed, exclude=[*train, *held_out]
-    )
-    return train + extra
+    held_out = [*train, *tasks("val"), *tasks("test")]
+    return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
 
 
 def _has_gpu() -> bool:

@@ -66,6 +66,7 @@ __all__ = [
     "oracle_sft_dataset",
     "rl_aligned_chat_template",
     "sft_dataset_from_multi_turn",
+    "short_context_dataset",
     "sft_warm_start",
 ]
 
@@ -244,6 +245,26 @@ def disjoint_tasks(
             if len(out) == n:
                 break
     return out
+
+
+def short_context_dataset(dataset: Dataset) -> Dataset:
+    """The rows without their system message and tool specs: the conversation from the user's
+    question on (the chat template then renders its short default system line).
+
+    A curriculum for small models trained from scratch: the system prompt and tool specs are
+    the same ~400 tokens in every ToolUseGame transcript, and behind them a 1.8M-parameter model
+    learns to copy a name or a number from the question or a tool result into its tool call very
+    slowly (attention at initialisation spreads over every earlier token). Trained first on these
+    ~100-token conversations it learns the copying in a few hundred steps; a shorter phase on the
+    full transcripts then carries it over to the long context the model sees at RL time.
+    """
+    from datasets import Dataset
+
+    rows = []
+    for row in dataset:
+        messages = [m for m in row["messages"] if m.get("role") != "system"]
+        rows.append({**row, "messages": messages, "tools": "[]"})
+    return Dataset.from_list(rows)
 
 
 # --- the template ------------------------------------------------------------------------------

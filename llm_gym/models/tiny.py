@@ -192,17 +192,41 @@ def _env_transcripts(entry: Any, max_tasks: int) -> list[str]:
     return texts
 
 
-def _corpus_envs() -> list[tuple[str, str]]:
+def _selected_envs(envs: Sequence[str] | None) -> list[Any]:
+    """The registry entries of ``envs`` (None: every registered environment), in registry order."""
     from llm_gym.gym import registered_envs
 
-    return [(entry.id, str(entry.version)) for entry in registered_envs()]
+    entries = list(registered_envs())
+    if envs is None:
+        return entries
+    if isinstance(envs, str):
+        envs = [envs]
+    known = {entry.id: entry for entry in entries}
+    unknown = [e for e in envs if e not in known]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(known), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise InvalidArgumentError(
+            f"envs must be registered environment ids, actual value: {unknown!r}.{hint} "
+            f"Registered: {sorted(known)}."
+        )
+    if not envs:
+        raise InvalidArgumentError("envs must name at least one environment (or be None: all).")
+    wanted = set(envs)
+    return [entry for entry in entries if entry.id in wanted]
 
 
-def default_corpus(max_tasks_per_env: int = 400) -> list[str]:
-    """The text the tokenizer is trained on: oracle transcripts of every registered environment.
+def _corpus_envs(envs: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    return [(entry.id, str(entry.version)) for entry in _selected_envs(envs)]
 
-    For each environment of :func:`llm_gym.gym.registered_envs`, the oracle plays up to
-    ``max_tasks_per_env`` training tasks (through :func:`llm_gym.rollout.collect_groups` with an
+
+def default_corpus(max_tasks_per_env: int = 400, envs: Sequence[str] | None = None) -> list[str]:
+    """The text the tokenizer is trained on: oracle transcripts of the registered environments.
+
+    For each environment of :func:`llm_gym.gym.registered_envs` (or of ``envs``), the oracle
+    plays up to ``max_tasks_per_env`` training tasks (through :func:`llm_gym.rollout.collect_groups` with an
     :class:`~llm_gym.rollout.OraclePolicy`); each episode is rendered in the Qwen2.5 chat layout
     (system prompt, the ``# Tools`` section with the tool specs as JSON, the user prompt, the
     assistant's raw text in the environment's action format, the tool results). An environment
@@ -212,16 +236,17 @@ def default_corpus(max_tasks_per_env: int = 400) -> list[str]:
 
     Args:
         max_tasks_per_env: Training tasks played per environment (the first ones of the split).
+        envs: The environment ids (None: every registered one). A model trained on one
+            environment gets a tokenizer fitted to its text: with all eight environments a
+            1,024-token vocabulary no longer holds ToolUseGame's town names as single tokens.
 
     Returns:
         The corpus, one transcript per string.
     """
     import warnings
 
-    from llm_gym.gym import registered_envs
-
     corpus = [_GENERIC_TEXT] * 4
-    for entry in registered_envs():
+    for entry in _selected_envs(envs):
         try:
             corpus.extend(_env_transcripts(entry, max_tasks_per_env))
         except Exception as exc:  # one broken environment must not block the default model
@@ -350,8 +375,8 @@ def _cache_root() -> Path:
     return Path(root).expanduser()
 
 
-def _build_args(**kwargs: Any) -> dict[str, Any]:
-    args = {"build_version": BUILD_VERSION, **kwargs, "envs": _corpus_envs()}
+def _build_args(envs: Sequence[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    args = {"build_version": BUILD_VERSION, **kwargs, "envs": _corpus_envs(envs)}
     return json.loads(json.dumps(args))  # as build_info.json stores it (lists, not tuples)
 
 
@@ -371,6 +396,7 @@ def default_model_dir(
     max_position_embeddings: int = 4096,
     seed: int = 0,
     max_tasks_per_env: int = 400,
+    envs: Sequence[str] | None = None,
 ) -> Path:
     """``$LLM_GYM_CACHE/models/tiny-qwen2-<hash>`` for these build arguments.
 
@@ -387,6 +413,7 @@ def default_model_dir(
         max_position_embeddings=max_position_embeddings,
         seed=seed,
         max_tasks_per_env=max_tasks_per_env,
+        envs=envs,
     )
     return _cache_root() / "models" / f"tiny-qwen2-{_build_hash(args)}"
 
@@ -436,6 +463,7 @@ def build_tiny_model(
     max_position_embeddings: int = 4096,
     seed: int = 0,
     max_tasks_per_env: int = 400,
+    envs: Sequence[str] | None = None,
     force: bool = False,
 ) -> Path:
     """Build (or find) the tiny model: a tokenizer from :func:`default_corpus` and a random Qwen2.
@@ -454,6 +482,8 @@ def build_tiny_model(
         vocab_size: The tokenizer's target size (see :func:`build_tokenizer`).
         seed: Seed of the weight initialisation.
         max_tasks_per_env: Training tasks per environment in the tokenizer corpus.
+        envs: The environments whose transcripts make the tokenizer corpus (None: every
+            registered one); ``train.py`` builds its model for the environment it trains on.
         force: Rebuild even when a complete build of the same arguments is there.
 
     Returns:
@@ -470,8 +500,8 @@ def build_tiny_model(
         seed=seed,
         max_tasks_per_env=max_tasks_per_env,
     )
-    args = _build_args(**kwargs)
-    target = Path(output_dir) if output_dir is not None else default_model_dir(**kwargs)
+    args = _build_args(envs, **kwargs)
+    target = Path(output_dir) if output_dir is not None else default_model_dir(envs=envs, **kwargs)
     target = target.expanduser().absolute()
     if not force and _complete(target, args):
         _log(f"using the existing build in {target}")
@@ -495,7 +525,7 @@ def build_tiny_model(
     tmp_dir.chmod(0o777 & ~umask)  # mkdtemp makes it private; the build is an ordinary directory
     try:
         _log(f"building a tiny Qwen2 model in {target}")
-        corpus = default_corpus(max_tasks_per_env)
+        corpus = default_corpus(max_tasks_per_env, envs)
         chars = sum(len(t) for t in corpus)
         _log(f"corpus: {len(corpus)} texts, {chars:,} chars ({time.perf_counter() - start:.1f}s)")
         tokenizer = build_tokenizer(corpus, vocab_size=vocab_size, seed=seed)
