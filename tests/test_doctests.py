@@ -33,7 +33,10 @@ def test_docstring_examples(name: str) -> None:
     assert result.failed == 0 and result.attempted > 0
 
 
-def test_trainer_math_examples() -> None:
+@pytest.mark.parametrize(
+    "name", ["trainers.advantages", "trainers.shared_prefix", "trainers.pipeline"]
+)
+def test_trainer_examples(name: str) -> None:
     pytest.importorskip("trl")
-    result = doctest.testmod(importlib.import_module("trainers.advantages"))
+    result = doctest.testmod(importlib.import_module(name))
     assert result.failed == 0 and result.attempted > 0

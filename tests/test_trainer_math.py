@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -197,3 +198,84 @@ def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
     assert loss_a == pytest.approx(loss_b, abs=1e-7)
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(grads_a, grads_b, strict=True))
     assert any(g.abs().sum() > 0 for g in grads_a)
+
+
+def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None:
+    """Scoring the rows' shared prefix once gives TRL's log-probs, entropies, loss and grads."""
+    import torch
+
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    config = GRPOConfig(
+        output_dir="/tmp/llm_gym_test_shared_prefix",
+        model=str(small_model_dir),
+        batch_size=1,
+        episodes_per_task=2,
+        num_steps=1,
+        max_turns=2,
+        max_model_length=1024,
+        max_tokens_per_turn=16,
+        use_cpu=True,
+        save_strategy="no",
+        loss_type="dapo",
+        temperature=0.7,  # the fused head divides by it on both paths
+    )
+    trainer = MultiTurnGRPOTrainer(
+        args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
+    )
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.randint(5, 400, (40,), generator=generator).tolist()
+    specs = [  # prompts of different lengths (left padding), completions with env tokens
+        ([*shared, 7, 8, 9], [20, 21, 22, 30, 31, 24], [1, 1, 1, 0, 0, 1]),
+        ([*shared, 7], [23, 24, 32, 33, 34], [1, 1, 0, 0, 1]),
+        ([*shared, 10, 11], [25, 26], [1, 1]),
+    ]
+    rows = [
+        episode_rows(
+            [_sample(p, c, m, [0] * len(c))],
+            advantage=a,
+            turn_advantages=None,
+            train=True,
+            max_rows=1,
+        )[0][0]
+        for (p, c, m), a in zip(specs, (1.0, -0.5, 0.25), strict=True)
+    ]
+    batch = rows_to_tensors(rows, pad_id=0)
+    batch.pop("sampling_per_token_logps")
+    batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    keep = batch["completion_ids"].size(1)
+    mask = batch["completion_mask"].bool()
+
+    def run(shared_prefix: bool):
+        trainer.args.shared_prefix = shared_prefix
+        trainer.model.zero_grad()
+        with torch.no_grad():
+            logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, attention, keep, batch_size=2, compute_entropy=True
+            )
+        loss = trainer._compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        return logps[mask], entropies[mask], loss.item(), grads
+
+    from trl import GRPOTrainer
+
+    full = run(False)
+    with mock.patch.object(  # the fast path must not fall back to TRL's
+        GRPOTrainer, "_get_per_token_logps_and_entropies", side_effect=AssertionError
+    ):
+        fast = run(True)
+    assert torch.allclose(full[0], fast[0], atol=1e-5)
+    assert torch.allclose(full[1], fast[1], atol=1e-5)
+    assert fast[2] == pytest.approx(full[2], abs=1e-6)
+    assert len(full[3]) == len(fast[3])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[3], fast[3], strict=True))
+    # Short prefixes take TRL's path.
+    from trainers.shared_prefix import plan_shared_prefix
+
+    assert plan_shared_prefix(ids, attention, keep, min_length=64) is None
+    assert plan_shared_prefix(ids, attention, keep, min_length=32).prefix_ids.shape == (1, 40)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,28 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     return cls(**data)
 
 
+_EXPONENT_FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d+")
+
+
+def _yaml_floats(value: Any) -> Any:
+    """``value`` with YAML 1.1's exponent strings read as the floats YAML 1.2 makes them.
+
+    PyYAML reads ``1e-4`` (no dot) as the *string* ``"1e-4"``; a learning rate written that
+    way would reach the optimizer as text.
+
+    Example:
+        >>> _yaml_floats({"grpo": {"learning_rate": "1e-4", "name": "x1e2"}})
+        {'grpo': {'learning_rate': 0.0001, 'name': 'x1e2'}}
+    """
+    if isinstance(value, dict):
+        return {k: _yaml_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_yaml_floats(v) for v in value]
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)
+    return value
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Read a YAML config; ``overrides`` (``{"grpo.num_steps": 2}``) replace single keys."""
     import yaml
@@ -118,6 +141,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
+    data = _yaml_floats(data)
     sft = data.pop("sft", None)
     evaluation = data.pop("evaluation", {})
     config = _build(PipelineConfig, data, str(path))

@@ -485,9 +485,9 @@ def _shared_prefix_inputs(model: Any, inputs: dict[str, Any], min_length: int) -
     """The batch with its shared prefix precomputed (see ``shared_prefix`` in
     :func:`sft_warm_start`): the suffix ids, the full attention mask, the prefix's keys and
     values repeated over the batch, and the labels pre-shifted for the suffix positions."""
-    import inspect
-
     import torch
+
+    from trainers.shared_prefix import cache_keyword, output_cache
 
     ids, labels = inputs.get("input_ids"), inputs.get("labels")
     mask = inputs.get("attention_mask")
@@ -505,11 +505,8 @@ def _shared_prefix_inputs(model: Any, inputs: dict[str, Any], min_length: int) -
     if split < min_length:
         return inputs
     backbone = model.base_model
-    cache_arg = "cache" if "cache" in inspect.signature(backbone.forward).parameters else None
-    prefix = backbone(input_ids=ids[:1, :split], use_cache=True)
-    cache = getattr(prefix, "cache", None) if cache_arg else None
-    if cache is None:
-        cache, cache_arg = getattr(prefix, "past_key_values", None), "past_key_values"
+    cache_arg = cache_keyword(backbone.forward)
+    cache = output_cache(backbone(input_ids=ids[:1, :split], use_cache=True))
     if cache is None:
         return inputs
     cache.batch_repeat_interleave(rows)

@@ -41,6 +41,7 @@ from trainers.advantages import (
 )
 from trainers.batch import Row, episode_rows, padding_row, rows_to_tensors
 from trainers.config import MultiTurnGRPOConfig
+from trainers.shared_prefix import cache_keyword, output_cache, plan_shared_prefix
 
 __all__ = ["MultiTurnGRPOTrainer"]
 
@@ -408,6 +409,71 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         low = -math.inf if low is None else low
         high = math.inf if high is None else high
         return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+    # --- scoring ---------------------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[Any, Any, Any]:
+        """TRL's scoring, with the rows' shared prefix run once (``args.shared_prefix``).
+
+        Same values and gradients as TRL's full forward (see :mod:`trainers.shared_prefix`);
+        TRL's path runs instead for multimodal or MoE-aux batches, for models wrapped for
+        distributed training (DDP, FSDP, DeepSpeed) and when the shared prefix is short.
+        """
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        plan = None
+        if (
+            args.shared_prefix
+            and not compute_aux_loss
+            and all(v is None for v in multimodal.values())
+            and self.accelerator.unwrap_model(model) is model
+        ):
+            plan = plan_shared_prefix(
+                input_ids, attention_mask, logits_to_keep, args.shared_prefix_min_length
+            )
+        if plan is None:
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **multimodal,
+            )
+        rows = input_ids.size(0)
+        batch_size = batch_size or rows
+        keyword = cache_keyword(self.accelerator.unwrap_model(model).forward)
+        all_logps, all_entropies = [], []
+        for start in range(0, rows, batch_size):
+            end = min(start + batch_size, rows)
+            with self.accelerator.autocast():
+                cache = output_cache(model(input_ids=plan.prefix_ids, use_cache=True))
+                cache.batch_repeat_interleave(end - start)
+                outputs = model(
+                    input_ids=plan.suffix_ids[start:end],
+                    attention_mask=plan.attention_mask[start:end],
+                    **{keyword: cache},
+                    shift_labels=plan.shift_labels[start:end],
+                    fused_lm_head=True,
+                )
+            index = plan.gather_index[start:end]
+            all_logps.append(outputs.log_probs.gather(1, index))
+            if compute_entropy:
+                all_entropies.append(outputs.entropy.gather(1, index))
+        logps = torch.cat(all_logps, dim=0)
+        entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+        return logps, entropies, None
 
     # --- metrics -----------------------------------------------------------------------------
 

@@ -1,0 +1,135 @@
+"""Score a GRPO batch's completions once per shared prefix instead of once per row.
+
+Every episode of a tool-use environment opens with the same system prompt and tool specs (about
+400 of the tiny model's ~500 tokens per ToolUseGame episode), and TRL's loss forward runs all of
+them for every row. :func:`plan_shared_prefix` finds the longest token prefix that every row of
+a ``[left-padded prompt | right-padded completion]`` batch starts with; the trainer runs that
+prefix once (one row, with gradients), repeats its keys and values over the rows, and runs only
+the rest. The log-probabilities are the same as a full forward's (up to float rounding) and so
+are the gradients: the prefix's keys and values reach the loss through the repeat.
+
+The plan is pure index arithmetic on the batch (tested on hand-made batches); the model calls
+live in :meth:`trainers.trainer.MultiTurnGRPOTrainer._get_per_token_logps_and_entropies`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SharedPrefixPlan", "cache_keyword", "output_cache", "plan_shared_prefix"]
+
+
+@dataclass(frozen=True)
+class SharedPrefixPlan:
+    """How to score a batch as one shared prefix plus per-row suffixes.
+
+    Shapes: ``B`` rows, ``L`` prefix tokens, ``S`` suffix tokens, ``C`` completion columns.
+    """
+
+    prefix_ids: Any
+    """(1, L): the tokens every row starts with."""
+    suffix_ids: Any
+    """(B, S): each row's tokens after the prefix, right-padded."""
+    attention_mask: Any
+    """(B, L + S): 1 on the prefix and on each row's real suffix tokens."""
+    shift_labels: Any
+    """(B, S): at suffix position ``q``, the completion token predicted there, else -100."""
+    gather_index: Any
+    """(B, C): the suffix position whose prediction is completion column ``j`` (clamped where the
+    column is padding)."""
+
+
+def plan_shared_prefix(
+    input_ids: Any, attention_mask: Any, logits_to_keep: int, min_length: int = 32
+) -> SharedPrefixPlan | None:
+    """The shared-prefix plan of a batch, or None when the shared prefix is too short to pay.
+
+    Args:
+        input_ids: (B, P + C) prompt ids left-padded to ``P`` then completion ids right-padded to
+            ``C`` (TRL's layout).
+        attention_mask: (B, P + C), 1 on real tokens.
+        logits_to_keep: ``C``, the completion width.
+        min_length: The shortest prefix worth a separate pass.
+
+    The prefix stops one token before the shortest prompt ends, so the prediction of every
+    completion token (made at the position before it) lies in the suffix.
+
+    Example:
+        >>> import torch
+        >>> ids = torch.tensor([[0, 5, 6, 7, 1, 2], [5, 6, 8, 9, 3, 0]])
+        >>> mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+        >>> plan = plan_shared_prefix(ids, mask, logits_to_keep=2, min_length=1)
+        >>> plan.prefix_ids.tolist(), plan.suffix_ids.tolist()
+        ([[5, 6]], [[7, 1, 2], [8, 9, 3]])
+        >>> plan.shift_labels.tolist(), plan.gather_index.tolist()
+        ([[1, 2, -100], [-100, 3, -100]], [[0, 1], [1, 0]])
+    """
+    import torch
+
+    rows, width = input_ids.shape
+    if rows < 2 or logits_to_keep < 1 or logits_to_keep >= width:
+        return None
+    mask = attention_mask.bool()
+    prompt_width = width - logits_to_keep
+    prompt_lengths = mask[:, :prompt_width].sum(dim=1)  # real prompt tokens per row
+    lengths = mask.sum(dim=1)
+    if int(prompt_lengths.min()) < 1:
+        return None
+    # Each row's real tokens shifted to start at column 0 (left padding removed).
+    shift = prompt_width - prompt_lengths
+    columns = torch.arange(width, device=input_ids.device).unsqueeze(0) + shift.unsqueeze(1)
+    aligned_mask = torch.arange(width, device=input_ids.device).unsqueeze(0) < lengths.unsqueeze(1)
+    aligned = torch.where(aligned_mask, input_ids.gather(1, columns.clamp(max=width - 1)), 0)
+    same = ((aligned == aligned[:1]) & aligned_mask).all(dim=0)
+    common = int(same.long().cumprod(dim=0).sum())
+    prefix = min(common, int(prompt_lengths.min()) - 1)
+    if prefix < max(1, min_length):
+        return None
+    total = int(lengths.max())
+    suffix_ids = aligned[:, prefix:total]
+    suffix_mask = aligned_mask[:, prefix:total]
+    span = total - prefix
+    # Completion column j of row i sits at aligned position prompt_length_i + j and is predicted
+    # at the position before it: suffix position prompt_length_i + j - 1 - prefix.
+    j = torch.arange(logits_to_keep, device=input_ids.device).unsqueeze(0)
+    target = prompt_lengths.unsqueeze(1) + j - 1 - prefix
+    completion_real = mask[:, prompt_width:]
+    gather_index = torch.where(completion_real, target, 0).clamp(0, span - 1)
+    shift_labels = torch.full((rows, span), -100, dtype=input_ids.dtype, device=input_ids.device)
+    completion_ids = input_ids[:, prompt_width:]
+    row_index = torch.arange(rows, device=input_ids.device).unsqueeze(1).expand_as(target)
+    real = completion_real & (target >= 0) & (target < span)
+    shift_labels[row_index[real], target[real]] = completion_ids[real]
+    full_mask = torch.cat(
+        [
+            torch.ones((rows, prefix), dtype=attention_mask.dtype, device=input_ids.device),
+            suffix_mask.to(attention_mask.dtype),
+        ],
+        dim=1,
+    )
+    return SharedPrefixPlan(
+        prefix_ids=aligned[:1, :prefix],
+        suffix_ids=suffix_ids,
+        attention_mask=full_mask,
+        shift_labels=shift_labels,
+        gather_index=gather_index,
+    )
+
+
+def cache_keyword(forward: Any) -> str:
+    """The keyword a model's ``forward`` takes its KV cache under: ``cache`` (transformers 5.2x)
+    or the older ``past_key_values``."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def output_cache(outputs: Any) -> Any:
+    """The KV cache of a forward's outputs (``cache``, or the older ``past_key_values``)."""
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else getattr(outputs, "past_key_values", None)
