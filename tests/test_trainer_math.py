@@ -135,17 +135,15 @@ def test_rows_per_turn_advantages_and_padding() -> None:
     assert batch["advantages"].tolist() == [[0.5, 0.0, -1.0, -1.0], [0.0, 0.0, 0.0, 0.0]]
 
 
-def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
-    """The loss and its gradients do not move when environment tokens' targets change."""
-    import torch
-
+def _small_trainer(model_dir, output_dir: str, **config):
+    """A MultiTurnGRPOTrainer on the small test model: one task, groups of two, CPU."""
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
     from trainers.trainer import MultiTurnGRPOTrainer
 
-    config = GRPOConfig(
-        output_dir="/tmp/llm_gym_test_loss",
-        model=str(small_model_dir),
+    args = GRPOConfig(
+        output_dir=output_dir,
+        model=str(model_dir),
         batch_size=1,
         episodes_per_task=2,
         num_steps=1,
@@ -154,11 +152,18 @@ def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
         max_tokens_per_turn=16,
         use_cpu=True,
         save_strategy="no",
-        loss_type="grpo",
+        **config,
     )
-    trainer = MultiTurnGRPOTrainer(
-        args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
+    return MultiTurnGRPOTrainer(
+        args=args, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
     )
+
+
+def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
+    """The loss and its gradients do not move when environment tokens' targets change."""
+    import torch
+
+    trainer = _small_trainer(small_model_dir, "/tmp/llm_gym_test_loss", loss_type="grpo")
     # Two rows whose last tokens are environment tokens (after every policy token).
     rows = [
         episode_rows(
@@ -204,26 +209,11 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
     """Scoring the rows' shared prefix once gives TRL's log-probs, entropies, loss and grads."""
     import torch
 
-    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
-    from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
-
-    config = GRPOConfig(
-        output_dir="/tmp/llm_gym_test_shared_prefix",
-        model=str(small_model_dir),
-        batch_size=1,
-        episodes_per_task=2,
-        num_steps=1,
-        max_turns=2,
-        max_model_length=1024,
-        max_tokens_per_turn=16,
-        use_cpu=True,
-        save_strategy="no",
+    trainer = _small_trainer(
+        small_model_dir,
+        "/tmp/llm_gym_test_shared_prefix",
         loss_type="dapo",
         temperature=0.7,  # the fused head divides by it on both paths
-    )
-    trainer = MultiTurnGRPOTrainer(
-        args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
     )
     generator = torch.Generator().manual_seed(0)
     shared = torch.randint(5, 400, (40,), generator=generator).tolist()

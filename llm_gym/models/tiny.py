@@ -225,13 +225,13 @@ def _corpus_envs(envs: Sequence[str] | None = None) -> list[tuple[str, str]]:
 def default_corpus(max_tasks_per_env: int = 400, envs: Sequence[str] | None = None) -> list[str]:
     """The text the tokenizer is trained on: oracle transcripts of the registered environments.
 
-    For each environment of :func:`llm_gym.gym.registered_envs` (or of ``envs``), the oracle
-    plays up to ``max_tasks_per_env`` training tasks (through :func:`llm_gym.rollout.collect_groups` with an
-    :class:`~llm_gym.rollout.OraclePolicy`); each episode is rendered in the Qwen2.5 chat layout
+    For each environment of :func:`llm_gym.gym.registered_envs` (or of ``envs``), the oracle plays
+    up to ``max_tasks_per_env`` training tasks (through :func:`llm_gym.rollout.collect_groups` with
+    an :class:`~llm_gym.rollout.OraclePolicy`); each episode is rendered in the Qwen2.5 chat layout
     (system prompt, the ``# Tools`` section with the tool specs as JSON, the user prompt, the
     assistant's raw text in the environment's action format, the tool results). An environment
-    without an oracle contributes its opening prompts. A small fixed English/ASCII/digits text
-    comes first. Special and added tokens in the text are never split into merges (see
+    without an oracle contributes its opening prompts. A small fixed English/ASCII/digits text comes
+    first. Special and added tokens in the text are never split into merges (see
     :func:`build_tokenizer`).
 
     Args:
