@@ -427,12 +427,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
 
         Same values and gradients as TRL's full forward (see :mod:`trainers.shared_prefix`);
         TRL's path runs instead for multimodal or MoE-aux batches, for models wrapped for
-        distributed training (DDP, FSDP, DeepSpeed) and when the shared prefix is short.
+        distributed training (DDP, FSDP, DeepSpeed), under gradient checkpointing and when the
+        shared prefix is short.
         """
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
         plan = None
         if (
             args.shared_prefix
+            and not args.gradient_checkpointing  # it turns the prefix's KV cache off
             and not compute_aux_loss
             and all(v is None for v in multimodal.values())
             and self.accelerator.unwrap_model(model) is model
