@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -27,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     from llm_gym.errors import LlmGymError
-    from trainers.pipeline import load_config, run_pipeline
+    from trainers.pipeline import load_config, run_pipeline, yaml_load
 
     args = parse_args(argv)
     overrides = {}
@@ -35,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             sys.exit(f"train.py: --set expects KEY=VALUE, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
+        overrides[key] = yaml_load(value)
     try:
         config = load_config(args.config, overrides)
     except LlmGymError as exc:

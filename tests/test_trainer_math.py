@@ -250,7 +250,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
         loss = trainer._compute_loss(trainer.model, dict(batch))
         loss.backward()
         grads = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
-        return logps[mask], entropies[mask], loss.item(), grads
+        return logps, entropies, loss.item(), grads
 
     from trl import GRPOTrainer
 
@@ -259,13 +259,52 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
         GRPOTrainer, "_get_per_token_logps_and_entropies", side_effect=AssertionError
     ):
         fast = run(True)
+    assert mask.sum() < mask.numel()  # padded completion columns: 0.0 on both paths
     assert torch.allclose(full[0], fast[0], atol=1e-5)
     assert torch.allclose(full[1], fast[1], atol=1e-5)
     assert fast[2] == pytest.approx(full[2], abs=1e-6)
     assert len(full[3]) == len(fast[3])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[3], fast[3], strict=True))
+    # A model with gradient checkpointing on (no KV cache in training) takes TRL's path.
+    trainer.model.gradient_checkpointing_enable()
+    trainer.model.train()
+    try:
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, keep
+        )
+        assert torch.allclose(logps.detach(), full[0], atol=1e-5)
+    finally:
+        trainer.model.gradient_checkpointing_disable()
+        trainer.model.eval()
     # Short prefixes take TRL's path.
     from trainers.shared_prefix import plan_shared_prefix
 
     assert plan_shared_prefix(ids, attention, keep, min_length=64) is None
     assert plan_shared_prefix(ids, attention, keep, min_length=32).prefix_ids.shape == (1, 40)
+
+
+def test_lora_reference_logps_with_kl(small_model_dir) -> None:
+    """LoRA with beta != 0 scores the reference with the adapter off, on both scoring paths."""
+    import torch
+
+    trainer = _small_trainer(
+        small_model_dir, "/tmp/llm_gym_test_lora_ref", loss_type="dapo", beta=0.05, use_lora=True
+    )
+    shared = list(range(5, 45))
+    rows = [
+        episode_rows(
+            [_sample([*shared, 7 + i], [20 + i, 21, 30, 22], [1, 1, 0, 1], [0, 0, -1, 1])],
+            advantage=1.0 - i,
+            turn_advantages=None,
+            train=True,
+            max_rows=1,
+        )[0][0]
+        for i in range(2)
+    ]
+    logps = []
+    for shared_prefix in (False, True):
+        trainer.args.shared_prefix = shared_prefix
+        batch = rows_to_tensors(rows, pad_id=0)
+        trainer._add_reference_logps(batch)
+        logps.append(batch["ref_per_token_logps"])
+    assert torch.allclose(logps[0], logps[1], atol=1e-5)

@@ -17,6 +17,7 @@ The run writes ``summary.json`` (every number it printed) and ``reward_curve.png
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import time
@@ -105,43 +106,49 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     return cls(**data)
 
 
-_EXPONENT_FLOAT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d+")
+def yaml_load(text: str) -> Any:
+    r"""``yaml.safe_load`` that reads exponent floats as YAML 1.2 does.
 
-
-def _yaml_floats(value: Any) -> Any:
-    """``value`` with YAML 1.1's exponent strings read as the floats YAML 1.2 makes them.
-
-    PyYAML reads ``1e-4`` (no dot) as the *string* ``"1e-4"``; a learning rate written that
-    way would reach the optimizer as text.
+    PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is the *string* ``"1e-4"``: a learning rate
+    written that way would reach the optimizer as text. Quoted scalars stay strings.
 
     Example:
-        >>> _yaml_floats({"grpo": {"learning_rate": "1e-4", "name": "x1e2"}})
-        {'grpo': {'learning_rate': 0.0001, 'name': 'x1e2'}}
+        >>> yaml_load("lr: 1e-4\nname: '5e2'\nother: 2E3")
+        {'lr': 0.0001, 'name': '5e2', 'other': 2000.0}
     """
-    if isinstance(value, dict):
-        return {k: _yaml_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_yaml_floats(v) for v in value]
-    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
-        return float(value)
-    return value
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())
+
+
+@functools.cache
+def _yaml_loader() -> Any:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with YAML 1.2's exponent floats (``1e-4``, ``2E+3``)."""
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return Loader
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Read a YAML config; ``overrides`` (``{"grpo.num_steps": 2}``) replace single keys."""
-    import yaml
 
     path = Path(path)
     if not path.exists():
         raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = yaml_load(path.read_text()) or {}
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-    data = _yaml_floats(data)
     sft = data.pop("sft", None)
     evaluation = data.pop("evaluation", {})
     config = _build(PipelineConfig, data, str(path))

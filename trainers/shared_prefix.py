@@ -38,6 +38,8 @@ class SharedPrefixPlan:
     gather_index: Any
     """(B, C): the suffix position whose prediction is completion column ``j`` (clamped where the
     column is padding)."""
+    completion_mask: Any
+    """(B, C): True on real completion tokens (bool)."""
 
 
 def plan_shared_prefix(
@@ -114,6 +116,7 @@ def plan_shared_prefix(
         attention_mask=full_mask,
         shift_labels=shift_labels,
         gather_index=gather_index,
+        completion_mask=completion_real,
     )
 
 

@@ -380,7 +380,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                         ref_model, input_ids, attention, keep, batch_size=micro
                     )
                 else:
-                    from trl.models.utils import use_adapter
+                    from trl.trainer.utils import use_adapter
 
                     unwrapped = self.accelerator.unwrap_model(self.model)
                     name = "ref" if "ref" in getattr(unwrapped, "peft_config", {}) else None
@@ -426,24 +426,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         """TRL's scoring, with the rows' shared prefix run once (``args.shared_prefix``).
 
         Same values and gradients as TRL's full forward (see :mod:`trainers.shared_prefix`);
-        TRL's path runs instead for multimodal or MoE-aux batches, for models wrapped for
-        distributed training (DDP, FSDP, DeepSpeed), under gradient checkpointing and when the
-        shared prefix is short.
+        TRL's path runs instead for multimodal or MoE-aux batches, for models wrapped or sharded
+        for distributed training (DDP, FSDP, DeepSpeed), under gradient checkpointing (in the
+        config or on the model) and when the shared prefix is short.
         """
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        plan = None
-        if (
-            args.shared_prefix
-            and not args.gradient_checkpointing  # it turns the prefix's KV cache off
-            and not compute_aux_loss
-            and all(v is None for v in multimodal.values())
-            and self.accelerator.unwrap_model(model) is model
-        ):
-            plan = plan_shared_prefix(
-                input_ids, attention_mask, logits_to_keep, args.shared_prefix_min_length
-            )
-        if plan is None:
-            return super()._get_per_token_logps_and_entropies(
+
+        def trl_scoring() -> tuple[Any, Any, Any]:
+            return super(MultiTurnGRPOTrainer, self)._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
                 attention_mask,
@@ -453,14 +443,38 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                 compute_aux_loss=compute_aux_loss,
                 **multimodal,
             )
+
+        unwrapped = self.accelerator.unwrap_model(model)
+        if not (
+            args.shared_prefix
+            and not compute_aux_loss
+            and all(v is None for v in multimodal.values())
+            # A wrapper (DDP, DeepSpeed) or sharding (FSDP, ZeRO-3) may gather parameters per
+            # forward: every process must run the same passes, so no per-batch shortcut there.
+            and unwrapped is model
+            and not (self.is_fsdp_enabled or self.is_deepspeed_enabled)
+            # Gradient checkpointing turns the prefix's KV cache off.
+            and not args.gradient_checkpointing
+            and not getattr(unwrapped, "is_gradient_checkpointing", False)
+        ):
+            return trl_scoring()
+        plan = plan_shared_prefix(
+            input_ids, attention_mask, logits_to_keep, args.shared_prefix_min_length
+        )
+        if plan is None:
+            return trl_scoring()
+        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+        keyword = cache_keyword(base.forward)  # PEFT's forward takes it through **kwargs
         rows = input_ids.size(0)
         batch_size = batch_size or rows
-        keyword = cache_keyword(self.accelerator.unwrap_model(model).forward)
         all_logps, all_entropies = [], []
         for start in range(0, rows, batch_size):
             end = min(start + batch_size, rows)
             with self.accelerator.autocast():
-                cache = output_cache(model(input_ids=plan.prefix_ids, use_cache=True))
+                prefix = model(input_ids=plan.prefix_ids, use_cache=True, logits_to_keep=1)
+                cache = output_cache(prefix)
+                if cache is None:  # a model that returns no cache here: score it TRL's way
+                    return trl_scoring()
                 cache.batch_repeat_interleave(end - start)
                 outputs = model(
                     input_ids=plan.suffix_ids[start:end],
@@ -470,9 +484,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                     fused_lm_head=True,
                 )
             index = plan.gather_index[start:end]
-            all_logps.append(outputs.log_probs.gather(1, index))
+            padding = ~plan.completion_mask[start:end]  # 0.0 there, as TRL's path gives
+            all_logps.append(outputs.log_probs.gather(1, index).masked_fill(padding, 0.0))
             if compute_entropy:
-                all_entropies.append(outputs.entropy.gather(1, index))
+                all_entropies.append(outputs.entropy.gather(1, index).masked_fill(padding, 0.0))
         logps = torch.cat(all_logps, dim=0)
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
         return logps, entropies, None
