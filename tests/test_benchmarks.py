@@ -56,3 +56,14 @@ def test_train_step_smoke(small_model_dir, tmp_path) -> None:
         assert len(result[name]["step_times"]) == 1 and result[name]["val"]["episodes"] == 2
     assert result["ratio"] > 0
     assert (tmp_path / "train_step.md").exists()
+
+
+def test_grpo_overfit_smoke(small_model_dir, capsys) -> None:
+    import pytest
+
+    pytest.importorskip("trl")
+    from benchmarks.grpo_overfit import main
+
+    main(["--model", str(small_model_dir), "--tasks", "4", "--steps", "1", "--samples", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("before: sampled") and lines[-1].startswith("after:  sampled")
