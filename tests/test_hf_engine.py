@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from llm_gym import Task  # noqa: E402
-from llm_gym.rollout import RolloutStats, collect_groups  # noqa: E402
+from llm_gym.rollout import collect_groups  # noqa: E402
 from llm_gym.rollout.hf_engine import DecodeEngine, unsupported_reason  # noqa: E402
 from llm_gym.rollout.hf_policy import HFPolicy  # noqa: E402
-from tests.test_tokens import Chatty  # noqa: E402
+from tests.test_tokens import Chatty, chatty_groups  # noqa: E402
 
 
 def _engine(model, tokenizer, **kwargs) -> DecodeEngine:
@@ -193,15 +193,7 @@ def test_seeded_continuous_batching_is_reproducible(small_model) -> None:
 def test_continuous_batching_serves_every_group_in_each_forward_pass(small_model) -> None:
     model, tokenizer = small_model
     policy = HFPolicy(model, tokenizer, max_new_tokens=4, seed=0)
-    stats: list[RolloutStats] = []
-    groups = collect_groups(
-        Chatty,
-        [Task(f"task {i}") for i in range(8)],
-        policy,
-        episodes_per_task=4,
-        max_turns=3,
-        stats=stats,
-    )
+    groups, stats = chatty_groups(policy, tasks=8, episodes_per_task=4, max_turns=3)
     assert sum(len(g) for g in groups) == 32
     assert policy.generate_calls == 0 and policy.forward_passes == stats[0].policy_calls
     # One pass for the shared prefix, then at most 3 turns x 4 tokens: an episode whose turn
@@ -259,14 +251,6 @@ def test_a_failing_engine_stops_the_collection_loudly(small_model, monkeypatch) 
 def test_max_batch_size_bounds_the_rows(small_model) -> None:
     model, tokenizer = small_model
     policy = HFPolicy(model, tokenizer, max_new_tokens=3, seed=0, max_batch_size=3)
-    stats: list[RolloutStats] = []
-    groups = collect_groups(
-        Chatty,
-        [Task(f"t{i}") for i in range(4)],
-        policy,
-        episodes_per_task=2,
-        max_turns=2,
-        stats=stats,
-    )
+    groups, stats = chatty_groups(policy, tasks=4, episodes_per_task=2, max_turns=2)
     assert all(e.num_turns == 2 for g in groups for e in g)
     assert max(stats[0].batch_sizes[1:]) <= 3

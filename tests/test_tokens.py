@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -143,20 +144,28 @@ def test_logprobs_match_a_teacher_forced_forward_pass(small_model, batching) -> 
                 assert recorded == pytest.approx(forced, abs=1e-4)
 
 
+def chatty_groups(
+    policy: Any, *, tasks: int, episodes_per_task: int, max_turns: int
+) -> tuple[list[list[Any]], list[RolloutStats]]:
+    """Groups of ``Chatty`` episodes on tasks ``task 0`` ... and the run's rollout stats."""
+    stats: list[RolloutStats] = []
+    groups = collect_groups(
+        Chatty,
+        [Task(f"task {i}") for i in range(tasks)],
+        policy,
+        episodes_per_task=episodes_per_task,
+        max_turns=max_turns,
+        stats=stats,
+    )
+    return groups, stats
+
+
 def test_hf_policy_generates_one_batch_per_wave(small_model) -> None:
     # The wave path; the default continuous path is checked in test_hf_engine.py
     # (test_continuous_batching_serves_every_group_in_each_forward_pass).
     model, tokenizer = small_model
     policy = HFPolicy(model, tokenizer, max_new_tokens=4, seed=0, batching="waves")
-    stats: list[RolloutStats] = []
-    groups = collect_groups(
-        Chatty,
-        [Task(f"task {i}") for i in range(8)],
-        policy,
-        episodes_per_task=4,
-        max_turns=3,
-        stats=stats,
-    )
+    groups, stats = chatty_groups(policy, tasks=8, episodes_per_task=4, max_turns=3)
     assert sum(len(g) for g in groups) == 32
     assert policy.generate_calls == stats[0].policy_calls == 3
     assert stats[0].batch_sizes == [32, 32, 32]
