@@ -27,7 +27,15 @@ from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["PipelineConfig", "SFTSettings", "EvalSettings", "load_config", "run_pipeline"]
+__all__ = [
+    "EvalSettings",
+    "PipelineConfig",
+    "SFTSettings",
+    "load_config",
+    "paired_gain",
+    "run_pipeline",
+    "task_success",
+]
 
 
 @dataclass
@@ -60,16 +68,31 @@ class SFTSettings:
 
 @dataclass
 class EvalSettings:
-    """Held-out evaluation, before and after GRPO, with greedy decoding."""
+    """Held-out evaluation before and after GRPO: greedy, and sampled as GRPO samples."""
 
     episodes: int = 200
-    """Episodes (one per task) on the split."""
+    """Tasks of the split, one greedy episode each."""
+    samples: int = 0
+    """Sampled episodes per task at GRPO's temperature (0: greedy only). Success is then the
+    mean over each task's samples (pass@1 estimated from ``samples`` draws, the policy GRPO
+    optimises), and the paired gain's interval treats each task as one unit."""
     split: str = "val"
     """The split to evaluate on."""
     max_new_tokens: int = 96
     """Tokens per assistant turn."""
     max_turns: int | None = None
     """Turn limit (None: the GRPO config's val_max_turns or max_turns)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.episodes, int) or self.episodes < 1:
+            raise InvalidArgumentError(
+                f"evaluation.episodes must be an integer >= 1, actual value: {self.episodes!r}."
+            )
+        if not isinstance(self.samples, int) or self.samples < 0:
+            raise InvalidArgumentError(
+                "evaluation.samples must be an integer >= 0 (0: greedy only), actual value: "
+                f"{self.samples!r}."
+            )
 
 
 @dataclass
@@ -159,35 +182,80 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
     return config
 
 
-def _evaluate(model_path: str, config: PipelineConfig, max_turns: int, label: str) -> Any:
+def _evaluate(
+    model_path: str,
+    config: PipelineConfig,
+    max_turns: int,
+    label: str,
+    *,
+    temperature: float = 0.0,
+    samples: int = 1,
+) -> Any:
     from llm_gym.eval import run_and_report
     from llm_gym.rollout.hf_policy import HFPolicy
 
     assert config.evaluation is not None
     policy = HFPolicy.from_pretrained(
-        model_path, temperature=0.0, max_new_tokens=config.evaluation.max_new_tokens
+        model_path,
+        temperature=temperature,
+        max_new_tokens=config.evaluation.max_new_tokens,
+        seed=config.seed,
     )
     policy.name = label
-    report = run_and_report(
+    return run_and_report(
         config.env,
         policy,
         split=config.evaluation.split,
-        episodes=config.evaluation.episodes,
+        episodes=config.evaluation.episodes * samples,
+        k=samples,
         seed=config.seed,
         max_turns=max_turns,
         print_report=False,
         output=Path(config.output_dir) / f"eval_{label}.json",
     )
-    return report
 
 
-def _success_vector(report: Any) -> dict[str, float]:
+def task_success(episodes: Any) -> dict[str, float]:
+    """Each task's success rate over its episodes (task id, or prompt when it has none).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> def episode(prompt, reward):
+        ...     return NS(task=NS(id=None, prompt=prompt), reward=reward, metrics={})
+        >>> task_success([episode("a", 1.0), episode("a", 0.0), episode("b", 1.0)])
+        {'a': 0.5, 'b': 1.0}
+    """
     from llm_gym.eval import is_success
 
-    return {e.task.id or e.task.prompt: float(is_success(e)) for e in report.episodes}
+    outcomes: dict[str, list[float]] = {}
+    for episode in episodes:
+        key = episode.task.id or episode.task.prompt
+        outcomes.setdefault(key, []).append(float(is_success(episode)))
+    return {key: sum(values) / len(values) for key, values in outcomes.items()}
 
 
-def _plot(trainer: Any, before: float | None, after: float | None, path: Path) -> None:
+def paired_gain(before: Any, after: Any) -> dict[str, Any]:
+    """Success before and after (``run_and_report`` reports), and the gain paired by task.
+
+    Each task counts once, with its success rate over its episodes, so a run with k samples a
+    task gets an interval that treats the task, not the episode, as the unit."""
+    from llm_gym.eval import paired_difference_interval
+
+    b, a = task_success(before.episodes), task_success(after.episodes)
+    keys = sorted(set(b) & set(a))
+    gain, low, high = paired_difference_interval([b[k] for k in keys], [a[k] for k in keys])
+    return {
+        "tasks": len(keys),
+        "episodes": len(after.episodes),
+        "success_before": sum(b[k] for k in keys) / len(keys),
+        "success_after": sum(a[k] for k in keys) / len(keys),
+        "gain": gain,
+        "gain_ci": [low, high],
+        "gain_significant": low > 0,
+    }
+
+
+def _plot(trainer: Any, evaluation: dict[str, Any] | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,12 +276,16 @@ def _plot(trainer: Any, before: float | None, after: float | None, path: Path) -
     ax.plot(steps, success, label="train success rate", color="#55A868", alpha=0.7)
     if val_steps:
         ax.plot(val_steps, val_success, "o-", label="validation success (greedy)", color="#C44E52")
-    for value, name, style in (
-        (before, "held-out success after SFT", ":"),
-        (after, "held-out success after GRPO", "--"),
-    ):
-        if value is not None:
-            ax.axhline(value, linestyle=style, color="gray", label=f"{name}: {value:.3f}")
+    colors = {"greedy": "gray", "sampled": "#8172B2"}
+    for mode, result in (evaluation or {}).items():
+        if not isinstance(result, dict):
+            continue
+        for value, name, style in (
+            (result["success_before"], "after SFT", ":"),
+            (result["success_after"], "after GRPO", "--"),
+        ):
+            label = f"held-out success {name} ({mode}): {value:.3f}"
+            ax.axhline(value, linestyle=style, color=colors.get(mode, "black"), label=label)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward / success")
     ax.set_ylim(-0.15, 1.05)
@@ -230,7 +302,6 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from llm_gym.eval import paired_difference_interval
     from llm_gym.gym.registration import env_entry
     from llm_gym.gym.text_env import _as_task_source, resolve
     from trainers import GRPOConfig, train_multi_turn
@@ -277,15 +348,38 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     )
 
     # 3. held-out success before GRPO
-    before = None
+    temperature = float(grpo_fields.get("temperature", 1.0))
+    samples = config.evaluation.samples if config.evaluation is not None else 0
+
+    def evaluate(path: str, when: str) -> dict[str, Any]:
+        assert config.evaluation is not None
+        reports = {"greedy": _evaluate(path, config, eval_turns, f"{when}_grpo")}
+        print(reports["greedy"].format_table(), flush=True)
+        if samples > 0:
+            reports["sampled"] = _evaluate(
+                path,
+                config,
+                eval_turns,
+                f"{when}_grpo_sampled",
+                temperature=temperature,
+                samples=samples,
+            )
+            print(
+                f"   sampled (temperature {temperature:g}, {samples} per task): success "
+                f"{reports['sampled'].metrics['success_rate']:.3f}",
+                flush=True,
+            )
+        return reports
+
+    before: dict[str, Any] = {}
     if config.evaluation is not None:
         print(
             f"== 3/5 held-out evaluation before GRPO ({config.evaluation.episodes} "
-            f"{config.evaluation.split} episodes, greedy)",
+            f"{config.evaluation.split} tasks: greedy"
+            + (f", and {samples} samples each at temperature {temperature:g})" if samples else ")"),
             flush=True,
         )
-        before = _evaluate(model_path, config, eval_turns, "before_grpo")
-        print(before.format_table(), flush=True)
+        before = evaluate(model_path, "before")
 
     # 4. GRPO
     print("== 4/5 multi-turn GRPO", flush=True)
@@ -310,46 +404,40 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     summary["validation_history"] = trainer.validation_history
 
     # 5. held-out success after GRPO, and the gain on the same tasks
-    after = None
+    after: dict[str, Any] = {}
     if config.evaluation is not None:
         print("== 5/5 held-out evaluation after GRPO", flush=True)
-        after = _evaluate(str(final_path), config, eval_turns, "after_grpo")
-        print(after.format_table(), flush=True)
-        b, a = _success_vector(before), _success_vector(after)
-        keys = sorted(set(b) & set(a))
-        gain, low, high = paired_difference_interval([b[k] for k in keys], [a[k] for k in keys])
+        after = evaluate(str(final_path), "after")
         summary["evaluation"] = {
             "split": config.evaluation.split,
-            "episodes": len(keys),
-            "success_before": before.metrics["success_rate"],
-            "success_before_ci": [
-                before.metrics["success_ci_low"],
-                before.metrics["success_ci_high"],
-            ],
-            "success_after": after.metrics["success_rate"],
-            "success_after_ci": [after.metrics["success_ci_low"], after.metrics["success_ci_high"]],
-            "gain": gain,
-            "gain_ci": [low, high],
-            "gain_significant": low > 0,
+            "greedy": paired_gain(before["greedy"], after["greedy"]),
         }
+        if samples > 0:
+            summary["evaluation"]["sampled"] = {
+                "temperature": temperature,
+                "samples_per_task": samples,
+                **paired_gain(before["sampled"], after["sampled"]),
+            }
     summary["total_seconds"] = time.perf_counter() - started
-    _plot(
-        trainer,
-        before.metrics["success_rate"] if before else None,
-        after.metrics["success_rate"] if after else None,
-        out / "reward_curve.png",
-    )
+    _plot(trainer, summary.get("evaluation"), out / "reward_curve.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    if config.evaluation is not None:
-        e = summary["evaluation"]
+    for mode, result in summary.get("evaluation", {}).items():
+        if not isinstance(result, dict):
+            continue
+        how = (
+            "greedy, one episode per task"
+            if mode == "greedy"
+            else f"{result['samples_per_task']} samples per task at temperature "
+            f"{result['temperature']:g}"
+        )
+        low, high = result["gain_ci"]
         print(
-            f"\nHeld-out {e['split']} success ({e['episodes']} episodes, greedy):\n"
-            f"  after SFT:  {e['success_before']:.3f}  95% CI [{e['success_before_ci'][0]:.3f}, "
-            f"{e['success_before_ci'][1]:.3f}]\n"
-            f"  after GRPO: {e['success_after']:.3f}  95% CI [{e['success_after_ci'][0]:.3f}, "
-            f"{e['success_after_ci'][1]:.3f}]\n"
-            f"  gain:       {e['gain']:+.3f}  95% CI [{e['gain_ci'][0]:+.3f}, "
-            f"{e['gain_ci'][1]:+.3f}] (paired, same tasks)"
+            f"\nHeld-out {summary['evaluation']['split']} success, {result['tasks']} tasks "
+            f"({how}):\n"
+            f"  after SFT:  {result['success_before']:.3f}\n"
+            f"  after GRPO: {result['success_after']:.3f}\n"
+            f"  gain:       {result['gain']:+.3f}  95% CI [{low:+.3f}, {high:+.3f}] "
+            "(paired by task)"
         )
     print(
         f"Total time: {summary['total_seconds'] / 60:.1f} min. Wrote {out / 'summary.json'} "

@@ -1,0 +1,101 @@
+"""train.py's pipeline: the held-out comparison math, config checks, and a run end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+from llm_gym.errors import InvalidArgumentError
+from trainers.pipeline import EvalSettings, load_config, paired_gain, task_success
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _episode(prompt: str, success: bool) -> NS:
+    return NS(task=NS(id=None, prompt=prompt), reward=float(success), metrics={})
+
+
+def _report(outcomes: dict[str, list[int]]) -> NS:
+    return NS(episodes=[_episode(t, bool(o)) for t, values in outcomes.items() for o in values])
+
+
+def test_task_success_averages_each_tasks_samples() -> None:
+    report = _report({"a": [1, 0, 1, 1], "b": [0, 0, 0, 0], "c": [1]})
+    assert task_success(report.episodes) == {"a": 0.75, "b": 0.0, "c": 1.0}
+
+
+def test_paired_gain_pairs_by_task_with_hand_computed_interval() -> None:
+    before = _report({"a": [1, 0], "b": [0, 0], "c": [1, 1]})
+    after = _report({"a": [1, 1], "b": [1, 0], "c": [1, 0], "d": [1, 1]})  # d: after only
+    result = paired_gain(before, after)
+    # per-task differences +0.5, +0.5, -0.5: mean 1/6, sample variance 1/3, SE 1/3
+    assert result["tasks"] == 3
+    assert result["episodes"] == 8
+    assert result["success_before"] == pytest.approx(0.5)
+    assert result["success_after"] == pytest.approx(2 / 3)
+    assert result["gain"] == pytest.approx(1 / 6)
+    half = 1.959964 / 3
+    assert result["gain_ci"] == pytest.approx([1 / 6 - half, 1 / 6 + half])
+    assert result["gain_significant"] is False
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("episodes", 0), ("samples", -1), ("samples", 2.5), ("episodes", "200")]
+)
+def test_eval_settings_refuse_bad_values(field: str, value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"evaluation.{field} must be"):
+        EvalSettings(**{field: value})
+
+
+def test_the_main_job_config_loads() -> None:
+    config = load_config(ROOT / "configs" / "tool_use_game_tiny.yaml")
+    assert config.evaluation is not None and config.evaluation.samples == 8
+    assert config.grpo["episodes_per_task"] >= 2
+    assert isinstance(config.grpo["learning_rate"], float)
+
+
+def test_pipeline_runs_end_to_end(small_model_dir, tmp_path) -> None:
+    pytest.importorskip("trl")
+    from trainers.pipeline import run_pipeline
+
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"""
+env: ToolUseGame-v0
+model: {small_model_dir}
+output_dir: {tmp_path / "out"}
+val_tasks: 0
+grpo:
+  batch_size: 2
+  episodes_per_task: 2
+  num_steps: 1
+  max_turns: 2
+  max_model_length: 1024
+  max_tokens_per_turn: 8
+  learning_rate: 1.0e-4
+  report_to: none
+  save_strategy: "no"
+evaluation:
+  episodes: 3
+  samples: 2
+  max_new_tokens: 8
+"""
+    )
+    summary = run_pipeline(load_config(path))
+    evaluation = summary["evaluation"]
+    assert evaluation["greedy"]["tasks"] == 3 and evaluation["greedy"]["episodes"] == 3
+    assert evaluation["sampled"]["tasks"] == 3 and evaluation["sampled"]["episodes"] == 6
+    assert evaluation["sampled"]["samples_per_task"] == 2
+    for result in (evaluation["greedy"], evaluation["sampled"]):
+        low, high = result["gain_ci"]
+        assert low <= result["gain"] <= high
+        assert result["gain"] == pytest.approx(result["success_after"] - result["success_before"])
+    out = tmp_path / "out"
+    assert json.loads((out / "summary.json").read_text())["evaluation"] == json.loads(
+        json.dumps(evaluation)
+    )
+    for name in ("reward_curve.png", "eval_before_grpo.json", "eval_after_grpo_sampled.json"):
+        assert (out / name).exists(), name
