@@ -50,6 +50,13 @@ def test_eval_settings_refuse_bad_values(field: str, value: object) -> None:
         EvalSettings(**{field: value})
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_shipped_config_loads(name: str) -> None:
+    config = load_config(ROOT / "configs" / name)
+    assert config.grpo["episodes_per_task"] >= 2
+    assert isinstance(config.grpo["learning_rate"], float)
+
+
 def test_the_main_job_config_loads() -> None:
     config = load_config(ROOT / "configs" / "tool_use_game_tiny.yaml")
     assert config.evaluation is not None and config.evaluation.samples == 8
