@@ -5,12 +5,13 @@ Both start from the same tools-calling model (the SFT-warmed tiny model), train 
 ToolUseGame train tasks with the same seed, group size, tasks per step, turn limit, learning rate,
 loss (``dapo``, ``beta=0``) and number of optimizer steps, on the CPU, one after the other. We
 report seconds per optimizer step (median over the steps; rollout and update together) and the
-held-out success of each final model, measured by the same greedy evaluator on the same val
-tasks (and the starting model's, for reference).
+held-out success of each final model and of the starting model, measured by the same evaluator
+on the same val tasks: sampled (``val_samples`` episodes a task at the training temperature, the
+policy both trainers optimise; the gain over the start is paired by task) and greedy.
 
     python -m benchmarks.train_step --model outputs/tool_use_game_tiny/sft
 
-Targets (issue 4): our step <= 0.67x TRL's, our val success >= TRL's.
+Targets (issue 4): our step <= 0.67x TRL's, our val success >= TRL's (sampled).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
 class Args:
     model: str | None = None
     """A tools-calling model directory (None: the rollout benchmark's SFT-warmed tiny model)."""
-    steps: int = 8
+    steps: int = 20
     """Optimizer steps per trainer."""
-    batch_size: int = 4
+    batch_size: int = 16
     """Tasks per optimizer step."""
     episodes_per_task: int = 8
     """Episodes per task (the group)."""
@@ -43,9 +44,15 @@ class Args:
     """Generation budget per assistant turn (TRL has one budget for the whole completion:
     ``max_turns * max_tokens_per_turn``)."""
     learning_rate: float = 2e-4
-    """Both trainers' learning rate (constant)."""
-    val_tasks: int = 100
-    """Held-out ToolUseGame val tasks for the final greedy evaluation."""
+    """Both trainers' peak learning rate (linear warmup, then linear decay, as the main job)."""
+    warmup_steps: int = 5
+    """Both trainers' warmup steps."""
+    scale_rewards: str = "none"
+    """Both trainers' advantage scaling (``none``: Dr. GRPO, the main job's choice)."""
+    val_tasks: int = 200
+    """Held-out ToolUseGame val tasks of the final evaluation."""
+    val_samples: int = 8
+    """Sampled episodes per val task (temperature 1.0), besides one greedy episode."""
     seed: int = 0
     """Seed of both trainers and of the evaluation."""
     sft_seconds: float = 120.0
@@ -85,7 +92,10 @@ def run_ours(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
         max_tokens_per_turn=args.max_tokens_per_turn,
         max_model_length=1024,
         learning_rate=args.learning_rate,
-        lr_scheduler_type="constant",
+        lr_scheduler_type="linear",
+        warmup_steps=args.warmup_steps,
+        scale_rewards=args.scale_rewards,
+        max_sampling_attempts=1,  # no refills: the same episodes per step as TRL
         loss_type="dapo",
         beta=0.0,
         temperature=1.0,
@@ -150,7 +160,9 @@ def run_trl(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
         max_tool_calling_iterations=args.max_turns - 1,
         temperature=1.0,
         learning_rate=args.learning_rate,
-        lr_scheduler_type="constant",
+        lr_scheduler_type="linear",
+        warmup_steps=args.warmup_steps,
+        scale_rewards=args.scale_rewards,
         loss_type="dapo",
         beta=0.0,
         max_steps=args.steps,
@@ -176,31 +188,33 @@ def _rewards(trainer: Any) -> list[float]:
     return [h["reward"] for h in trainer.state.log_history if "reward" in h]
 
 
-def evaluate(model_path: str, args: Args, label: str) -> dict[str, float]:
+def evaluate(model_path: str, args: Args, label: str) -> dict[str, Any]:
+    """Greedy and sampled ``run_and_report`` reports of one model on the val tasks."""
     from llm_gym.eval import run_and_report
     from llm_gym.rollout.hf_policy import HFPolicy
 
-    policy = HFPolicy.from_pretrained(
-        model_path, device="cpu", temperature=0.0, max_new_tokens=args.max_tokens_per_turn
-    )
-    policy.name = label
-    report = run_and_report(
-        "ToolUseGame-v0",
-        policy,
-        split="val",
-        episodes=args.val_tasks,
-        seed=args.seed,
-        max_turns=args.max_turns,
-        progress=False,
-        print_report=False,
-    )
-    summary = report.metrics
-    return {
-        "success": summary["success_rate"],
-        "low": summary["success_ci_low"],
-        "high": summary["success_ci_high"],
-        "episodes": len(report.episodes),
-    }
+    reports = {}
+    for mode, temperature, k in (("greedy", 0.0, 1), ("sampled", 1.0, args.val_samples)):
+        policy = HFPolicy.from_pretrained(
+            model_path,
+            device="cpu",
+            temperature=temperature,
+            max_new_tokens=args.max_tokens_per_turn,
+            seed=args.seed,
+        )
+        policy.name = f"{label}_{mode}"
+        reports[mode] = run_and_report(
+            "ToolUseGame-v0",
+            policy,
+            split="val",
+            episodes=args.val_tasks * k,
+            k=k,
+            seed=args.seed,
+            max_turns=args.max_turns,
+            progress=False,
+            print_report=False,
+        )
+    return reports
 
 
 def main(args: Args) -> dict[str, Any]:
@@ -209,6 +223,7 @@ def main(args: Args) -> dict[str, Any]:
     from benchmarks.rollout_throughput import Args as RolloutArgs
     from benchmarks.rollout_throughput import _warm_model
     from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS
+    from trainers.pipeline import paired_gain
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -223,16 +238,27 @@ def main(args: Args) -> dict[str, Any]:
         trl["val"] = evaluate(trl["model"], args, "trl")
     for result in (ours, trl):
         result["step_s"] = statistics.median(result["step_times"])
+        result["gain"] = {mode: paired_gain(start[mode], result["val"][mode]) for mode in start}
     ratio = ours["step_s"] / trl["step_s"]
     trl_budget = args.max_turns * args.max_tokens_per_turn
 
+    def success(r: dict[str, Any], mode: str) -> float:
+        return r["gain"][mode]["success_after"]
+
     def row(name: str, r: dict[str, Any]) -> str:
-        v = r["val"]
+        cells = []
+        for mode in ("sampled", "greedy"):
+            g = r["gain"][mode]
+            low, high = g["gain_ci"]
+            cells.append(f"{g['success_after']:.3f} ({g['gain']:+.3f} [{low:+.3f}, {high:+.3f}])")
+        times = " ".join(f"{t:.1f}" for t in r["step_times"])
         return (
-            f"| {name} | {r['step_s']:.2f} | {' '.join(f'{t:.1f}' for t in r['step_times'])} | "
-            f"{v['success']:.3f} [{v['low']:.3f}, {v['high']:.3f}] | "
+            f"| {name} | {r['step_s']:.2f} | {times} | {cells[0]} | {cells[1]} | "
             f"{statistics.fmean(r['log']):.3f} |"
         )
+
+    start_sampled = ours["gain"]["sampled"]["success_before"]
+    start_greedy = ours["gain"]["greedy"]["success_before"]
 
     lines = [
         "# Training step: MultiTurnGRPOTrainer vs TRL GRPOTrainer(environment_factory=...)",
@@ -241,21 +267,26 @@ def main(args: Args) -> dict[str, Any]:
         f"(the SFT-warmed tiny model). ToolUseGame-v0 train tasks, {args.batch_size} tasks x "
         f"{args.episodes_per_task} episodes per step, up to {args.max_turns} turns "
         f"({args.max_tokens_per_turn} tokens per turn; TRL: {trl_budget} tokens per completion), "
-        f"{args.steps} steps, lr {args.learning_rate} constant, dapo, "
-        f"beta 0, temperature 1.0, seed {args.seed}. Val: greedy, {args.val_tasks} val tasks, the "
-        "same evaluator for every model; 95% Wilson intervals.",
+        f"{args.steps} steps, lr {args.learning_rate} (warmup {args.warmup_steps}, linear decay), "
+        f"dapo, beta 0, scale_rewards {args.scale_rewards}, temperature 1.0, seed {args.seed}; "
+        "ours without dynamic-sampling refills, so both collect the same episodes per step. "
+        f"Val: the same evaluator for every model on {args.val_tasks} val tasks, "
+        f"{args.val_samples} sampled episodes a task at temperature 1.0 (the trained policy) "
+        "and one greedy; in brackets the gain over the starting model, paired by task, with its "
+        "95% interval.",
         "",
-        "| trainer | s / step (median) | every step (s) | val success after training | "
-        "mean train reward |",
-        "| --- | ---: | --- | --- | ---: |",
+        "| trainer | s / step (median) | every step (s) | val success, sampled (gain) | "
+        "val success, greedy (gain) | mean train reward |",
+        "| --- | ---: | --- | --- | --- | ---: |",
         row("llm_gym MultiTurnGRPOTrainer", ours),
         row("TRL GRPOTrainer + environment_factory", trl),
         "",
-        f"Starting model: val success {start['success']:.3f} "
-        f"[{start['low']:.3f}, {start['high']:.3f}].",
+        f"Starting model: val success {start_sampled:.3f} sampled, {start_greedy:.3f} greedy.",
         "",
-        f"Step time ratio (ours / TRL): **{ratio:.2f}** (target <= 0.67). Val success: ours "
-        f"{ours['val']['success']:.3f} vs TRL {trl['val']['success']:.3f} (target: ours >= TRL).",
+        f"Step time ratio (ours / TRL): **{ratio:.2f}** (target <= 0.67). Val success, sampled: "
+        f"ours {success(ours, 'sampled'):.3f} vs TRL {success(trl, 'sampled'):.3f} (target: ours "
+        f">= TRL); greedy: ours {success(ours, 'greedy'):.3f} vs TRL "
+        f"{success(trl, 'greedy'):.3f}.",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
@@ -273,7 +304,10 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--max-turns", type=int, default=Args.max_turns)
     parser.add_argument("--max-tokens-per-turn", type=int, default=Args.max_tokens_per_turn)
     parser.add_argument("--learning-rate", type=float, default=Args.learning_rate)
+    parser.add_argument("--warmup-steps", type=int, default=Args.warmup_steps)
+    parser.add_argument("--scale-rewards", default=Args.scale_rewards)
     parser.add_argument("--val-tasks", type=int, default=Args.val_tasks)
+    parser.add_argument("--val-samples", type=int, default=Args.val_samples)
     parser.add_argument("--seed", type=int, default=Args.seed)
     parser.add_argument("--sft-seconds", type=float, default=Args.sft_seconds)
     parser.add_argument("--no-write", dest="write", action="store_false")

@@ -49,11 +49,15 @@ def test_train_step_smoke(small_model_dir, tmp_path) -> None:
             max_turns=2,
             max_tokens_per_turn=8,
             val_tasks=2,
+            val_samples=2,
             out_dir=tmp_path,
         )
     )
     for name in ("ours", "trl"):
-        assert len(result[name]["step_times"]) == 1 and result[name]["val"]["episodes"] == 2
+        assert len(result[name]["step_times"]) == 1
+        assert len(result[name]["val"]["greedy"].episodes) == 2
+        assert result[name]["gain"]["sampled"]["episodes"] == 4  # 2 tasks x 2 samples
+        assert result[name]["gain"]["sampled"]["tasks"] == 2
     assert result["ratio"] > 0
     assert (tmp_path / "train_step.md").exists()
 

@@ -1,0 +1,115 @@
+"""``VLLMPolicy`` against a stand-in for TRL's vLLM generation object (no vLLM, no GPU).
+
+What runs here is our side of the contract: token ids in and out, logprobs, the finish reason,
+the end-of-turn token kept in the ids but not in the text, the sampler settings restored, and
+the collective "still active?" rounds of server mode. vLLM itself runs in benchmarks/gpu_check.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace as NS
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+from llm_gym.core.task import Task
+from llm_gym.rollout.policies import PolicyRequest
+from trainers import vllm_policy
+from trainers.vllm_policy import VLLMPolicy
+
+EOS = 2
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"t{i}" for i in ids)
+
+
+class FakeGeneration:
+    """Answers each prompt with its own length + 10, 11, then EOS, or runs out of budget."""
+
+    def __init__(self, mode: str = "colocate") -> None:
+        self.mode = mode
+        self.tensor_parallel_size = 1
+        self.temperature = 0.7
+        self.max_completion_length = 256
+        self.calls: list[tuple[list[list[int]], float, int]] = []
+
+    def generate(self, prompts, images, num_generations):
+        assert images is None and num_generations == 1
+        self.calls.append(
+            ([list(p) for p in prompts], self.temperature, self.max_completion_length)
+        )
+        completions, logprobs = [], []
+        for prompt in prompts:
+            ids = [len(prompt) + 10, len(prompt) + 11, EOS][: self.max_completion_length]
+            completions.append(ids)
+            logprobs.append([[-0.5 * (j + 1)] for j in range(len(ids))])
+        return prompts, completions, logprobs, None
+
+
+def _trainer(generation: FakeGeneration, processes: int = 1) -> NS:
+    return NS(
+        vllm_generation=generation,
+        processing_class=FakeTokenizer(),
+        accelerator=NS(num_processes=processes),
+        eos_token_ids=[EOS],
+    )
+
+
+def _request(prompt_ids: list[int], budget: int | None) -> PolicyRequest:
+    return PolicyRequest(
+        messages=[],
+        tool_specs=[],
+        task=Task(prompt="q"),
+        action_format=None,  # type: ignore[arg-type]
+        max_new_tokens=budget,
+        prompt_ids=prompt_ids,
+    )
+
+
+def test_token_in_token_out_with_logprobs_and_finish_reasons() -> None:
+    generation = FakeGeneration()
+    policy = VLLMPolicy(_trainer(generation), temperature=1.0)
+    out = asyncio.run(policy.act([_request([5, 6, 7], 64), _request([5], 64)]))
+    assert generation.calls == [([[5, 6, 7], [5]], 1.0, 64)]
+    first = out[0]
+    assert first.token_ids == [13, 14, EOS]  # the end-of-turn token stays in the ids
+    assert first.text == "t13 t14"  # but not in the text the action format parses
+    assert first.logprobs == [-0.5, -1.0, -1.5]
+    assert first.finish_reason == "stop"
+    assert out[1].token_ids == [11, 12, EOS]
+    # the trainer's own sampler settings are restored after each call
+    assert (generation.temperature, generation.max_completion_length) == (0.7, 256)
+
+
+def test_budget_cut_is_a_length_finish_and_greedy_is_near_zero_temperature() -> None:
+    generation = FakeGeneration()
+    policy = VLLMPolicy(_trainer(generation), temperature=0.0)
+    (out,) = asyncio.run(policy.act([_request([1, 2], 2)]))
+    assert out.token_ids == [12, 13] and out.text == "t12 t13"
+    assert out.finish_reason == "length"
+    assert generation.calls[0][1:] == (1e-6, 2)  # vLLM's greedy is temperature -> 0
+
+
+def test_requests_without_a_budget_get_256_tokens() -> None:
+    generation = FakeGeneration()
+    asyncio.run(VLLMPolicy(_trainer(generation), temperature=1.0).act([_request([1], None)]))
+    assert generation.calls[0][2] == 256
+
+
+def test_collective_rounds_only_in_server_mode_with_several_processes(monkeypatch) -> None:
+    assert not VLLMPolicy(_trainer(FakeGeneration("server"), 1), temperature=1.0).collective
+    assert not VLLMPolicy(_trainer(FakeGeneration("colocate"), 2), temperature=1.0).collective
+    policy = VLLMPolicy(_trainer(FakeGeneration("server"), 2), temperature=1.0)
+    assert policy.collective
+    # drain: a finished process answers with empty batches while another still runs 2 waves
+    others_active = [True, True, False]
+    monkeypatch.setattr(
+        vllm_policy, "gather_object", lambda flags: [flags[0], others_active.pop(0)]
+    )
+    policy.drain()
+    assert policy.generation.calls == [([], 1.0, 1), ([], 1.0, 1)]
+    assert others_active == []
