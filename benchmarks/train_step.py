@@ -312,6 +312,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--sft-seconds", type=float, default=Args.sft_seconds)
     parser.add_argument("--no-write", dest="write", action="store_false")
     ns = parser.parse_args(argv)
+    if ns.val_samples < 1:
+        parser.error(f"--val-samples must be >= 1, actual value: {ns.val_samples}.")
     return Args(**{k: v for k, v in vars(ns).items()})
 
 

@@ -33,7 +33,7 @@ def test_paired_gain_pairs_by_task_with_hand_computed_interval() -> None:
     result = paired_gain(before, after)
     # per-task differences +0.5, +0.5, -0.5: mean 1/6, sample variance 1/3, SE 1/3
     assert result["tasks"] == 3
-    assert result["episodes"] == 8
+    assert result["episodes"] == 6  # d's two episodes have no partner
     assert result["success_before"] == pytest.approx(0.5)
     assert result["success_after"] == pytest.approx(2 / 3)
     assert result["gain"] == pytest.approx(1 / 6)
@@ -57,14 +57,18 @@ def test_every_shipped_config_loads(name: str) -> None:
     assert isinstance(config.grpo["learning_rate"], float)
 
 
-def test_the_main_job_config_loads() -> None:
+def test_paired_gain_refuses_runs_without_a_common_task() -> None:
+    with pytest.raises(InvalidArgumentError, match="share no task"):
+        paired_gain(_report({"a": [1]}), _report({"b": [0]}))
+
+
+def test_the_main_job_evaluates_sampled_too() -> None:
     config = load_config(ROOT / "configs" / "tool_use_game_tiny.yaml")
     assert config.evaluation is not None and config.evaluation.samples == 8
-    assert config.grpo["episodes_per_task"] >= 2
-    assert isinstance(config.grpo["learning_rate"], float)
 
 
-def test_pipeline_runs_end_to_end(small_model_dir, tmp_path) -> None:
+@pytest.mark.parametrize("samples", [0, 2])
+def test_pipeline_runs_end_to_end(small_model_dir, tmp_path, samples: int) -> None:
     pytest.importorskip("trl")
     from trainers.pipeline import run_pipeline
 
@@ -87,22 +91,27 @@ grpo:
   save_strategy: "no"
 evaluation:
   episodes: 3
-  samples: 2
+  samples: {samples}
   max_new_tokens: 8
 """
     )
     summary = run_pipeline(load_config(path))
     evaluation = summary["evaluation"]
     assert evaluation["greedy"]["tasks"] == 3 and evaluation["greedy"]["episodes"] == 3
+    out = tmp_path / "out"
+    assert (out / "reward_curve.png").exists() and (out / "eval_before_grpo.json").exists()
+    assert json.loads((out / "summary.json").read_text())["evaluation"]["split"] == "val"
+    if samples == 0:
+        assert "sampled" not in evaluation
+        assert not (out / "eval_after_grpo_sampled.json").exists()
+        return
     assert evaluation["sampled"]["tasks"] == 3 and evaluation["sampled"]["episodes"] == 6
     assert evaluation["sampled"]["samples_per_task"] == 2
-    for result in (evaluation["greedy"], evaluation["sampled"]):
-        low, high = result["gain_ci"]
-        assert low <= result["gain"] <= high
-        assert result["gain"] == pytest.approx(result["success_after"] - result["success_before"])
-    out = tmp_path / "out"
-    assert json.loads((out / "summary.json").read_text())["evaluation"] == json.loads(
-        json.dumps(evaluation)
-    )
-    for name in ("reward_curve.png", "eval_before_grpo.json", "eval_after_grpo_sampled.json"):
-        assert (out / name).exists(), name
+    # each run covers the 3 tasks, the sampled ones twice each
+    records = [
+        json.loads((out / f"eval_{when}_grpo{mode}.json").read_text())
+        for when in ("before", "after")
+        for mode in ("", "_sampled")
+    ]
+    assert [r["k"] for r in records] == [1, 2, 1, 2]
+    assert [r["tasks"] for r in records] == [3, 3, 3, 3]

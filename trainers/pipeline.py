@@ -189,6 +189,7 @@ def _evaluate(
     label: str,
     *,
     temperature: float = 0.0,
+    top_p: float = 1.0,
     samples: int = 1,
 ) -> Any:
     from llm_gym.eval import run_and_report
@@ -198,6 +199,7 @@ def _evaluate(
     policy = HFPolicy.from_pretrained(
         model_path,
         temperature=temperature,
+        top_p=top_p,
         max_new_tokens=config.evaluation.max_new_tokens,
         seed=config.seed,
     )
@@ -243,10 +245,13 @@ def paired_gain(before: Any, after: Any) -> dict[str, Any]:
 
     b, a = task_success(before.episodes), task_success(after.episodes)
     keys = sorted(set(b) & set(a))
+    if not keys:
+        raise InvalidArgumentError("The two evaluations share no task: nothing to pair.")
+    paired = set(keys)
     gain, low, high = paired_difference_interval([b[k] for k in keys], [a[k] for k in keys])
     return {
         "tasks": len(keys),
-        "episodes": len(after.episodes),
+        "episodes": sum((e.task.id or e.task.prompt) in paired for e in after.episodes),
         "success_before": sum(b[k] for k in keys) / len(keys),
         "success_after": sum(a[k] for k in keys) / len(keys),
         "gain": gain,
@@ -349,6 +354,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
     # 3. held-out success before GRPO
     temperature = float(grpo_fields.get("temperature", 1.0))
+    top_p = float(grpo_fields.get("top_p", 1.0))
     samples = config.evaluation.samples if config.evaluation is not None else 0
 
     def evaluate(path: str, when: str) -> dict[str, Any]:
@@ -362,6 +368,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
                 eval_turns,
                 f"{when}_grpo_sampled",
                 temperature=temperature,
+                top_p=top_p,
                 samples=samples,
             )
             print(

@@ -8,8 +8,9 @@ call ``generate`` the same number of times. Processes finish their episodes afte
 numbers of waves, so each wave starts with a collective "still active?" round, and a process
 that is done keeps answering with empty batches until every process is done (:meth:`drain`).
 
-This path needs vLLM and a GPU; CI has neither, so it is exercised by the GPU check script
-(``benchmarks/gpu_check.py``), not by the default tests.
+The real path needs vLLM and a GPU; CI has neither, so it runs in the GPU check script
+(``benchmarks/gpu_check.py``). The default tests run this class against a stand-in for TRL's
+generation object (tests/test_vllm_policy.py).
 """
 
 from __future__ import annotations
