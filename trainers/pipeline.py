@@ -217,6 +217,10 @@ def _evaluate(
     )
 
 
+def _task_key(episode: Any) -> str:
+    return episode.task.id or episode.task.prompt
+
+
 def task_success(episodes: Any) -> dict[str, float]:
     """Each task's success rate over its episodes (task id, or prompt when it has none).
 
@@ -231,8 +235,7 @@ def task_success(episodes: Any) -> dict[str, float]:
 
     outcomes: dict[str, list[float]] = {}
     for episode in episodes:
-        key = episode.task.id or episode.task.prompt
-        outcomes.setdefault(key, []).append(float(is_success(episode)))
+        outcomes.setdefault(_task_key(episode), []).append(float(is_success(episode)))
     return {key: sum(values) / len(values) for key, values in outcomes.items()}
 
 
@@ -251,7 +254,7 @@ def paired_gain(before: Any, after: Any) -> dict[str, Any]:
     gain, low, high = paired_difference_interval([b[k] for k in keys], [a[k] for k in keys])
     return {
         "tasks": len(keys),
-        "episodes": sum((e.task.id or e.task.prompt) in paired for e in after.episodes),
+        "episodes": sum(_task_key(e) in paired for e in after.episodes),
         "success_before": sum(b[k] for k in keys) / len(keys),
         "success_after": sum(a[k] for k in keys) / len(keys),
         "gain": gain,
