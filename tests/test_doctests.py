@@ -23,6 +23,7 @@ MODULES = [
     "llm_gym.envs.refund.world",
     "llm_gym.envs.sql.database",
     "llm_gym.scaffold",
+    "trainers.pipeline",
 ]
 # Not here: the registration modules' examples register ids as a side effect.
 
