@@ -31,8 +31,8 @@ import torch
 
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from llm_gym.models import build_tiny_model
+from llm_gym.policies.hf import HFPolicy
 from llm_gym.rollout import collect_groups
-from llm_gym.rollout.hf_policy import HFPolicy
 
 
 def check_policy(model_dir: str, lines: list[str], device: str = "cuda") -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 def _score(path: str, tasks: list, samples: int) -> tuple[float, float]:
     from llm_gym.envs.tool_use_game import ToolUseGameEnv
     from llm_gym.eval import run_and_report
-    from llm_gym.rollout.hf_policy import HFPolicy
+    from llm_gym.policies.hf import HFPolicy
 
     out = []
     for temperature, k in ((1.0, samples), (0.0, 1)):

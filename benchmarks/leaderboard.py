@@ -631,7 +631,7 @@ class EvalRunner:
         if not is_model_policy(job.policy):
             return job.spec  # run_and_report builds it, seeded with job.seed
         if self._loaded is None or self._loaded[0] != job.policy:
-            from llm_gym.rollout.policies import policy_from_spec
+            from llm_gym.policies import policy_from_spec
 
             self._loaded = None  # free the previous model first
             kwargs = {k: v for k, v in job.sampling.items() if k != "max_model_length"}
@@ -747,7 +747,7 @@ def main(args: Args, runner: Runner | None = None) -> Outcome:
         raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {args.split!r}.")
     entries = registered_envs()
     now = Registry(
-        {e.id: e.version for e in entries}, {e.id: e.kwargs["max_turns"] for e in entries}
+        {e.id: e.version for e in entries}, {e.id: e.max_turns for e in entries}
     )
     json_path = args.out_dir / "leaderboard.json"
     outcome = Outcome(load_records(json_path))

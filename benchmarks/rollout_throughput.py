@@ -78,7 +78,8 @@ def run_ours(
     model, tokenizer, tasks, args: Args, batching: str = "continuous", seed: int = 0
 ) -> dict[str, float]:
     from llm_gym.envs.tool_use_game import ToolUseGameEnv
-    from llm_gym.rollout import HFPolicy, collect_groups
+    from llm_gym.policies import HFPolicy
+    from llm_gym.rollout import collect_groups
 
     policy = HFPolicy(
         model,
@@ -118,7 +119,7 @@ def run_limit(model, tokenizer, tasks, args: Args, tokens_per_episode: int) -> d
     import torch
 
     from llm_gym.envs.tool_use_game import ToolUseGameEnv
-    from llm_gym.rollout.tokens import render_chat
+    from llm_gym.policies.chat import render_chat
 
     env = ToolUseGameEnv()
     prompts = []

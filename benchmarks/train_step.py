@@ -191,7 +191,7 @@ def _rewards(trainer: Any) -> list[float]:
 def evaluate(model_path: str, args: Args, label: str) -> dict[str, Any]:
     """Greedy and sampled ``run_and_report`` reports of one model on the val tasks."""
     from llm_gym.eval import run_and_report
-    from llm_gym.rollout.hf_policy import HFPolicy
+    from llm_gym.policies.hf import HFPolicy
 
     reports = {}
     for mode, temperature, k in (("greedy", 0.0, 1), ("sampled", 1.0, args.val_samples)):

@@ -3,6 +3,11 @@
 ``import llm_gym`` registers every environment with gymnasium, so ``gym.make("ToolUseGame-v0")``
 works (it also works without this import, through the start-up hook installed with the package).
 Importing llm_gym never imports torch or transformers.
+
+Here: the environment contract (cookbook style), tools, action formats, the gymnasium face and
+registration. Document 002's ``EnvironmentMultiTurn`` and its records are the compatibility layer
+in :mod:`llm_gym.environments`; rollouts in :mod:`llm_gym.rollout`, policies in
+:mod:`llm_gym.policies`, evaluation in :mod:`llm_gym.eval`.
 """
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
@@ -21,19 +26,7 @@ from llm_gym.core import (
     tool,
     tool_to_spec,
 )
-from llm_gym.environments import (
-    EnvironmentEpisode,
-    EnvironmentMultiTurn,
-    EnvironmentStepResult,
-    EnvironmentTurn,
-    MultiTurnEnvAdapter,
-    MultiTurnEnvFactory,
-    RewardResult,
-    TaskExample,
-    register_multi_turn_env,
-    replay_state,
-    sampled_actions,
-)
+from llm_gym.envs.builtin import register_builtin_envs
 from llm_gym.errors import (
     CalculatorError,
     InvalidArgumentError,
@@ -41,7 +34,7 @@ from llm_gym.errors import (
     ToolArgumentError,
     UnknownNameError,
 )
-from llm_gym.gym import TextEnv, UnicodeText, register_builtin_envs, register_env, registered_envs
+from llm_gym.gym import TextEnv, UnicodeText, env_entry, register_env, registered_envs
 from llm_gym.tools import CalculatorTool, safe_eval
 
 __version__ = "0.1.0"
@@ -74,18 +67,7 @@ __all__ = [
     "UnicodeText",
     "register_env",
     "registered_envs",
-    # document 002 style
-    "EnvironmentMultiTurn",
-    "EnvironmentStepResult",
-    "EnvironmentEpisode",
-    "EnvironmentTurn",
-    "RewardResult",
-    "TaskExample",
-    "MultiTurnEnvAdapter",
-    "MultiTurnEnvFactory",
-    "register_multi_turn_env",
-    "replay_state",
-    "sampled_actions",
+    "env_entry",
     # errors
     "LlmGymError",
     "InvalidArgumentError",

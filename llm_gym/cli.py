@@ -21,7 +21,7 @@ Commands: ':oracle' shows the oracle's next action, ':transcript' the conversati
 
 
 def _cmd_list(args: argparse.Namespace, out: TextIO) -> int:
-    from llm_gym.gym import registered_envs
+    from llm_gym.core.registry import registered_envs
 
     entries = registered_envs()
     width = max(len(e.id) for e in entries)
@@ -33,7 +33,7 @@ def _cmd_list(args: argparse.Namespace, out: TextIO) -> int:
 def _make(env_id: str, **kwargs: object):
     import gymnasium as gym
 
-    from llm_gym.gym import env_entry
+    from llm_gym.core.registry import env_entry
 
     env_entry(env_id)  # a clear error with a suggestion for unknown ids
     return gym.make(env_id, **kwargs)
@@ -106,7 +106,7 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
 
     policy = args.policy
     if args.temperature is not None and not args.policy.startswith(("oracle", "random")):
-        from llm_gym.rollout.policies import policy_from_spec
+        from llm_gym.policies import policy_from_spec
 
         policy = policy_from_spec(args.policy, seed=args.seed, temperature=args.temperature)
     report = run_and_report(
@@ -141,7 +141,7 @@ def _cmd_build_tiny_model(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    from llm_gym.rollout.serve import serve
+    from llm_gym.serving import serve
 
     server = serve(
         args.model_path,

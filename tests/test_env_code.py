@@ -31,7 +31,7 @@ from llm_gym.envs.code import (
 )
 from llm_gym.envs.code.tasks import SPLIT_SIZES, call_text
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.rollout import PolicyRequest, RandomPolicy
+from llm_gym.policies import PolicyRequest, RandomPolicy
 from tests.conftest import play_text_episode
 
 # --- tasks ---------------------------------------------------------------------------------------

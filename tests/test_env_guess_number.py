@@ -31,7 +31,8 @@ from llm_gym.envs.guess_number.env import (
     binary_search_guesses,
     split_of,
 )
-from llm_gym.rollout import OraclePolicy, RandomPolicy, collect_groups
+from llm_gym.policies import OraclePolicy, RandomPolicy
+from llm_gym.rollout import collect_groups
 from tests.conftest import play_text_episode
 
 

@@ -25,7 +25,7 @@ from llm_gym.envs.math import (
     get_tasks,
     oracle_action,
 )
-from llm_gym.rollout import PolicyRequest, RandomPolicy
+from llm_gym.policies import PolicyRequest, RandomPolicy
 from llm_gym.tools.calculator import format_number, safe_eval
 from tests.conftest import play_text_episode
 

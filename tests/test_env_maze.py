@@ -30,7 +30,7 @@ from llm_gym.envs.maze import (
     shortest_path,
 )
 from llm_gym.envs.maze.env import SIZES
-from llm_gym.rollout import PolicyRequest, RandomPolicy
+from llm_gym.policies import PolicyRequest, RandomPolicy
 from tests.conftest import play_text_episode
 
 # A hand-made maze: the way from S to G is right, right, down, down, left, left.

@@ -46,8 +46,9 @@ from llm_gym.envs.refund.api import MAX_CALLS_PER_ACTION, read_tool_results
 from llm_gym.envs.refund.world import CASES, SPLIT_SIZES, format_cents
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval import run_and_report
-from llm_gym.gym import registration as gym_registration
-from llm_gym.rollout import Generation, Policy, PolicyRequest, collect_groups
+from llm_gym.gym.registration import unregister_env
+from llm_gym.policies import Generation, Policy, PolicyRequest
+from llm_gym.rollout import collect_groups
 
 VAL = get_tasks("val")
 
@@ -550,8 +551,7 @@ def test_register_multi_turn_env_reads_the_dataset() -> None:
         )  # fmt: skip
         assert report.metrics["success_rate"] == 1.0
     finally:
-        gym_registration._CATALOGUE.pop("RefundDoc002-v0", None)
-        gym.registry.pop("RefundDoc002-v0", None)
+        unregister_env("RefundDoc002-v0")
     factory = MultiTurnEnvFactory(RefundEnv, split="test")
     assert factory.tasks() == list(get_tasks("test"))
     assert copy.deepcopy(factory) == factory

@@ -31,7 +31,7 @@ from llm_gym.envs.sql import (
     get_tasks,
     oracle_action,
 )
-from llm_gym.rollout import PolicyRequest, RandomPolicy
+from llm_gym.policies import PolicyRequest, RandomPolicy
 from tests.conftest import play_text_episode
 
 # --- tasks and splits -----------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from llm_gym.envs.wordle.env import (
     SPLIT_SIZES,
 )
 from llm_gym.envs.wordle.solver import best_guess, feedback_table, pattern_code
-from llm_gym.rollout import OraclePolicy, RandomPolicy, collect_groups
+from llm_gym.policies import OraclePolicy, RandomPolicy
+from llm_gym.rollout import collect_groups
 from tests.conftest import play_text_episode
 
 

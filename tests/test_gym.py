@@ -41,7 +41,7 @@ def test_entry_point_is_declared() -> None:
     from importlib.metadata import entry_points
 
     names = {ep.value for ep in entry_points(group="gymnasium.envs")}
-    assert "llm_gym.gym.registration:register_builtin_envs" in names
+    assert "llm_gym.envs.builtin:register_builtin_envs" in names
 
 
 def test_make_vec() -> None:
@@ -188,7 +188,7 @@ def test_info_messages_are_read_only_fresh_lists_of_plain_data() -> None:
         later[-2]["tool_calls"][0].update(id="x")  # nested dicts are frozen too
     editable = dict(later[-1])
     editable["content"] = "edited"  # a plain copy is editable and changes nothing in the env
-    assert env.unwrapped._messages[-1]["content"] != "edited"
+    assert env.unwrapped.messages[-1]["content"] != "edited"
     assert type(copy.deepcopy(later[-2])) is dict and type(copy.copy(later[-1])) is dict
     assert type(pickle.loads(pickle.dumps(later))[-1]) is dict
     assert json.loads(json.dumps(later))[-2]["tool_calls"][0]["function"]["name"] == "lookup"

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from llm_gym import Task  # noqa: E402
+from llm_gym.policies.hf import HFPolicy  # noqa: E402
+from llm_gym.policies.hf_engine import DecodeEngine, unsupported_reason  # noqa: E402
 from llm_gym.rollout import collect_groups  # noqa: E402
-from llm_gym.rollout.hf_engine import DecodeEngine, unsupported_reason  # noqa: E402
-from llm_gym.rollout.hf_policy import HFPolicy  # noqa: E402
 from tests.test_tokens import Chatty, chatty_groups  # noqa: E402
 
 
@@ -235,7 +235,7 @@ def test_each_supported_architecture_matches_teacher_forcing(small_model, model_
 
 
 def test_a_failing_engine_stops_the_collection_loudly(small_model, monkeypatch) -> None:
-    from llm_gym.rollout import PolicyError
+    from llm_gym.policies import PolicyError
 
     model, tokenizer = small_model
 

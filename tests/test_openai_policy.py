@@ -20,9 +20,8 @@ from llm_gym.actions import get_action_format
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.rollout import collect_groups
-from llm_gym.rollout.loop import PolicyError
-from llm_gym.rollout.openai_policy import (
+from llm_gym.policies import Generation, PolicyError, PolicyRequest, policy_from_spec
+from llm_gym.policies.openai import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_REQUEST_TIMEOUT_S,
     EndpointError,
@@ -30,7 +29,7 @@ from llm_gym.rollout.openai_policy import (
     OpenAIPolicy,
     build_messages,
 )
-from llm_gym.rollout.policies import Generation, PolicyRequest, policy_from_spec
+from llm_gym.rollout import collect_groups
 
 HERMES = get_action_format("hermes")
 TOOLS: list[ToolSpec] = [
@@ -433,7 +432,7 @@ def test_a_failure_fails_the_collection(endpoint: FakeEndpoint) -> None:
 
 @pytest.fixture(scope="module")
 def served(small_model_dir) -> Iterator[Any]:
-    from llm_gym.rollout.serve import serve
+    from llm_gym.serving.openai_server import serve
 
     with serve(small_model_dir, model_name="tiny") as server:
         yield server
@@ -570,7 +569,7 @@ def test_the_policy_names_a_wrong_model(served: Any) -> None:
 
 def test_cli_serve(small_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     from llm_gym.cli import main
-    from llm_gym.rollout.serve import ChatCompletionServer
+    from llm_gym.serving.openai_server import ChatCompletionServer
 
     answers = []
 

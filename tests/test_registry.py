@@ -14,7 +14,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from llm_gym.gym import env_entry
-from llm_gym.rollout import PolicyRequest, RandomPolicy
+from llm_gym.policies import PolicyRequest, RandomPolicy
 from tests.conftest import ENV_IDS, play_text_episode
 
 

@@ -10,15 +10,8 @@ import pytest
 
 from llm_gym import Env, StepResult, Task, TruncationCause
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action
-from llm_gym.rollout import (
-    Generation,
-    OraclePolicy,
-    Policy,
-    PolicyError,
-    PolicyRequest,
-    RolloutStats,
-    collect_groups,
-)
+from llm_gym.policies import Generation, OraclePolicy, Policy, PolicyError, PolicyRequest
+from llm_gym.rollout import RolloutStats, collect_groups
 
 
 class EchoEnv(Env):

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from llm_gym import ToolEnv
 from llm_gym.envs import Task
 from llm_gym.gym import TextEnv
-from llm_gym.rollout import Generation, Policy, PolicyRequest, collect_groups
+from llm_gym.policies import Generation, Policy, PolicyRequest
+from llm_gym.rollout import collect_groups
 from llm_gym.tools import CalculatorTool
 from tests.seeds.math_env import SYSTEM_PROMPT, MathEnv
 

@@ -14,14 +14,8 @@ pytest.importorskip("trl")
 from llm_gym import Task  # noqa: E402
 from llm_gym.datasets import TaskExample  # noqa: E402
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action  # noqa: E402
-from llm_gym.rollout import (  # noqa: E402
-    Generation,
-    OraclePolicy,
-    Policy,
-    PolicyRequest,
-    collect_groups,
-    episode_to_samples,
-)
+from llm_gym.policies import Generation, OraclePolicy, Policy, PolicyRequest  # noqa: E402
+from llm_gym.rollout import collect_groups, episode_to_samples  # noqa: E402
 from tests.seeds.agent_env import AgentEnv  # noqa: E402
 from trainers.sft import (  # noqa: E402
     RL_ALIGNED_QWEN2_5_TEMPLATE,

@@ -12,17 +12,10 @@ torch = pytest.importorskip("torch")
 
 from llm_gym import Env, StepResult, Task  # noqa: E402
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action  # noqa: E402
-from llm_gym.rollout import (  # noqa: E402
-    Generation,
-    OraclePolicy,
-    Policy,
-    PolicyRequest,
-    RolloutStats,
-    collect_groups,
-    episode_to_samples,
-)
-from llm_gym.rollout.hf_policy import HFPolicy  # noqa: E402
-from llm_gym.rollout.tokens import render_chat  # noqa: E402
+from llm_gym.policies import Generation, OraclePolicy, Policy, PolicyRequest  # noqa: E402
+from llm_gym.policies.chat import render_chat  # noqa: E402
+from llm_gym.policies.hf import HFPolicy  # noqa: E402
+from llm_gym.rollout import RolloutStats, collect_groups, episode_to_samples  # noqa: E402
 
 
 class ScriptedTokens(Policy):

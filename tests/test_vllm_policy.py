@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("accelerate")
 
 from llm_gym.core.task import Task
-from llm_gym.rollout.policies import PolicyRequest
-from trainers import vllm_policy
-from trainers.vllm_policy import VLLMPolicy
+from llm_gym.policies import PolicyRequest
+from llm_gym.policies import vllm as vllm_policy
+from llm_gym.policies.vllm import VLLMPolicy
 
 EOS = 2
 

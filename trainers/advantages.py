@@ -6,12 +6,14 @@ Conventions: a *group* is the ``episodes_per_task`` episodes of one task. Shapes
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from llm_gym.core.env import TruncationCause
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, UnknownNameError
 
 __all__ = [
     "ScaleRewards",
@@ -21,6 +23,14 @@ __all__ = [
     "per_turn_group_advantages",
     "is_zero_variance",
     "EpisodeOutcome",
+    # estimators, by the name of the config's credit_assignment
+    "Advantages",
+    "AdvantageEstimator",
+    "ADVANTAGE_ESTIMATORS",
+    "advantage_estimator",
+    "register_advantage_estimator",
+    "per_episode_credit",
+    "per_turn_credit",
 ]
 
 ScaleRewards = str
@@ -168,3 +178,92 @@ def per_turn_group_advantages(
             ]
         )
     return out
+
+
+# --- estimators ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """What an advantage estimator returns for a batch of groups."""
+
+    episode: list[list[float]]
+    """``episode[g][e]``: the advantage of episode ``e`` of group ``g`` (every token of it)."""
+    turns: list[list[list[float] | None]]
+    """``turns[g][e][t]``: the advantage of turn ``t``, or None where the episode uses
+    :attr:`episode` for every turn."""
+
+
+AdvantageEstimator: TypeAlias = Callable[
+    [Sequence[Sequence[float]], Sequence[Sequence[Sequence[float] | None]], ScaleRewards],
+    Advantages,
+]
+"""``(rewards[g][e], turn_rewards[g][e] or None, scale_rewards) -> Advantages``: the shaped
+episode rewards, each episode's per-turn rewards when its environment graded every turn, and
+TRL's ``scale_rewards``."""
+
+
+def per_episode_credit(
+    rewards: Sequence[Sequence[float]],
+    turn_rewards: Sequence[Sequence[Sequence[float] | None]],
+    scale_rewards: ScaleRewards = "group",
+) -> Advantages:
+    """Every turn of an episode shares the episode's group-relative advantage.
+
+    Example:
+        >>> per_episode_credit([[1.0, 0.0]], [[None, None]], "none").episode
+        [[0.5, -0.5]]
+    """
+    return Advantages(group_advantages(rewards, scale_rewards), [[None] * len(g) for g in rewards])
+
+
+def per_turn_credit(
+    rewards: Sequence[Sequence[float]],
+    turn_rewards: Sequence[Sequence[Sequence[float] | None]],
+    scale_rewards: ScaleRewards = "group",
+) -> Advantages:
+    """Each turn gets its own advantage (:func:`per_turn_group_advantages`) in groups where every
+    episode has per-turn rewards; other groups fall back to per-episode credit.
+
+    Example:
+        >>> out = per_turn_credit([[1.0, 0.0], [1.0, 0.0]], [[[1.0], [0.0]], [[1.0], None]], "none")
+        >>> out.turns
+        [[[0.5], [-0.5]], [None, None]]
+    """
+    credit = per_episode_credit(rewards, turn_rewards, scale_rewards)
+    eligible = [g for g, group in enumerate(turn_rewards) if all(t is not None for t in group)]
+    computed = per_turn_group_advantages(
+        [turn_rewards[g] for g in eligible],  # type: ignore[misc]
+        scale_rewards,
+    )
+    for g, values in zip(eligible, computed, strict=True):
+        credit.turns[g] = values  # type: ignore[assignment]
+    return credit
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "per_episode": per_episode_credit,
+    "per_turn": per_turn_credit,
+}
+"""Every estimator by name; ``MultiTurnGRPOConfig.credit_assignment`` picks one of these."""
+
+
+def register_advantage_estimator(name: str, estimator: AdvantageEstimator) -> None:
+    """Make ``estimator`` selectable as ``credit_assignment=name``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InvalidArgumentError(f"Expected an identifier as the name, actual value: {name!r}.")
+    if not callable(estimator):
+        raise InvalidArgumentError(f"Expected a callable estimator, actual value: {estimator!r}.")
+    ADVANTAGE_ESTIMATORS[name] = estimator
+
+
+def advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name``; an unknown name suggests the closest one."""
+    if name in ADVANTAGE_ESTIMATORS:
+        return ADVANTAGE_ESTIMATORS[name]
+    close = difflib.get_close_matches(str(name), list(ADVANTAGE_ESTIMATORS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownNameError(
+        f"credit_assignment must be one of {sorted(ADVANTAGE_ESTIMATORS)}, actual value: "
+        f"{name!r}.{hint} Add one with trainers.advantages.register_advantage_estimator."
+    )

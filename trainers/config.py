@@ -21,11 +21,12 @@ from typing import Any
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
+from llm_gym.actions import ACTION_FORMATS
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.registry import registered_policies
+from trainers.advantages import ADVANTAGE_ESTIMATORS
 
-__all__ = ["MultiTurnGRPOConfig", "CREDIT_ASSIGNMENTS"]
-
-CREDIT_ASSIGNMENTS = ("per_episode", "per_turn")
+__all__ = ["MultiTurnGRPOConfig"]
 
 
 def _gpu_supports_bf16() -> bool:
@@ -133,7 +134,16 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         metadata={"help": "W&B project (None: no W&B). WANDB_MODE=offline is honoured."},
     )
     action_format: str = field(
-        default="hermes", metadata={"help": "How tool calls are written: hermes or json."}
+        default="hermes",
+        metadata={"help": "How tool calls are written: a registered action format (hermes, json)."},
+    )
+    generation_backend: str | None = field(
+        default=None,
+        metadata={
+            "help": "The policy backend that generates episodes (a kind of llm_gym.policies' "
+            "registry). None: vllm when use_vllm, else hf. A backend other than vllm is built "
+            "with the trainer's model and tokenizer (model=, tokenizer=)."
+        },
     )
     use_lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (PEFT)."})
     shared_prefix: bool = field(
@@ -223,8 +233,12 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse("validation_interval", self.validation_interval, "None or an int >= 1")
         if self.max_sampling_attempts < 1:
             refuse("max_sampling_attempts", self.max_sampling_attempts, "an int >= 1")
-        if self.credit_assignment not in CREDIT_ASSIGNMENTS:
-            refuse("credit_assignment", self.credit_assignment, f"one of {CREDIT_ASSIGNMENTS}")
+        if self.credit_assignment not in ADVANTAGE_ESTIMATORS:
+            refuse(
+                "credit_assignment",
+                self.credit_assignment,
+                f"one of the advantage estimators {sorted(ADVANTAGE_ESTIMATORS)}",
+            )
         if self.max_model_length < 16:
             refuse("max_model_length", self.max_model_length, "an int >= 16")
         if not 1 <= self.max_tokens_per_turn < self.max_model_length:
@@ -240,8 +254,17 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse(
                 "overlong_buffer", self.overlong_buffer, "None or an int in (0, max_model_length]"
             )
-        if self.action_format not in ("hermes", "json"):
-            refuse("action_format", self.action_format, "'hermes' or 'json'")
+        if self.action_format not in ACTION_FORMATS:
+            refuse("action_format", self.action_format, f"one of {sorted(ACTION_FORMATS)}")
+        backends = [b.kind for b in registered_policies()]
+        if self.generation_backend is not None and self.generation_backend not in backends:
+            refuse("generation_backend", self.generation_backend, f"None or one of {backends}")
+        if (self.generation_backend == "vllm") != self.use_vllm and self.generation_backend:
+            refuse(
+                "generation_backend",
+                self.generation_backend,
+                "'vllm' exactly when use_vllm=True (TRL sets up and syncs the vLLM engine)",
+            )
         if self.max_samples_per_episode < 1:
             refuse("max_samples_per_episode", self.max_samples_per_episode, "an int >= 1")
         if self.shared_prefix_min_length < 1:
@@ -253,6 +276,11 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             )
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
+
+    @property
+    def rollout_backend(self) -> str:
+        """The policy kind that generates episodes (``generation_backend`` resolved)."""
+        return self.generation_backend or ("vllm" if self.use_vllm else "hf")
 
     @property
     def episodes_per_step(self) -> int:

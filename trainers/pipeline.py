@@ -184,6 +184,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
 
 def _evaluate(
     model_path: str,
+    entry: Any,
     config: PipelineConfig,
     max_turns: int,
     label: str,
@@ -193,11 +194,11 @@ def _evaluate(
     samples: int = 1,
 ) -> Any:
     from llm_gym.eval import run_and_report
-    from llm_gym.rollout.hf_policy import HFPolicy
+    from llm_gym.policies import policy_from_spec
 
     assert config.evaluation is not None
-    policy = HFPolicy.from_pretrained(
-        model_path,
+    policy = policy_from_spec(
+        f"hf:{model_path}",
         temperature=temperature,
         top_p=top_p,
         max_new_tokens=config.evaluation.max_new_tokens,
@@ -205,7 +206,7 @@ def _evaluate(
     )
     policy.name = label
     return run_and_report(
-        config.env,
+        entry,
         policy,
         split=config.evaluation.split,
         episodes=config.evaluation.episodes * samples,
@@ -310,16 +311,12 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from llm_gym.gym.registration import env_entry
-    from llm_gym.gym.text_env import _as_task_source, resolve
+    from llm_gym.core.registry import env_entry
     from trainers import GRPOConfig, train_multi_turn
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    entry = env_entry(config.env)
-    tasks = _as_task_source(entry.tasks)
-    env_class = resolve(entry.env)
-    oracle = resolve(entry.oracle) if entry.oracle is not None else None
+    entry = env_entry(config.env)  # resolved once: every step below asks this entry
     summary: dict[str, Any] = {"env": config.env, "env_version": entry.version}
     started = time.perf_counter()
 
@@ -341,14 +338,14 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
         print(f"== 2/5 SFT warm start on {config.sft.episodes} oracle transcripts", flush=True)
         t = time.perf_counter()
-        sft_tasks = _sft_tasks(entry, tasks, config.sft.episodes, config.seed)
-        dataset = oracle_sft_dataset(config.env, sft_tasks)
+        sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed)
+        dataset = oracle_sft_dataset(entry, sft_tasks)
         model_path = _sft(model_path, out, dataset, config.sft, config.seed)
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
     grpo_fields = dict(config.grpo)
-    max_turns = grpo_fields.get("max_turns") or entry.kwargs["max_turns"]
+    max_turns = grpo_fields.get("max_turns") or entry.max_turns
     eval_turns = (
         (config.evaluation.max_turns if config.evaluation else None)
         or grpo_fields.get("val_max_turns")
@@ -362,11 +359,12 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
     def evaluate(path: str, when: str) -> dict[str, Any]:
         assert config.evaluation is not None
-        reports = {"greedy": _evaluate(path, config, eval_turns, f"{when}_grpo")}
+        reports = {"greedy": _evaluate(path, entry, config, eval_turns, f"{when}_grpo")}
         print(reports["greedy"].format_table(), flush=True)
         if samples > 0:
             reports["sampled"] = _evaluate(
                 path,
+                entry,
                 config,
                 eval_turns,
                 f"{when}_grpo_sampled",
@@ -398,13 +396,13 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     grpo_fields.setdefault("use_cpu", not _has_gpu())
     grpo_config = GRPOConfig(output_dir=str(out / "grpo"), model=model_path, **grpo_fields)
     t = time.perf_counter()
-    val_tasks = list(tasks("val"))[: config.val_tasks] if config.val_tasks else None
+    val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
     trainer = train_multi_turn(
         grpo_config,
-        tasks=list(tasks("train")),
-        env_factory=env_class,
+        tasks=entry.tasks("train"),
+        env_factory=entry.env_factory(),
         val_tasks=val_tasks,
-        oracle=oracle,
+        oracle=entry.oracle(),
     )
     summary["grpo_seconds"] = time.perf_counter() - t
     final_path = out / "final"
@@ -499,7 +497,7 @@ def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) 
     )
 
 
-def _sft_tasks(entry: Any, tasks: Any, episodes: int, seed: int) -> list[Any]:
+def _sft_tasks(entry: Any, episodes: int, seed: int) -> list[Any]:
     """``episodes`` distinct tasks for the SFT warm start, none of them in any split.
 
     GRPO then trains on the train split, on tasks the warm-started model has never seen: on
@@ -512,8 +510,9 @@ def _sft_tasks(entry: Any, tasks: Any, episodes: int, seed: int) -> list[Any]:
 
     from trainers.sft import disjoint_tasks
 
-    train = list(tasks("train"))
-    module_name = entry.tasks.partition(":")[0] if isinstance(entry.tasks, str) else None
+    train = entry.tasks("train")
+    spec = entry.tasks_spec
+    module_name = spec.partition(":")[0] if isinstance(spec, str) else None
     generate = (
         getattr(importlib.import_module(module_name), "generate_tasks", None)
         if module_name
@@ -521,7 +520,7 @@ def _sft_tasks(entry: Any, tasks: Any, episodes: int, seed: int) -> list[Any]:
     )
     if generate is None:
         return [train[i % len(train)] for i in range(episodes)]
-    held_out = [*train, *tasks("val"), *tasks("test")]
+    held_out = [*train, *entry.tasks("val"), *entry.tasks("test")]
     return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
 
 

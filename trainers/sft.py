@@ -127,7 +127,8 @@ def oracle_sft_dataset(
 
     Args:
         env_id_or_factory: A registered id (``"ToolUseGame-v0"``: its tasks, oracle, turn limit
-            and action format come from the registry) or an env factory / ``Env`` class.
+            and action format come from the registry), its ``EnvEntry``, or an env factory /
+            ``Env`` class.
         tasks: The tasks (default: the registered environment's ``split``).
         oracle: The scripted expert (default: the registered one).
         episodes: Transcripts to make (default: one per task). Tasks are taken in order and
@@ -146,13 +147,13 @@ def oracle_sft_dataset(
         merge the specs' schemas and fill missing keys with nulls that ``tojson`` would render
         into the system prompt), ``task_id``, ``reward``.
     """
-    from llm_gym.eval.report import _resolve_env
-    from llm_gym.rollout import OraclePolicy, collect_groups
+    from llm_gym.core.registry import as_env_entry
+    from llm_gym.policies import OraclePolicy
+    from llm_gym.rollout import collect_groups
 
-    factory, task_list, _, _, registered_oracle, default_turns, default_format = _resolve_env(
-        env_id_or_factory, split, tasks
-    )
-    expert = oracle or registered_oracle
+    entry = as_env_entry(env_id_or_factory)
+    task_list = list(tasks) if tasks is not None else entry.tasks(split)
+    expert = oracle or entry.oracle()
     if expert is None:
         raise InvalidArgumentError(
             "oracle_sft_dataset needs an oracle: pass oracle=..., or use an environment "
@@ -165,11 +166,11 @@ def oracle_sft_dataset(
             raise InvalidArgumentError(f"episodes must be >= 1, actual value: {episodes}.")
         task_list = [task_list[i % len(task_list)] for i in range(episodes)]
     groups = collect_groups(
-        factory,
+        entry.env_factory(),
         task_list,
         OraclePolicy(expert),
-        max_turns=max_turns or default_turns,
-        action_format=action_format or default_format,
+        max_turns=max_turns or entry.max_turns,
+        action_format=action_format or entry.action_format,
         oracle=expert,
     )
     rows = []

@@ -26,17 +26,17 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from llm_gym.aio import run_sync
+from llm_gym.core.factories import Oracle, as_env_factory
 from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.metrics import summarize_episodes
+from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.rollout.episode import Episode
-from llm_gym.rollout.hf_policy import HFPolicy
 from llm_gym.rollout.loop import collect_groups_async
-from llm_gym.rollout.policies import Oracle
 from trainers.advantages import (
     EpisodeOutcome,
-    group_advantages,
+    advantage_estimator,
     is_zero_variance,
-    per_turn_group_advantages,
     shaped_reward,
 )
 from trainers.batch import Row, episode_rows, padding_row, rows_to_tensors
@@ -93,9 +93,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     ) -> None:
         from datasets import Dataset
 
-        from llm_gym.errors import InvalidArgumentError
-        from llm_gym.gym.text_env import _as_env_factory
-
         if args is None or not isinstance(args, MultiTurnGRPOConfig):
             raise InvalidArgumentError("args must be a MultiTurnGRPOConfig.")
         if args.max_turns is None:
@@ -129,7 +126,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             peft_config=peft_config,
             callbacks=[*(callbacks or []), _ValidationCallback(self)],
         )
-        self.env_factory = _as_env_factory(env_factory)
+        self.env_factory = as_env_factory(env_factory)
         self.tasks = tasks
         self.val_tasks = list(val_tasks) if val_tasks is not None else []
         self.oracle = oracle
@@ -153,17 +150,15 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     ) -> list[list[Episode]]:
         """Run groups of episodes with the current weights."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        if self.use_vllm:
-            from trainers.vllm_policy import VLLMPolicy
-
+        if args.rollout_backend == "vllm":
             if self.state.global_step != self._last_loaded_step:
                 self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
-            policy: Any = VLLMPolicy(self, temperature=temperature)
+            policy = policy_from_spec("vllm", trainer=self, temperature=temperature)
             try:
                 return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
             finally:
-                policy.drain()
+                policy.drain()  # type: ignore[attr-defined]
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -176,9 +171,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         ):
             was_training = unwrapped.training
             unwrapped.eval()
-            policy = HFPolicy(
-                unwrapped,
-                self._episode_tokenizer,
+            policy = policy_from_spec(
+                args.rollout_backend,
+                model=unwrapped,
+                tokenizer=self._episode_tokenizer,
                 temperature=temperature,
                 top_p=args.top_p,
                 max_new_tokens=args.max_tokens_per_turn,
@@ -192,7 +188,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
 
     def _run_collection(
         self,
-        policy: Any,
+        policy: Policy,
         tasks: Sequence[Task],
         episodes_per_task: int,
         max_turns: int,
@@ -247,24 +243,12 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     def _advantages(
         self, groups: Sequence[Sequence[Episode]], rewards: Sequence[Sequence[float]]
     ) -> tuple[list[list[float]], list[list[list[float] | None]]]:
-        """Per-episode advantages and, for per-turn credit, per-turn advantages (or None)."""
+        """Per-episode advantages and per-turn ones (or None), by the configured estimator."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        episode_adv = group_advantages(rewards, args.scale_rewards)
-        turn_adv: list[list[list[float] | None]] = [[None] * len(g) for g in groups]
-        if args.credit_assignment == "per_turn":
-            # Groups with a missing or invalid vector use episode-level credit.
-            eligible = [
-                g
-                for g, group in enumerate(groups)
-                if all(e.per_turn_rewards is not None for e in group)
-            ]
-            computed = per_turn_group_advantages(
-                [[e.per_turn_rewards for e in groups[g]] for g in eligible],  # type: ignore[misc]
-                args.scale_rewards,
-            )
-            for g, values in zip(eligible, computed, strict=True):
-                turn_adv[g] = values  # type: ignore[assignment]
-        return episode_adv, turn_adv
+        estimator = advantage_estimator(args.credit_assignment)
+        turn_rewards = [[e.per_turn_rewards for e in group] for group in groups]
+        advantages = estimator(rewards, turn_rewards, args.scale_rewards)
+        return advantages.episode, advantages.turns
 
     def _sample_refill(self, count: int, attempt: int) -> list[Task]:
         """Tasks for a dynamic-sampling refill: seeded by step, attempt and rank (resumable)."""

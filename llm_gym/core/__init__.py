@@ -1,6 +1,18 @@
 """The environment contract: tasks, messages, tools, steps and environments."""
 
 from llm_gym.core.env import Env, StepResult, SyncEnv, TruncationCause
+from llm_gym.core.factories import (
+    SPLITS,
+    EnvFactory,
+    Oracle,
+    TaskSource,
+    as_env_factory,
+    as_task,
+    as_task_source,
+    register_env_adapter,
+    resolve,
+)
+from llm_gym.core.registry import EnvEntry, env_entry, registered_envs
 from llm_gym.core.task import Task
 from llm_gym.core.tool import FunctionTool, Tool, ToolResult, decode_arguments, tool, tool_to_spec
 from llm_gym.core.tool_env import ToolEnv, answers_match, extract_answer
@@ -39,4 +51,18 @@ __all__ = [
     "ToolEnv",
     "answers_match",
     "extract_answer",
+    # resolution
+    "EnvFactory",
+    "TaskSource",
+    "Oracle",
+    "SPLITS",
+    "as_env_factory",
+    "as_task_source",
+    "as_task",
+    "resolve",
+    "register_env_adapter",
+    # the catalogue
+    "EnvEntry",
+    "env_entry",
+    "registered_envs",
 ]

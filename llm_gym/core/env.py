@@ -10,7 +10,7 @@ import abc
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
@@ -65,7 +65,21 @@ class Env(abc.ABC):
     Subclasses implement :meth:`reset`, :meth:`step`, :attr:`tool_specs` and :attr:`messages`;
     override :meth:`close` when ``reset`` starts background work. The loop calls ``close()``
     whenever an episode ends, also when it truncates the episode itself.
+
+    Two switches change how the episode driver (:mod:`llm_gym.rollout.driver`) plays an env,
+    :attr:`raw_text_actions` and :attr:`max_turns`; both are read once per episode, right after
+    ``reset``.
     """
+
+    raw_text_actions: ClassVar[bool] = False
+    """True: ``step`` gets the assistant's raw text as the message's ``content`` and parses it
+    itself (plain-text protocols: guesses, document 002's ``<tool_call>`` text), so no reply is
+    ever a parse failure. False (default): the driver parses it with the action format and ends
+    the episode on a parse failure."""
+
+    max_turns: int | None = None
+    """The env's own cap on assistant turns, when it has one (per task, say: set it in
+    ``reset``); it replaces the run's ``max_turns``. None (default): the run's limit applies."""
 
     @abc.abstractmethod
     async def reset(self, task: Task) -> list[Message]:

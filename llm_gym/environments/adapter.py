@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_gym.core.env import Env, StepResult
+from llm_gym.core.factories import as_task, register_env_adapter, resolve
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.environments.multi_turn import EnvironmentMultiTurn
@@ -42,7 +43,6 @@ from llm_gym.environments.records import (
     EnvironmentTurn,
     RewardResult,
     TaskExample,
-    _as_task,
 )
 from llm_gym.environments.replay import SAMPLED_KEY
 from llm_gym.errors import InvalidArgumentError
@@ -271,7 +271,7 @@ class MultiTurnEnvAdapter(Env):
 
     # --- the Env contract ----------------------------------------------------------------------
     async def reset(self, task: Task) -> list[Message]:
-        task = _as_task(task)
+        task = as_task(task)
         example = TaskExample.from_task(task)
         env = self.environment
         name = type(env).__qualname__
@@ -563,8 +563,6 @@ class MultiTurnEnvFactory:
             return self._instances[split]
 
     def _build(self, split: str) -> EnvironmentMultiTurn:
-        from llm_gym.gym.text_env import resolve
-
         target = resolve(self.environment)
         if isinstance(target, EnvironmentMultiTurn):
             return target
@@ -610,7 +608,7 @@ class MultiTurnEnvFactory:
             raise InvalidArgumentError(
                 f"{type(environment).__qualname__} has no 'dataset' attribute; pass tasks=... ."
             )
-        return [_as_task(row) for row in dataset]
+        return [as_task(row) for row in dataset]
 
 
 class MultiTurnTaskSource:
@@ -635,3 +633,7 @@ class MultiTurnTaskSource:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"factory": self.factory, "_cache": {}}
+
+
+# An EnvironmentMultiTurn (instance or subclass) works wherever an env factory is accepted.
+register_env_adapter(EnvironmentMultiTurn, MultiTurnEnvFactory)

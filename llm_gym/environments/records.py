@@ -96,13 +96,6 @@ class TaskExample:
         }
 
 
-def _as_task(value: Any) -> Task:
-    """A :class:`Task` from a Task, a TaskExample or a dataset row (for task sources)."""
-    if isinstance(value, Task):
-        return value
-    return TaskExample.coerce(value).to_task()
-
-
 @dataclass(frozen=True)
 class RewardResult:
     """What ``score_episode`` returns: the reward of one trajectory.

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from llm_gym.core.registry import EnvEntry
 from llm_gym.environments.adapter import MultiTurnEnvFactory, MultiTurnTaskSource
-
-if TYPE_CHECKING:
-    from llm_gym.gym.registration import EnvEntry
+from llm_gym.gym.registration import register_env
 
 __all__ = ["MAX_TURNS_CEILING", "register_multi_turn_env"]
 
@@ -61,8 +60,6 @@ def register_multi_turn_env(
     Example:
         >>> _ = register_multi_turn_env("MyAgent-v0", "my_package.environment:load_environment")
     """
-    from llm_gym.gym.registration import register_env
-
     factory = MultiTurnEnvFactory(
         environment,
         prompt_text=prompt_text,

@@ -16,12 +16,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_gym.core.registry import EnvEntry, as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.metrics import is_success, mean_pass_at_k, summarize_episodes
+from llm_gym.policies.base import Policy
+from llm_gym.policies.registry import policy_from_spec
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.episode import Episode
-from llm_gym.rollout.loop import DEFAULT_FAILED_PARSE_REWARD, collect_groups
-from llm_gym.rollout.policies import Policy
+from llm_gym.rollout.loop import collect_groups
 
 __all__ = ["EvalReport", "run_and_report", "select_tasks", "machine_name"]
 
@@ -131,36 +134,8 @@ def select_tasks(tasks: Sequence[Task], count: int | None, seed: int) -> list[Ta
     return [task_list[i] for i in picked]
 
 
-def _resolve_env(env: Any, split: str, tasks: Sequence[Task] | None) -> tuple[Any, ...]:
-    """(factory, tasks, env_id, version, oracle, max_turns, action_format) for an id or factory."""
-    if isinstance(env, str) and ":" not in env:
-        from llm_gym.gym.registration import env_entry
-        from llm_gym.gym.text_env import _as_task_source, resolve
-
-        entry = env_entry(env)
-        kwargs = entry.kwargs
-        task_list = list(tasks) if tasks is not None else list(_as_task_source(entry.tasks)(split))
-        oracle = resolve(entry.oracle) if entry.oracle is not None else None
-        return (
-            entry.env,
-            task_list,
-            entry.id,
-            entry.version,
-            oracle,
-            kwargs["max_turns"],
-            kwargs["action_format"],
-        )
-    if tasks is None:
-        raise InvalidArgumentError(
-            "run_and_report needs tasks= when env is a factory; pass an env id "
-            "(e.g. 'ToolUseGame-v0') to use its registered tasks."
-        )
-    name = getattr(env, "__qualname__", None) or type(env).__name__
-    return env, list(tasks), name, getattr(env, "version", None), None, 8, "hermes"
-
-
 def run_and_report(
-    env: str | Callable[..., Any],
+    env: str | EnvEntry | Callable[..., Any],
     policy: Policy | str,
     *,
     tasks: Sequence[Task] | None = None,
@@ -183,8 +158,10 @@ def run_and_report(
 
     Args:
         env: A registered id (``"ToolUseGame-v0"``: its tasks, oracle, turn limit and action
-            format come from the registry) or an env factory / ``Env`` class (then pass ``tasks``).
-        policy: A :class:`Policy`, or a spec: ``oracle``, ``random``, ``hf:PATH``,
+            format come from the registry), its :class:`~llm_gym.core.EnvEntry`, or an env
+            factory / ``Env`` class (then pass ``tasks``).
+        policy: A :class:`Policy`, or a spec for
+            :func:`~llm_gym.policies.policy_from_spec`: ``oracle``, ``random``, ``hf:PATH``,
             ``openai:MODEL@URL``.
         tasks: The tasks (default: the registered env's ``split``).
         split: ``"train"``, ``"val"`` or ``"test"``.
@@ -204,20 +181,17 @@ def run_and_report(
         print_report: Print the table when done.
         output: Write the JSON record here.
     """
-    from llm_gym.rollout.policies import policy_from_spec
-
     if not isinstance(k, int) or k < 1:
         raise InvalidArgumentError(f"k must be an int >= 1, actual value: {k!r}.")
-    factory, all_tasks, env_id, version, registered_oracle, default_turns, default_format = (
-        _resolve_env(env, split, tasks)
-    )
+    entry = as_env_entry(env)
+    all_tasks = list(tasks) if tasks is not None else entry.tasks(split)
     if isinstance(policy, str):
         policy = policy_from_spec(policy, seed=seed)
     count = None if episodes is None else max(1, episodes // k)
     chosen = select_tasks(all_tasks, count, seed)
     settings = {
-        "max_turns": max_turns or default_turns,
-        "action_format": action_format or default_format,
+        "max_turns": max_turns or entry.max_turns,
+        "action_format": action_format or entry.action_format,
         "max_model_length": max_model_length,
         "max_new_tokens": max_new_tokens,
         "failed_parse_reward": failed_parse_reward,
@@ -225,7 +199,7 @@ def run_and_report(
     }
     start = time.perf_counter()
     groups = collect_groups(
-        factory,
+        entry.env_factory(),
         chosen,
         policy,
         episodes_per_task=k,
@@ -234,8 +208,8 @@ def run_and_report(
         max_new_tokens=max_new_tokens,
         action_format=settings["action_format"],
         failed_parse_reward=failed_parse_reward,
-        oracle=oracle or registered_oracle,
-        progress=f"{env_id} · {policy.name}" if progress else False,
+        oracle=oracle or entry.oracle(),
+        progress=f"{entry.id} · {policy.name}" if progress else False,
     )
     wall = time.perf_counter() - start
     flat = [episode for group in groups for episode in group]
@@ -245,8 +219,8 @@ def run_and_report(
     )
     metrics["episodes_per_second"] = len(flat) / wall if wall > 0 else float("inf")
     report = EvalReport(
-        env_id=env_id,
-        env_version=version,
+        env_id=entry.id,
+        env_version=entry.version,
         split=split,
         seed=seed,
         k=k,

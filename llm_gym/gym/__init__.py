@@ -1,25 +1,19 @@
 """The gymnasium face of llm_gym: ``TextEnv``, text spaces and registration."""
 
-from llm_gym.gym.registration import (
-    EnvEntry,
-    env_entry,
-    register_builtin_envs,
-    register_env,
-    registered_envs,
-)
+from llm_gym.core.registry import EnvEntry, env_entry, registered_envs
+from llm_gym.gym.registration import register_env, unregister_env
 from llm_gym.gym.spaces import UnicodeText
-from llm_gym.gym.text_env import SPLITS, TextEnv, render_transcript
+from llm_gym.gym.text_env import TextEnv, render_transcript
 
 __all__ = [
     # environments
     "TextEnv",
     "UnicodeText",
-    "SPLITS",
     "render_transcript",
-    # registration
-    "EnvEntry",
+    # registration (the catalogue itself lives in llm_gym.core.registry)
     "register_env",
-    "registered_envs",
+    "unregister_env",
+    "EnvEntry",
     "env_entry",
-    "register_builtin_envs",
+    "registered_envs",
 ]

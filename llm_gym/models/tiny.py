@@ -156,23 +156,23 @@ def _render_transcript(messages: Sequence[Message], tool_specs: Sequence[ToolSpe
 
 
 def _env_transcripts(entry: Any, max_tasks: int) -> list[str]:
-    from llm_gym.gym.text_env import _as_task_source, resolve
-    from llm_gym.rollout import Generation, OraclePolicy, Policy, collect_groups
+    from llm_gym.policies import Generation, OraclePolicy, Policy
+    from llm_gym.rollout import collect_groups
 
     class _Silent(Policy):  # for environments without an oracle: only the opening prompt
         async def act(self, requests: Sequence[Any]) -> list[Generation]:
             return [Generation(text="") for _ in requests]
 
-    tasks = list(_as_task_source(entry.tasks)("train"))[:max_tasks]
+    tasks = entry.tasks("train")[:max_tasks]
     if not tasks:
         return []
-    oracle = resolve(entry.oracle) if entry.oracle is not None else None
+    oracle = entry.oracle()
     groups = collect_groups(
-        entry.env,
+        entry.env_factory(),
         tasks,
         OraclePolicy() if oracle is not None else _Silent(),
-        max_turns=int(entry.kwargs.get("max_turns", 8)),
-        action_format=entry.kwargs.get("action_format", "hermes"),
+        max_turns=entry.max_turns,
+        action_format=entry.action_format,
         oracle=oracle,
     )
     texts = []
@@ -194,7 +194,7 @@ def _env_transcripts(entry: Any, max_tasks: int) -> list[str]:
 
 def _selected_envs(envs: Sequence[str] | None) -> list[Any]:
     """The registry entries of ``envs`` (None: every registered environment), in registry order."""
-    from llm_gym.gym import registered_envs
+    from llm_gym.core.registry import registered_envs
 
     entries = list(registered_envs())
     if envs is None:

@@ -1,39 +1,27 @@
-"""The episode loop, policies and token samples."""
+"""Rollouts: the episode driver, the loop that runs groups of episodes, and token samples.
 
+Policies (what writes the assistant's turns) live in :mod:`llm_gym.policies`.
+"""
+
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
-from llm_gym.rollout.hf_policy import HFPolicy
-from llm_gym.rollout.loop import (
-    DEFAULT_FAILED_PARSE_REWARD,
-    PolicyError,
-    RolloutSettings,
-    RolloutStats,
-    collect_groups,
-    collect_groups_async,
-)
-from llm_gym.rollout.openai_policy import OpenAIPolicy
-from llm_gym.rollout.policies import Generation, OraclePolicy, Policy, PolicyRequest, RandomPolicy
+from llm_gym.rollout.loop import RolloutSettings, RolloutStats, collect_groups, collect_groups_async
 from llm_gym.rollout.tokens import TokenSample, TokenTracker, episode_to_samples
 
 __all__ = [
+    # the driver: every rule of an episode
+    "EpisodeDriver",
+    "EpisodeEnd",
+    "DEFAULT_FAILED_PARSE_REWARD",
     # the loop
     "collect_groups",
     "collect_groups_async",
     "RolloutSettings",
     "RolloutStats",
-    "PolicyError",
-    "DEFAULT_FAILED_PARSE_REWARD",
     # records
     "Episode",
     "Turn",
     "TokenSample",
-    # policies
-    "Policy",
-    "PolicyRequest",
-    "Generation",
-    "RandomPolicy",
-    "OraclePolicy",
-    "OpenAIPolicy",
-    "HFPolicy",
     # tokens
     "TokenTracker",
     "episode_to_samples",

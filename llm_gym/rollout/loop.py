@@ -1,13 +1,14 @@
 """The episode loop: groups of whole episodes, run concurrently, batched across groups.
 
-Every episode runs as its own coroutine. With a policy that opens a
-:class:`~llm_gym.rollout.policies.PolicyStream` (``HFPolicy``), each turn goes to the stream as
-soon as the episode needs it, and the policy batches continuously across all groups: an episode
-whose turn ended steps its environment and rejoins the running batch without waiting for the
-others. With any other policy an episode joins the current *wave*; a wave is sent to the policy as
-one batched ``act`` call as soon as every live episode is waiting (none is inside an environment
-step), so a model generates for all groups at once while environment steps overlap with each
-other on the event loop.
+Every episode runs as its own coroutine on an :class:`~llm_gym.rollout.driver.EpisodeDriver`,
+which owns the rules of an episode; this module adds the policy, the token samples and the
+records. With a policy that opens a :class:`~llm_gym.policies.PolicyStream` (``HFPolicy``),
+each turn goes to the stream as soon as the episode needs it, and the policy batches
+continuously across all groups: an episode whose turn ended steps its environment and rejoins
+the running batch without waiting for the others. With any other policy an episode joins the
+current *wave*; a wave is sent to the policy as one batched ``act`` call as soon as every live
+episode is waiting (none is inside an environment step), so a model generates for all groups at
+once while environment steps overlap with each other on the event loop.
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ import math
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.actions import ActionFormat, ParseKind, get_action_format
+from llm_gym.actions import ActionFormat, get_action_format
 from llm_gym.aio import run_sync
-from llm_gym.core.env import Env, TruncationCause
+from llm_gym.core.env import TruncationCause
+from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message
-from llm_gym.errors import InvalidArgumentError, LlmGymError
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver
 from llm_gym.rollout.episode import Episode, Turn
-from llm_gym.rollout.policies import Generation, Oracle, Policy, PolicyRequest, PolicyStream
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
@@ -36,14 +39,7 @@ __all__ = [
     "collect_groups_async",
     "RolloutSettings",
     "RolloutStats",
-    "PolicyError",
-    "DEFAULT_FAILED_PARSE_REWARD",
 ]
-
-DEFAULT_FAILED_PARSE_REWARD = -0.1
-"""Reward of an episode that ends on an unparseable action (the seeds' default)."""
-
-EnvFactory = Callable[[Task], Env]
 
 
 @dataclass(frozen=True)
@@ -75,10 +71,6 @@ class RolloutSettings:
             raise InvalidArgumentError(
                 f"max_new_tokens must be None or >= 1, actual value: {self.max_new_tokens!r}."
             )
-
-
-class PolicyError(LlmGymError, RuntimeError):
-    """The policy itself failed (not the model's output): collection stops."""
 
 
 class _Waves:
@@ -186,140 +178,117 @@ def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None
 
 
 async def _run_episode(
-    env_factory: EnvFactory,
+    driver: EpisodeDriver,
     task: Task,
     group: int,
     index: int,
     waves: _Waves | _Streamed,
     settings: RolloutSettings,
-    action_format: ActionFormat,
     oracle: Oracle | None,
     tokenizer: Any,
 ) -> Episode:
+    """One episode: the driver keeps the rules; this adds the policy, tokens and the record."""
     start = time.perf_counter()
     turns: list[Turn] = []
-    messages: list[Message] = []
     episode = Episode(
         task=task,
         group=group,
         index=index,
-        messages=messages,
+        messages=[],
         turns=turns,
         reward=0.0,
         terminated=False,
         truncated=True,
     )
-    env: Env | None = None
     tracker: TokenTracker | None = None
+    ending = None
     try:
-        env = env_factory(task)
-        messages = list(await env.reset(task))
-        episode.messages = messages
+        messages = await driver.start(task)
         episode.num_opening_messages = len(messages)
-        tool_specs = list(env.tool_specs)
+        tool_specs = list(driver.env.tool_specs)  # type: ignore[union-attr]
         episode.tool_specs = tool_specs
         if tokenizer is not None:
             tracker = TokenTracker(tokenizer, tool_specs, settings.chat_template_kwargs)
             tracker.start(messages)
             episode.prompt_tokens = tracker.context_length
-        # An env that caps its own episodes (document 002's max_episode_turns, per example)
-        # decides the turn limit: it scores the episode at its cap.
-        env_cap = getattr(env, "max_turns", None)
-        turn_limit = env_cap if isinstance(env_cap, int) and env_cap > 0 else settings.max_turns
-        for turn_number in range(turn_limit):
+        while ending is None:
             if (
                 tracker is not None
                 and settings.max_model_length is not None
                 and tracker.context_length + (settings.max_new_tokens or 0)
                 > settings.max_model_length
             ):
-                episode.truncation_cause = TruncationCause.CONTEXT_OVERFLOW
+                ending = driver.end(TruncationCause.CONTEXT_OVERFLOW)
                 break
             request = PolicyRequest(
-                messages=list(messages),
+                messages=list(driver.messages),
                 tool_specs=tool_specs,
                 task=task,
-                action_format=action_format,
+                action_format=driver.action_format,
                 max_new_tokens=settings.max_new_tokens,
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
             )
             generation = await waves.act(request, (group, index))
-            parsed = action_format.parse(generation.text, call_id_prefix=f"call_t{turn_number + 1}")
-            # Envs with ``raw_text_actions`` (document 002's EnvironmentMultiTurn adapter) parse
-            # the assistant text themselves: they get the raw text, and a parse failure of our
-            # action format does not end the episode (the parse stays on the Turn as a record).
-            raw_text = getattr(env, "raw_text_actions", False)
-            action = (
-                {"role": "assistant", "content": generation.text} if raw_text else parsed.message
-            )
-            turn = Turn(
-                text=generation.text,
-                parse_kind=parsed.kind,
-                message=action,
-                parse_error=parsed.error,
-                tool_calls=len(parsed.tool_calls),
-                token_ids=generation.token_ids,
-                logprobs=generation.logprobs,
-                finish_reason=generation.finish_reason,
-            )
-            turns.append(turn)
-            if generation.token_ids is not None:
-                episode.completion_tokens += len(generation.token_ids)
-            else:  # an HTTP endpoint reports its own token counts
-                usage = generation.metadata.get("usage") or {}
-                episode.completion_tokens += int(usage.get("completion_tokens") or 0)
-                if turn_number == 0:
-                    episode.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            ending = await driver.act(generation.text)
+            turns.append(_turn_record(driver, generation))
+            _count_tokens(episode, generation, first=len(turns) == 1)
             if tracker is not None and generation.token_ids is not None:
                 tracker.add_generation(
-                    generation.token_ids, generation.logprobs, generation.text, turn_number
+                    generation.token_ids, generation.logprobs, generation.text, len(turns) - 1
                 )
-            if parsed.kind is ParseKind.PARSE_FAILURE and not raw_text:
-                messages.append(parsed.message)
-                episode.reward = settings.failed_parse_reward
-                episode.truncation_cause = TruncationCause.PARSE_FAILURE
-                break
-            before = len(messages)
-            result = await env.step(action)
-            messages = list(result.messages)
-            episode.messages = messages
-            new = messages[before:]
-            turn.env_messages = new[1:] if new and new[0].get("role") == "assistant" else new
-            turn.tool_errors = _count_tool_errors(turn.env_messages)
-            if result.terminated or result.truncated:
-                episode.reward = float(result.reward)
-                episode.metrics = dict(result.metrics)
-                episode.terminated = bool(result.terminated)
-                episode.truncated = not result.terminated
-                if not result.terminated:
-                    episode.truncation_cause = TruncationCause.ENV
-                break
-            if tracker is not None and turn.env_messages:
-                tracker.add_environment(turn.env_messages)
-        else:
-            episode.truncation_cause = TruncationCause.MAX_TURNS
+            if ending is None and tracker is not None and turns[-1].env_messages:
+                tracker.add_environment(turns[-1].env_messages)
     except (asyncio.CancelledError, PolicyError):
         raise
     except Exception:
-        episode.error = traceback.format_exc()
-        episode.reward = 0.0
-        episode.terminated, episode.truncated = False, True
-        episode.truncation_cause = TruncationCause.ENV
+        ending = driver.end(TruncationCause.ENV, error=traceback.format_exc())
     finally:
-        if env is not None:
-            try:
-                await env.close()
-            except Exception:
-                episode.error = (episode.error or "") + traceback.format_exc()
+        try:
+            await driver.close()
+        except Exception:
+            episode.error = traceback.format_exc()
         waves.episode_done((group, index))
-    if episode.terminated:
-        episode.truncated, episode.truncation_cause = False, None
+    episode.messages = driver.messages
+    episode.reward = ending.reward
+    episode.terminated, episode.truncated = ending.terminated, ending.truncated
+    episode.truncation_cause = ending.truncation_cause
+    episode.metrics = dict(ending.metrics)
+    if ending.error is not None:
+        episode.error = ending.error + (episode.error or "")
     _assign_per_turn_rewards(turns, episode.metrics)
     if tracker is not None:
         episode.samples = tracker.finish(episode.reward, episode.per_turn_rewards)
     episode.wall_time_s = time.perf_counter() - start
     return episode
+
+
+def _turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
+    """The :class:`Turn` of the act the driver just took."""
+    parsed = driver.parsed
+    env_messages = driver.replies()
+    return Turn(
+        text=generation.text,
+        parse_kind=parsed.kind,  # type: ignore[union-attr]  (record_parse is on)
+        message=driver.action,  # type: ignore[arg-type]
+        parse_error=parsed.error,  # type: ignore[union-attr]
+        env_messages=env_messages,
+        tool_calls=len(parsed.tool_calls),  # type: ignore[union-attr]
+        tool_errors=_count_tool_errors(env_messages),
+        token_ids=generation.token_ids,
+        logprobs=generation.logprobs,
+        finish_reason=generation.finish_reason,
+    )
+
+
+def _count_tokens(episode: Episode, generation: Generation, *, first: bool) -> None:
+    if generation.token_ids is not None:
+        episode.completion_tokens += len(generation.token_ids)
+        return
+    usage = generation.metadata.get("usage") or {}  # an HTTP endpoint reports its own counts
+    episode.completion_tokens += int(usage.get("completion_tokens") or 0)
+    if first:
+        episode.prompt_tokens = int(usage.get("prompt_tokens") or 0)
 
 
 @dataclass
@@ -375,8 +344,6 @@ async def collect_groups_async(
     Returns:
         ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
     """
-    from llm_gym.gym.text_env import _as_env_factory
-
     if not isinstance(episodes_per_task, int) or episodes_per_task < 1:
         raise InvalidArgumentError(
             f"episodes_per_task must be an int >= 1, actual value: {episodes_per_task!r}."
@@ -388,7 +355,7 @@ async def collect_groups_async(
         failed_parse_reward=failed_parse_reward,
         chat_template_kwargs=chat_template_kwargs,
     )
-    factory = _as_env_factory(env_factory)
+    factory = as_env_factory(env_factory)
     fmt = get_action_format(action_format)
     if tokenizer is None:
         tokenizer = getattr(policy, "tokenizer", None)
@@ -411,9 +378,14 @@ async def collect_groups_async(
         )
 
     async def one(group: int, index: int, task: Task) -> Episode:
-        episode = await _run_episode(
-            factory, task, group, index, waves, settings, fmt, oracle, tokenizer
+        driver = EpisodeDriver(
+            factory,
+            action_format=fmt,
+            max_turns=settings.max_turns,
+            failed_parse_reward=settings.failed_parse_reward,
+            record_parse=True,
         )
+        episode = await _run_episode(driver, task, group, index, waves, settings, oracle, tokenizer)
         if bar is not None:
             bar.update(1)
         return episode

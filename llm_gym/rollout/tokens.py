@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.core.types import Message, ToolSpec
+from llm_gym.policies.chat import render_chat
 
-__all__ = ["TokenSample", "TokenTracker", "episode_to_samples", "render_chat"]
+__all__ = ["TokenSample", "TokenTracker", "episode_to_samples"]
 
 
 @dataclass
@@ -49,35 +50,6 @@ class TokenSample:
     def num_policy_tokens(self) -> int:
         """Tokens that train (``env_mask`` 1)."""
         return sum(self.env_mask)
-
-
-def render_chat(
-    tokenizer: Any,
-    messages: Sequence[Message],
-    tool_specs: Sequence[ToolSpec] | None,
-    *,
-    add_generation_prompt: bool,
-    chat_template_kwargs: dict[str, Any] | None = None,
-) -> str:
-    """The chat template's text for ``messages`` (assistant turns as raw text)."""
-    plain = [_plain(m) for m in messages]
-    return tokenizer.apply_chat_template(
-        plain,
-        tools=list(tool_specs) if tool_specs else None,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **(chat_template_kwargs or {}),
-    )
-
-
-def _plain(message: Message) -> dict[str, Any]:
-    role = message.get("role", "user")
-    out: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
-    if role == "tool":
-        for key in ("name", "tool_call_id"):
-            if key in message:
-                out[key] = message[key]
-    return out
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

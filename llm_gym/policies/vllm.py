@@ -1,5 +1,8 @@
 """Generation through TRL's vLLM backend (server or colocate mode), as an llm_gym ``Policy``.
 
+The trainer creates it through the registry (``policy_from_spec("vllm", trainer=...)``); it needs
+the training stack (accelerate), so :mod:`llm_gym.policies` does not import it eagerly.
+
 Each wave of the rollout engine becomes one ``vllm_generation.generate`` call with the exact
 token ids the episodes hold (token-in/token-out), returning the sampled ids and their logprobs.
 
@@ -21,7 +24,8 @@ from typing import Any
 
 from accelerate.utils import gather_object
 
-from llm_gym.rollout.policies import Generation, Policy, PolicyRequest
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.base import Generation, Policy, PolicyRequest
 
 __all__ = ["VLLMPolicy"]
 
@@ -41,6 +45,19 @@ class VLLMPolicy(Policy):
         self.collective = accelerator.num_processes > 1 and (
             self.generation.mode == "server" or tensor_parallel > 1
         )
+
+    @classmethod
+    def from_spec(
+        cls, argument: str = "", *, trainer: Any = None, temperature: float = 1.0
+    ) -> VLLMPolicy:
+        """``vllm`` inside a trainer that set up TRL's vLLM generation (``use_vllm=True``)."""
+        if argument or trainer is None or getattr(trainer, "vllm_generation", None) is None:
+            raise InvalidArgumentError(
+                "The vllm policy runs inside MultiTurnGRPOTrainer with use_vllm=True (it needs "
+                "trainer=, whose vllm_generation generates); for a served vLLM model use "
+                "'openai:MODEL@URL'."
+            )
+        return cls(trainer, temperature=temperature)
 
     def _still_active(self, active: bool) -> bool:
         return any(gather_object([active])) if self.collective else active

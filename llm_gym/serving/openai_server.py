@@ -4,8 +4,8 @@ For tests, demos and small local runs: the standard library's ``ThreadingHTTPSer
 background thread, one ``generate`` at a time (a lock), no extra package beyond the training stack
 (torch, transformers)::
 
-    >>> from llm_gym.rollout.serve import serve
-    >>> from llm_gym.rollout.openai_policy import OpenAIPolicy
+    >>> from llm_gym.serving.openai_server import serve
+    >>> from llm_gym.policies.openai import OpenAIPolicy
     >>> with serve("path/to/model") as server:  # doctest: +SKIP
     ...     policy = OpenAIPolicy(model=server.model_name, base_url=server.url)
 
@@ -20,7 +20,7 @@ Endpoints:
   and stops at an end-of-sequence token or a ``stop`` string. ``seed`` reseeds torch before the
   generation. The answer's ``message.content`` is the model's raw text (special tokens skipped):
   tool calls are *not* parsed out of it, clients parse them with their own action format, as
-  :class:`~llm_gym.rollout.openai_policy.OpenAIPolicy` does. ``finish_reason`` is ``"stop"`` or
+  :class:`~llm_gym.policies.openai.OpenAIPolicy` does. ``finish_reason`` is ``"stop"`` or
   ``"length"``; ``usage`` counts prompt and completion tokens.
 * ``GET /v1/models``: the one model served; ``GET /health``: ``{"status": "ok"}``.
 

@@ -1,6 +1,6 @@
 """``OpenAIPolicy``: any OpenAI-compatible chat-completions endpoint behind the policy interface.
 
-Works with vLLM, SGLang, ``transformers serve``, ``llm-gym serve`` (:mod:`llm_gym.rollout.serve`),
+Works with vLLM, SGLang, ``transformers serve``, ``llm-gym serve`` (:mod:`llm_gym.serving`),
 OpenAI itself and the like. It needs no extra package: requests go out with the standard
 library's ``http.client`` in worker threads, at most ``max_concurrency`` at a time.
 
@@ -61,7 +61,7 @@ from typing import Any
 from llm_gym.actions import ActionFormat
 from llm_gym.core.types import Message, ToolCall
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.rollout.policies import Generation, Policy, PolicyRequest
+from llm_gym.policies.base import Generation, Policy, PolicyRequest
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -365,6 +365,18 @@ class OpenAIPolicy(Policy):
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+
+    @classmethod
+    def from_spec(cls, argument: str = "", **options: Any) -> OpenAIPolicy:
+        """``openai:MODEL@URL``: ``MODEL`` on the endpoint at ``URL`` (``.../v1``); options go to
+        the constructor (``temperature``, ``seed``, ``max_concurrency``...)."""
+        model, at, base_url = argument.partition("@")
+        if not (model and at and base_url):
+            raise InvalidArgumentError(
+                f"Expected 'openai:MODEL@URL', for example 'openai:qwen@http://127.0.0.1:8000/v1', "
+                f"actual value: 'openai:{argument}'."
+            )
+        return cls(model=model, base_url=base_url, **options)
 
     def close(self) -> None:
         """Stop the worker threads (idle ones; a later request starts new ones)."""

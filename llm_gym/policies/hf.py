@@ -1,7 +1,7 @@
 """``HFPolicy``: a transformers causal LM as a batched, token-in/token-out policy.
 
 Two ways to batch, one contract. By default (``batching="continuous"``) the policy opens a stream
-for each collection, run by :class:`~llm_gym.rollout.hf_engine.DecodeEngine`: every episode keeps
+for each collection, run by :class:`~llm_gym.policies.hf_engine.DecodeEngine`: every episode keeps
 its KV cache across its turns, the shared system prompt is prefilled once, and an episode whose
 turn ended rejoins the running batch as soon as its environment has stepped. With
 ``batching="waves"`` (and for architectures the engine does not cover) it is one ``generate`` call
@@ -25,8 +25,8 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.rollout.policies import Generation, Policy, PolicyRequest, PolicyStream
-from llm_gym.rollout.tokens import render_chat
+from llm_gym.policies.base import Generation, Policy, PolicyRequest, PolicyStream
+from llm_gym.policies.chat import render_chat
 
 __all__ = ["HFPolicy"]
 
@@ -124,6 +124,26 @@ class HFPolicy(Policy):
         model.to(device).eval()
         return cls(model, tokenizer, name_or_path=path, **kwargs)
 
+    @classmethod
+    def from_spec(
+        cls, argument: str = "", *, model: Any = None, tokenizer: Any = None, **options: Any
+    ) -> HFPolicy:
+        """``hf:PATH`` loads a local folder or hub id with :meth:`from_pretrained`; ``hf`` with
+        ``model=`` and ``tokenizer=`` wraps objects already in memory (the trainer's model).
+        Other options go to the constructor (``temperature``, ``seed``, ``max_new_tokens``...)."""
+        if model is not None:
+            if argument or tokenizer is None:
+                raise InvalidArgumentError(
+                    "hf with model= needs tokenizer= and no path after 'hf:' (got "
+                    f"path {argument!r}, tokenizer {type(tokenizer).__name__})."
+                )
+            return cls(model, tokenizer, **options)
+        if not argument:
+            raise InvalidArgumentError(
+                "Expected 'hf:PATH' (a model folder or hub id), or model= and tokenizer=."
+            )
+        return cls.from_pretrained(argument, **options)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -140,7 +160,7 @@ class HFPolicy(Policy):
         engine does not cover: the loop then batches in waves)."""
         if self.batching != "continuous":
             return None
-        from llm_gym.rollout.hf_engine import unsupported_reason
+        from llm_gym.policies.hf_engine import unsupported_reason
 
         reason = unsupported_reason(self.model)
         if reason is not None:
@@ -269,7 +289,7 @@ class HFPolicy(Policy):
 
 
 class _HFStream(PolicyStream):
-    """One collection's session on a :class:`~llm_gym.rollout.hf_engine.DecodeEngine`.
+    """One collection's session on a :class:`~llm_gym.policies.hf_engine.DecodeEngine`.
 
     A driver task runs engine steps in a worker thread (the event loop stays free for the
     environments) and admits, before each step, every turn that arrived meanwhile.
@@ -278,7 +298,7 @@ class _HFStream(PolicyStream):
     def __init__(self, policy: HFPolicy) -> None:
         import torch
 
-        from llm_gym.rollout.hf_engine import DecodeEngine
+        from llm_gym.policies.hf_engine import DecodeEngine
 
         self.policy = policy
         device = next(policy.model.parameters()).device

@@ -1,4 +1,4 @@
-"""The continuous-batching decode engine behind :class:`~llm_gym.rollout.hf_policy.HFPolicy`.
+"""The continuous-batching decode engine behind :class:`~llm_gym.policies.hf.HFPolicy`.
 
 One engine serves one collection. Every episode holds a *row*: its KV cache lives for the whole
 episode, so a turn prefills only the tokens the environment appended (token-in/token-out makes the

@@ -1,0 +1,182 @@
+"""The catalogue of registered environments: one :class:`EnvEntry` per id.
+
+:func:`llm_gym.gym.register_env` fills it (and registers the id with gymnasium); everything that
+takes an env id (the evaluator, the trainer's pipeline, the tiny model's corpus, the leaderboard,
+``llm-gym list``) reads the entry here and asks it for the resolved pieces. An entry resolves its
+``"module:attr"`` strings once, on first use, and keeps the result, so a run resolves an id once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.core.factories import (
+    SPLITS,
+    EnvFactory,
+    Oracle,
+    TaskSource,
+    as_env_factory,
+    as_task_source,
+    resolve,
+)
+from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError, UnknownNameError
+
+__all__ = [
+    "EnvEntry",
+    "add_env_entry",
+    "as_env_entry",
+    "env_entry",
+    "registered_envs",
+    "remove_env_entry",
+]
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One registered environment: what ``llm-gym list`` shows and what a run resolves."""
+
+    id: str
+    """The gymnasium id, ``Name-vN``."""
+    description: str
+    """One line: what the agent has to do."""
+    env_spec: Any
+    """The environment as registered: an Env class, a factory, or ``"module:attr"``."""
+    tasks_spec: Any
+    """The task source as registered (``"module:attr"`` of ``split -> tasks``, or the tasks)."""
+    version: str
+    """The environment's version; every record written about it carries it."""
+    oracle_spec: str | Callable[..., Any] | None
+    """The scripted expert as registered, if any."""
+    make_kwargs: dict[str, Any]
+    """The keyword arguments ``gym.make`` passes to ``TextEnv``."""
+    _resolved: dict[str, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _lock: threading.RLock = field(
+        default_factory=threading.RLock, init=False, repr=False, compare=False
+    )
+
+    @property
+    def max_turns(self) -> int:
+        """The registered turn limit of an episode."""
+        return int(self.make_kwargs["max_turns"])
+
+    @property
+    def action_format(self) -> str:
+        """The registered action format's name."""
+        return str(self.make_kwargs["action_format"])
+
+    def _once(self, key: str, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._resolved:
+                self._resolved[key] = make()
+            return self._resolved[key]
+
+    def env_factory(self) -> EnvFactory:
+        """The environment as a factory ``task -> Env`` (resolved once)."""
+        return self._once("env", lambda: as_env_factory(self.env_spec))
+
+    def task_source(self) -> TaskSource:
+        """The task source ``split -> tasks`` (resolved once)."""
+        return self._once("tasks", lambda: as_task_source(self.tasks_spec))
+
+    def oracle(self) -> Oracle | None:
+        """The scripted expert ``(task, messages) -> Message``, or None (resolved once)."""
+        spec = self.oracle_spec
+        return None if spec is None else self._once("oracle", lambda: resolve(spec))
+
+    def tasks(self, split: str) -> list[Task]:
+        """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``), built once per split."""
+        if split not in SPLITS:
+            raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {split!r}.")
+        if self.tasks_spec is None:
+            raise InvalidArgumentError(
+                f"{self.id} has no registered tasks: pass tasks=..., or pass a registered env id "
+                "(e.g. 'ToolUseGame-v0') to use its tasks."
+            )
+        return list(self._once(f"tasks/{split}", lambda: tuple(self.task_source()(split))))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_resolved"], state["_lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["_lock"] = threading.RLock()
+        self.__dict__.update(state)
+
+
+_CATALOGUE: dict[str, EnvEntry] = {}
+
+
+def add_env_entry(entry: EnvEntry) -> EnvEntry:
+    """Add ``entry`` to the catalogue. The same id again with equal settings returns the entry
+    already there; with other settings it raises (pick a new version)."""
+    previous = _CATALOGUE.get(entry.id)
+    if previous is not None:
+        if previous == entry:
+            return previous
+        name, _, version = entry.id.rpartition("-v")
+        suggestion = f"{name}-v{int(version) + 1}" if version.isdigit() else f"{entry.id}2"
+        raise InvalidArgumentError(
+            f"{entry.id!r} is already registered with other settings; pick a new version, e.g. "
+            f"{suggestion}."
+        )
+    _CATALOGUE[entry.id] = entry
+    return entry
+
+
+def remove_env_entry(env_id: str) -> EnvEntry | None:
+    """Take ``env_id`` out of the catalogue (tests, notebooks); the entry, or None."""
+    return _CATALOGUE.pop(env_id, None)
+
+
+def registered_envs() -> list[EnvEntry]:
+    """Every registered environment, sorted by id."""
+    return [_CATALOGUE[k] for k in sorted(_CATALOGUE)]
+
+
+def as_env_entry(env: Any) -> EnvEntry:
+    """The entry of a registered id, an entry itself, or, for an environment that is not
+    registered (an Env class, a factory, ``"module:attr"``), an unregistered entry around it:
+    no tasks, no oracle, the default turn limit (8) and action format (hermes).
+
+    Example:
+        >>> as_env_entry("ToolUseGame-v0") is env_entry("ToolUseGame-v0")
+        True
+    """
+    if isinstance(env, EnvEntry):
+        return env
+    if isinstance(env, str) and ":" not in env:
+        return env_entry(env)
+    name = env if isinstance(env, str) else getattr(env, "__qualname__", None)
+    return EnvEntry(
+        id=name or type(env).__name__,
+        description="",
+        env_spec=env,
+        tasks_spec=None,
+        version=getattr(env, "version", None),  # type: ignore[arg-type]
+        oracle_spec=None,
+        make_kwargs={"max_turns": 8, "action_format": "hermes"},
+    )
+
+
+def env_entry(env_id: str) -> EnvEntry:
+    """The catalogue entry of ``env_id``; an unknown id suggests the closest registered one.
+
+    Example:
+        >>> env_entry("ToolUseGame-v0").max_turns
+        8
+    """
+    if env_id in _CATALOGUE:
+        return _CATALOGUE[env_id]
+    close = difflib.get_close_matches(env_id, list(_CATALOGUE), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownNameError(
+        f"No llm_gym environment {env_id!r}.{hint} Registered: {sorted(_CATALOGUE)}."
+    )

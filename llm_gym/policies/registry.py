@@ -1,0 +1,180 @@
+"""The policy registry: every generation backend by name, and ``policy_from_spec``.
+
+A *spec* names a backend and, after a colon, its argument: ``oracle``, ``random:3``,
+``hf:path/to/model``, ``openai:MODEL@URL``. The command line, the evaluator, the leaderboard and the
+trainer create policies only through :func:`policy_from_spec`, so adding a backend is one call::
+
+    register_policy("mine", "my_package.policy:MyPolicy", usage="mine:ARG")
+
+The target is a ``"module:attr"`` string (nothing is imported until the backend is used) naming a
+:class:`~llm_gym.policies.base.Policy` subclass; its classmethod ``from_spec(argument, **options)``
+builds it (the default passes the options to the constructor and takes no argument).
+
+Example:
+    >>> policy_from_spec("random:3").seed
+    3
+    >>> policy_from_spec("randm")
+    Traceback (most recent call last):
+    ...
+    llm_gym.errors.UnknownNameError: Unknown policy kind 'randm' in spec 'randm'. Did you mean 'random'? Registered: hf:PATH, oracle, openai:MODEL@URL, random[:SEED], vllm.
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gym.core.factories import resolve
+from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.policies.base import Policy
+
+__all__ = [
+    "PolicyBackend",
+    "policy_backend",
+    "policy_from_spec",
+    "register_policy",
+    "registered_policies",
+]
+
+
+@dataclass(frozen=True)
+class PolicyBackend:
+    """One registered generation backend."""
+
+    kind: str
+    """The name a spec starts with (``"hf"`` in ``"hf:PATH"``)."""
+    target: str
+    """``"module:attr"`` of the :class:`Policy` subclass (imported on first use)."""
+    usage: str
+    """How a spec for it is written, for help and error messages (``"hf:PATH"``)."""
+    description: str = ""
+    """One line: what it generates with."""
+
+    def load(self) -> type[Policy]:
+        """The policy class (imports its module)."""
+        cls = resolve(self.target)
+        if not (isinstance(cls, type) and issubclass(cls, Policy)):
+            raise InvalidArgumentError(
+                f"Policy backend {self.kind!r} points at {self.target!r}, which is not a Policy "
+                f"subclass (actual value: {cls!r})."
+            )
+        return cls
+
+
+_BACKENDS: dict[str, PolicyBackend] = {}
+
+
+def register_policy(
+    kind: str, target: str, *, usage: str | None = None, description: str = ""
+) -> PolicyBackend:
+    """Register a backend under ``kind``. Registering the same kind twice with the same target is
+    a no-op; with another target it raises.
+
+    Args:
+        kind: A short name: letters, digits, ``_`` and ``-`` (no colon).
+        target: ``"module:attr"`` of a :class:`Policy` subclass.
+        usage: How its spec is written (default: ``kind``).
+        description: One line for help texts.
+    """
+    if not isinstance(kind, str) or not kind.replace("_", "").replace("-", "").isalnum():
+        raise InvalidArgumentError(
+            f"Expected a policy kind of letters, digits, '_' or '-', actual value: {kind!r}."
+        )
+    if not isinstance(target, str) or ":" not in target:
+        raise InvalidArgumentError(
+            f"Expected the backend as a 'module:attr' string, actual value: {target!r}."
+        )
+    backend = PolicyBackend(kind, target, usage or kind, description)
+    previous = _BACKENDS.get(kind)
+    if previous is not None and previous.target != target:
+        raise InvalidArgumentError(
+            f"Policy kind {kind!r} is already registered for {previous.target!r}; pick another "
+            "kind."
+        )
+    _BACKENDS[kind] = backend
+    return backend
+
+
+def registered_policies() -> list[PolicyBackend]:
+    """Every registered backend, sorted by kind."""
+    return [_BACKENDS[kind] for kind in sorted(_BACKENDS)]
+
+
+def _known() -> str:
+    return ", ".join(b.usage for b in registered_policies())
+
+
+def policy_backend(kind: str) -> PolicyBackend:
+    """The backend registered as ``kind``; an unknown kind suggests the closest one."""
+    if kind in _BACKENDS:
+        return _BACKENDS[kind]
+    close = difflib.get_close_matches(kind, list(_BACKENDS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownNameError(f"Unknown policy kind {kind!r}.{hint} Registered: {_known()}.")
+
+
+def policy_from_spec(spec: str | Policy, **options: Any) -> Policy:
+    """Build a policy from a spec (a :class:`Policy` passes through unchanged).
+
+    Args:
+        spec: ``KIND`` or ``KIND:ARGUMENT`` (see :func:`registered_policies`).
+        **options: Keyword arguments for the backend's ``from_spec`` (``seed``,
+            ``temperature``, ...); an option the backend does not take is refused by name.
+    """
+    if isinstance(spec, Policy):
+        return spec
+    if not isinstance(spec, str) or not spec:
+        raise InvalidArgumentError(
+            f"Expected a policy or a spec string such as 'random' or 'hf:PATH', actual value: "
+            f"{spec!r}."
+        )
+    kind, _, argument = spec.partition(":")
+    if kind not in _BACKENDS:
+        close = difflib.get_close_matches(kind, list(_BACKENDS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownNameError(
+            f"Unknown policy kind {kind!r} in spec {spec!r}.{hint} Registered: {_known()}."
+        )
+    cls = _BACKENDS[kind].load()
+    build = cls.from_spec
+    try:
+        inspect.signature(build).bind(argument, **options)
+    except TypeError as exc:
+        raise InvalidArgumentError(
+            f"Policy {spec!r} ({cls.__name__}.from_spec) does not take these options: {exc}. "
+            f"Its signature: {inspect.signature(build)}."
+        ) from None
+    return build(argument, **options)
+
+
+# The built-in backends. Each line is the whole registration: a new backend adds one.
+register_policy(
+    "oracle",
+    "llm_gym.policies.scripted:OraclePolicy",
+    description="the environment's scripted expert",
+)
+register_policy(
+    "random",
+    "llm_gym.policies.scripted:RandomPolicy",
+    usage="random[:SEED]",
+    description="random well-formed tool calls or short replies (a floor)",
+)
+register_policy(
+    "hf",
+    "llm_gym.policies.hf:HFPolicy",
+    usage="hf:PATH",
+    description="a transformers model: a local folder or hub id, or a model object (trainer)",
+)
+register_policy(
+    "openai",
+    "llm_gym.policies.openai:OpenAIPolicy",
+    usage="openai:MODEL@URL",
+    description="any OpenAI-compatible chat-completions endpoint",
+)
+register_policy(
+    "vllm",
+    "llm_gym.policies.vllm:VLLMPolicy",
+    description="TRL's vLLM generation (server or colocate mode), inside the trainer",
+)

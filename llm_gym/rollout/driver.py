@@ -1,0 +1,281 @@
+"""The episode driver: every rule of an episode, in one place.
+
+:class:`EpisodeDriver` plays one environment through episodes: :meth:`~EpisodeDriver.start` a task,
+:meth:`~EpisodeDriver.act` with the assistant's text, and when an act ends the episode it returns
+an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text view over one driver;
+``collect_groups`` drives many concurrently. The rules, here and nowhere else:
+
+* The text is parsed with the action format. Text that cannot be parsed ends the episode:
+  truncated, ``PARSE_FAILURE``, reward ``failed_parse_reward``, the parser's reason in
+  ``parse_error``; the environment never sees it.
+* An environment with ``raw_text_actions`` gets the raw text as the assistant message's
+  ``content`` and parses it itself, so there is no parse failure (the parse is kept as a record
+  when ``record_parse`` is set).
+* The episode ends when the environment's step says so: terminated (its reward and metrics), or
+  truncated (cause ``ENV``).
+* A step that raises ends the episode: truncated, ``ENV``, reward 0, the traceback in ``error``.
+* After the turn limit without an end: truncated, ``MAX_TURNS``, reward 0. The limit is the
+  environment's own cap when it declares one (``Env.max_turns``, for example document 002's
+  ``max_episode_turns``), else the run's ``max_turns``.
+* The caller may end an episode itself (:meth:`~EpisodeDriver.end`): ``CONTEXT_OVERFLOW`` when
+  the next turn would not fit the model's context, ``ENV`` when starting the episode failed.
+
+The driver never renders text and never tokenizes: those belong to its callers.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
+from llm_gym.aio import LoopRunner
+from llm_gym.core.env import Env, StepResult, SyncEnv, TruncationCause
+from llm_gym.core.factories import EnvFactory
+from llm_gym.core.task import Task
+from llm_gym.core.types import Message
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["DEFAULT_FAILED_PARSE_REWARD", "EpisodeDriver", "EpisodeEnd"]
+
+DEFAULT_FAILED_PARSE_REWARD = -0.1
+"""The reward of an episode whose last action could not be parsed (the seeds' default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeEnd:
+    """How an episode ended: what the act (or :meth:`EpisodeDriver.end`) that ended it says.
+
+    Example:
+        >>> EpisodeEnd(0.0, terminated=False, truncation_cause=TruncationCause.MAX_TURNS).truncated
+        True
+    """
+
+    reward: float
+    """The episode's reward: the environment's on its ending step, ``failed_parse_reward`` on a
+    parse failure, 0.0 when the driver or its caller cut it short."""
+    terminated: bool
+    """The environment ended it (task logic)."""
+    truncation_cause: TruncationCause | None = None
+    """Why it was truncated; None exactly when :attr:`terminated`."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """The environment's metrics from the ending step (empty otherwise)."""
+    parse_error: str | None = None
+    """The parser's reason, for a parse failure."""
+    error: str | None = None
+    """The traceback, when the environment raised."""
+
+    @property
+    def truncated(self) -> bool:
+        """It ended any way other than the environment terminating it."""
+        return not self.terminated
+
+
+class EpisodeDriver:
+    """Plays episodes of one environment factory, one at a time, by the rules above.
+
+    Args:
+        env_factory: A resolved factory ``task -> Env`` (see
+            :func:`~llm_gym.core.factories.as_env_factory`); a fresh env per episode.
+        action_format: How the assistant's text is parsed (a name or an :class:`ActionFormat`).
+        max_turns: Assistant turns before ``MAX_TURNS`` (unless the env caps its own episodes).
+        failed_parse_reward: The reward of an episode that ends on an unparseable action.
+        record_parse: Also parse the text handed raw to a ``raw_text_actions`` env, as a record
+            (:attr:`parsed`); the rollout loop counts tool calls with it.
+        runner: The event loop runner of the synchronous methods, for envs that are not
+            :class:`SyncEnv` (one is made when needed).
+
+    After each :meth:`act`: :attr:`messages` is the whole conversation, :attr:`action` the
+    assistant message the environment got, :attr:`parsed` the parse (or None), and
+    :meth:`replies` the messages the environment added after the action.
+    """
+
+    def __init__(
+        self,
+        env_factory: EnvFactory,
+        *,
+        action_format: str | ActionFormat = "hermes",
+        max_turns: int = 8,
+        failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD,
+        record_parse: bool = False,
+        runner: LoopRunner | None = None,
+    ) -> None:
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise InvalidArgumentError(
+                f"max_turns must be an int >= 1, actual value: {max_turns!r}."
+            )
+        self.env_factory = env_factory
+        self.action_format = get_action_format(action_format)
+        self.max_turns = max_turns
+        self.failed_parse_reward = float(failed_parse_reward)
+        self.record_parse = record_parse
+        self.runner = runner
+        self.env: Env | None = None
+        """The current episode's environment (None before the first start and after close)."""
+        self.task: Task | None = None
+        """The current episode's task."""
+        self.messages: list[Message] = []
+        """The conversation so far (a parse failure's message included)."""
+        self.turn = 0
+        """Assistant turns taken this episode."""
+        self.limit = max_turns
+        """This episode's turn limit (the env's own cap when it declares one)."""
+        self.raw_text = False
+        """Whether this episode's env reads the raw text (``raw_text_actions``)."""
+        self.action: Message | None = None
+        """The last assistant message (as the environment got it)."""
+        self.parsed: ParsedAction | None = None
+        """The last parse (None for a raw-text env without ``record_parse``)."""
+        self.reply_start = 0
+        """Where the environment's replies to the last action start in :attr:`messages`."""
+        self.ending: EpisodeEnd | None = None
+        """How the episode ended, once it has."""
+
+    # --- starting -----------------------------------------------------------------------------
+    def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
+        self.messages = list(opening)
+        self.task, self.turn, self.ending = task, 0, None
+        self.action, self.parsed, self.reply_start = None, None, len(self.messages)
+        self.raw_text = bool(getattr(env, "raw_text_actions", False))
+        cap = getattr(env, "max_turns", None)
+        self.limit = cap if isinstance(cap, int) and cap > 0 else self.max_turns
+        return self.messages
+
+    def _new_env(self, task: Task) -> Env:
+        self.ending = None
+        self.env = env = self.env_factory(task)
+        return env
+
+    async def start(self, task: Task) -> list[Message]:
+        """Build a fresh environment for ``task`` and reset it; returns the opening messages.
+
+        Raises whatever the factory or ``reset`` raises (the env, if built, is kept for
+        :meth:`close`). Close the previous episode first.
+        """
+        env = self._new_env(task)
+        return self._begin(env, task, await env.reset(task))
+
+    def start_sync(self, task: Task) -> list[Message]:
+        """:meth:`start` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
+        env = self._new_env(task)
+        if isinstance(env, SyncEnv):
+            return self._begin(env, task, env.reset_sync(task))
+        return self._begin(env, task, self._run(env.reset(task), env.synchronous))
+
+    # --- acting -------------------------------------------------------------------------------
+    def _prepare(self, text: str) -> Message | None:
+        """The assistant message for the env, or None when ``text`` ended the episode."""
+        if self.env is None or self.ending is not None:
+            raise InvalidArgumentError(
+                "act() needs a started episode that has not ended; call start(task) first."
+            )
+        self.turn = turn = self.turn + 1
+        if self.raw_text:
+            self.parsed = (
+                self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
+                if self.record_parse
+                else None
+            )
+            self.action = action = {"role": "assistant", "content": text}
+            return action
+        self.parsed = parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
+        self.action = action = parsed.message
+        if parsed.kind is ParseKind.PARSE_FAILURE:
+            self.messages = [*self.messages, action]
+            self.reply_start = len(self.messages)
+            self.ending = EpisodeEnd(
+                self.failed_parse_reward,
+                terminated=False,
+                truncation_cause=TruncationCause.PARSE_FAILURE,
+                parse_error=parsed.error,
+            )
+            return None
+        return action
+
+    def _absorb(self, result: StepResult) -> EpisodeEnd | None:
+        """Take the environment's step result; the ending, if this step ended the episode."""
+        self.messages = messages = list(result.messages)
+        start = self.reply_start
+        if len(messages) > start and messages[start].get("role") == "assistant":
+            self.reply_start = start + 1
+        if result.terminated or result.truncated:
+            self.ending = EpisodeEnd(
+                float(result.reward),
+                terminated=bool(result.terminated),
+                truncation_cause=None if result.terminated else TruncationCause.ENV,
+                metrics=dict(result.metrics),
+            )
+        elif self.turn >= self.limit:
+            self.ending = EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS)
+        return self.ending
+
+    def _raised(self, action: Message) -> EpisodeEnd:
+        self.messages = [*self.messages, action]
+        self.reply_start = len(self.messages)
+        self.ending = EpisodeEnd(0.0, False, TruncationCause.ENV, error=traceback.format_exc())
+        return self.ending
+
+    async def act(self, text: str) -> EpisodeEnd | None:
+        """Act with the assistant's ``text``: None while the episode goes on, else its end."""
+        action = self._prepare(text)
+        if action is None:
+            return self.ending
+        self.reply_start = len(self.messages)
+        try:
+            result = await self.env.step(action)  # type: ignore[union-attr]
+        except Exception:
+            return self._raised(action)
+        return self._absorb(result)
+
+    def act_sync(self, text: str) -> EpisodeEnd | None:
+        """:meth:`act` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
+        action = self._prepare(text)
+        if action is None:
+            return self.ending
+        self.reply_start = len(self.messages)
+        env = self.env
+        try:
+            if isinstance(env, SyncEnv):
+                result = env.step_sync(action)
+            else:
+                result = self._run(env.step(action), env.synchronous)  # type: ignore[union-attr]
+        except Exception:
+            return self._raised(action)
+        return self._absorb(result)
+
+    def end(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:
+        """End the episode from outside (``CONTEXT_OVERFLOW``, or ``ENV`` with the traceback of
+        a failure around it): truncated, reward 0."""
+        self.ending = EpisodeEnd(0.0, False, cause, error=error)
+        return self.ending
+
+    def replies(self) -> list[Message]:
+        """The messages the environment added after the last action (tool results, a user
+        turn), without the echoed assistant message."""
+        return self.messages[self.reply_start :]
+
+    # --- closing ------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Close the current environment (always call it; safe to call twice)."""
+        env, self.env = self.env, None
+        if env is not None:
+            await env.close()
+
+    def close_sync(self) -> None:
+        """:meth:`close` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
+        env, self.env = self.env, None
+        if isinstance(env, SyncEnv):
+            env.close_sync()
+        elif env is not None:
+            self._run(env.close(), env.synchronous)
+
+    def _run(self, coroutine: Any, eager: bool) -> Any:
+        if self.runner is None:
+            self.runner = LoopRunner()
+        return self.runner.run(coroutine, eager)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["runner"] = None  # an event loop does not pickle; a new one is made on demand
+        return state
