@@ -26,6 +26,7 @@ The driver never renders text and never tokenizes: those belong to its callers.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +132,17 @@ class EpisodeDriver:
         """Where the environment's replies to the last action start in :attr:`messages`."""
         self.ending: EpisodeEnd | None = None
         """How the episode ended, once it has."""
+        self._plain = False
 
     # --- starting -----------------------------------------------------------------------------
     def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
+        # The synchronous step, looked up once per episode (TextEnv's hot path: no isinstance
+        # and no coroutine per step for a SyncEnv).
+        if self._plain:
+            self._step_sync: Callable[[Message], StepResult] = env.step_sync  # type: ignore[attr-defined]
+        else:
+            eager = env.synchronous
+            self._step_sync = lambda action: self._run(env.step(action), eager)
         self.messages = list(opening)
         self.task, self.turn, self.ending = task, 0, None
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
@@ -145,6 +154,7 @@ class EpisodeDriver:
     def _new_env(self, task: Task) -> Env:
         self.ending = None
         self.env = env = self.env_factory(task)
+        self._plain = isinstance(env, SyncEnv)  # plain methods: no coroutine, no event loop
         return env
 
     async def start(self, task: Task) -> list[Message]:
@@ -159,24 +169,22 @@ class EpisodeDriver:
     def start_sync(self, task: Task) -> list[Message]:
         """:meth:`start` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
         env = self._new_env(task)
-        if isinstance(env, SyncEnv):
-            return self._begin(env, task, env.reset_sync(task))
+        if self._plain:
+            return self._begin(env, task, env.reset_sync(task))  # type: ignore[attr-defined]
         return self._begin(env, task, self._run(env.reset(task), env.synchronous))
 
     # --- acting -------------------------------------------------------------------------------
     def _prepare(self, text: str) -> Message | None:
         """The assistant message for the env, or None when ``text`` ended the episode."""
-        if self.env is None or self.ending is not None:
+        if self.ending is not None or self.env is None:
             raise InvalidArgumentError(
                 "act() needs a started episode that has not ended; call start(task) first."
             )
         self.turn = turn = self.turn + 1
+        self.reply_start = len(self.messages)
         if self.raw_text:
-            self.parsed = (
-                self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
-                if self.record_parse
-                else None
-            )
+            if self.record_parse:
+                self.parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
             self.action = action = {"role": "assistant", "content": text}
             return action
         self.parsed = parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
@@ -197,8 +205,10 @@ class EpisodeDriver:
         """Take the environment's step result; the ending, if this step ended the episode."""
         self.messages = messages = list(result.messages)
         start = self.reply_start
-        if len(messages) > start and messages[start].get("role") == "assistant":
-            self.reply_start = start + 1
+        if len(messages) > start and (
+            messages[start] is self.action or messages[start].get("role") == "assistant"
+        ):
+            self.reply_start = start + 1  # the env echoed the action: replies start after it
         if result.terminated or result.truncated:
             self.ending = EpisodeEnd(
                 float(result.reward),
@@ -221,7 +231,6 @@ class EpisodeDriver:
         action = self._prepare(text)
         if action is None:
             return self.ending
-        self.reply_start = len(self.messages)
         try:
             result = await self.env.step(action)  # type: ignore[union-attr]
         except Exception:
@@ -233,13 +242,8 @@ class EpisodeDriver:
         action = self._prepare(text)
         if action is None:
             return self.ending
-        self.reply_start = len(self.messages)
-        env = self.env
         try:
-            if isinstance(env, SyncEnv):
-                result = env.step_sync(action)
-            else:
-                result = self._run(env.step(action), env.synchronous)  # type: ignore[union-attr]
+            result = self._step_sync(action)
         except Exception:
             return self._raised(action)
         return self._absorb(result)
@@ -265,9 +269,11 @@ class EpisodeDriver:
     def close_sync(self) -> None:
         """:meth:`close` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
         env, self.env = self.env, None
-        if isinstance(env, SyncEnv):
-            env.close_sync()
-        elif env is not None:
+        if env is None:
+            return
+        if self._plain:
+            env.close_sync()  # type: ignore[attr-defined]
+        else:
             self._run(env.close(), env.synchronous)
 
     def _run(self, coroutine: Any, eager: bool) -> Any:

@@ -1,0 +1,212 @@
+"""The episode driver: every rule of an episode, through its async and its synchronous face, and
+the two callers (``TextEnv`` and ``collect_groups``) reaching the same ends from the same texts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import gymnasium
+import pytest
+
+from llm_gym import Env, StepResult, SyncEnv, Task, TruncationCause
+from llm_gym.actions import ParseKind
+from llm_gym.core.factories import as_env_factory
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.gym import TextEnv
+from llm_gym.policies import Generation, Policy, PolicyRequest
+from llm_gym.rollout import EpisodeDriver, EpisodeEnd, collect_groups
+
+CALL = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
+GARBLED = "<tool_call>{not json</tool_call>"
+
+
+class PingEnv(Env):
+    """Answers ``ping`` calls with a tool message; a plain reply ``"done"`` terminates (reward
+    1), ``"stop"`` truncates (reward 0.5), ``"boom"`` raises; ``cap`` sets ``max_turns``."""
+
+    def __init__(self, cap: int | None = None, raw: bool = False) -> None:
+        self.max_turns = cap
+        self.raw_text_actions = raw  # type: ignore[misc]
+        self._messages: list = []
+
+    async def reset(self, task: Task) -> list:
+        self._messages = [{"role": "user", "content": task.prompt}]
+        return list(self._messages)
+
+    async def step(self, message) -> StepResult:
+        text = message.get("content") or ""
+        if text == "boom":
+            raise RuntimeError("the env broke")
+        self._messages.append(message)
+        if message.get("tool_calls") or text == CALL:
+            self._messages.append({"role": "tool", "name": "ping", "content": "pong"})
+            return StepResult(False, False, list(self._messages))
+        if text == "stop":
+            return StepResult(False, True, list(self._messages), 0.5, {"why": 1})
+        done = text == "done"
+        return StepResult(done, False, list(self._messages), float(done), {"answered": 1})
+
+    @property
+    def tool_specs(self) -> list:
+        return []
+
+    @property
+    def messages(self) -> list:
+        return list(self._messages)
+
+
+class SyncPing(SyncEnv):
+    """PingEnv's rules as a SyncEnv (the driver calls its plain methods)."""
+
+    def __init__(self) -> None:
+        self.inner = PingEnv()
+
+    def reset_sync(self, task: Task) -> list:
+        return asyncio.run(self.inner.reset(task))
+
+    def step_sync(self, message) -> StepResult:
+        return asyncio.run(self.inner.step(message))
+
+    @property
+    def tool_specs(self) -> list:
+        return []
+
+    @property
+    def messages(self) -> list:
+        return self.inner.messages
+
+
+TASK = Task("ping until done")
+
+
+def play(driver: EpisodeDriver, texts: Sequence[str], mode: str) -> list[EpisodeEnd | None]:
+    """Start an episode and act with ``texts`` until it ends; the act results."""
+    results: list[EpisodeEnd | None] = []
+    if mode == "sync":
+        driver.start_sync(TASK)
+        for text in texts:
+            results.append(driver.act_sync(text))
+            if results[-1] is not None:
+                break
+        driver.close_sync()
+        return results
+
+    async def run() -> None:
+        await driver.start(TASK)
+        for text in texts:
+            results.append(await driver.act(text))
+            if results[-1] is not None:
+                break
+        await driver.close()
+
+    asyncio.run(run())
+    return results
+
+
+@pytest.fixture(params=["async", "sync"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_terminated_keeps_the_env_reward_and_metrics(mode: str) -> None:
+    driver = EpisodeDriver(as_env_factory(PingEnv))
+    results = play(driver, [CALL, CALL, "done"], mode)
+    assert results[:2] == [None, None]
+    assert results[2] == EpisodeEnd(1.0, terminated=True, metrics={"answered": 1})
+    assert driver.turn == 3 and driver.replies() == []
+    roles = [m["role"] for m in driver.messages]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+
+
+def test_env_truncation_is_env_with_its_reward(mode: str) -> None:
+    end = play(EpisodeDriver(as_env_factory(PingEnv)), ["stop"], mode)[-1]
+    assert end == EpisodeEnd(0.5, False, TruncationCause.ENV, {"why": 1})
+    assert end.truncated
+
+
+def test_parse_failure_ends_with_the_reward_and_reason_and_never_reaches_the_env(mode: str) -> None:
+    driver = EpisodeDriver(as_env_factory(PingEnv), failed_parse_reward=-0.25)
+    end = play(driver, [CALL, GARBLED], mode)[-1]
+    assert end is not None and end.reward == -0.25 and not end.terminated
+    assert end.truncation_cause is TruncationCause.PARSE_FAILURE and end.parse_error
+    assert driver.parsed is not None and driver.parsed.kind is ParseKind.PARSE_FAILURE
+    assert driver.messages[-1] == driver.action and driver.replies() == []
+    assert sum(m["role"] == "assistant" for m in driver.messages) == 2
+
+
+def test_raw_text_envs_get_the_text_and_never_fail_to_parse(mode: str) -> None:
+    driver = EpisodeDriver(lambda task: PingEnv(raw=True), record_parse=True)
+    results = play(driver, [GARBLED, "done"], mode)
+    assert results == [None, EpisodeEnd(1.0, True, metrics={"answered": 1})]
+    assert driver.action == {"role": "assistant", "content": "done"}
+    assert driver.parsed is not None and driver.parsed.kind is ParseKind.FINAL_ANSWER
+    unrecorded = EpisodeDriver(lambda task: PingEnv(raw=True))
+    play(unrecorded, ["x"], mode)
+    assert unrecorded.parsed is None
+
+
+def test_turn_limit_is_the_env_cap_when_it_declares_one(mode: str) -> None:
+    end = play(EpisodeDriver(as_env_factory(PingEnv), max_turns=3), [CALL] * 9, mode)
+    assert len(end) == 3 and end[-1] == EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS)
+    capped = play(EpisodeDriver(lambda task: PingEnv(cap=2), max_turns=9), [CALL] * 9, mode)
+    assert len(capped) == 2 and capped[-1].truncation_cause is TruncationCause.MAX_TURNS
+
+
+def test_a_step_that_raises_is_an_env_truncation_with_the_traceback(mode: str) -> None:
+    driver = EpisodeDriver(as_env_factory(PingEnv))
+    end = play(driver, [CALL, "boom"], mode)[-1]
+    assert end is not None and end.truncation_cause is TruncationCause.ENV and end.reward == 0.0
+    assert "the env broke" in (end.error or "")
+    assert driver.messages[-1] == {"role": "assistant", "content": "boom"}
+
+
+def test_the_caller_ends_an_episode_and_acting_after_the_end_is_refused() -> None:
+    driver = EpisodeDriver(as_env_factory(PingEnv))
+    driver.start_sync(TASK)
+    end = driver.end(TruncationCause.CONTEXT_OVERFLOW)
+    assert end == EpisodeEnd(0.0, False, TruncationCause.CONTEXT_OVERFLOW) == driver.ending
+    with pytest.raises(InvalidArgumentError, match="start"):
+        driver.act_sync("done")
+    driver.close_sync()
+    driver.close_sync()  # twice is fine
+    with pytest.raises(InvalidArgumentError, match="max_turns"):
+        EpisodeDriver(as_env_factory(PingEnv), max_turns=0)
+
+
+def test_a_sync_env_runs_without_an_event_loop() -> None:
+    driver = EpisodeDriver(as_env_factory(SyncPing))
+    end = play(driver, [CALL, "done"], "sync")[-1]
+    assert end == EpisodeEnd(1.0, True, metrics={"answered": 1})
+    assert driver.runner is None  # never needed one
+
+
+class Texts(Policy):
+    def __init__(self, texts: Sequence[str]) -> None:
+        self.texts = list(texts)
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        turns = [sum(m["role"] == "assistant" for m in r.messages) for r in requests]
+        return [Generation(text=self.texts[t]) for t in turns]
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [[CALL, "done"], [CALL, GARBLED], [CALL, "stop"], [CALL, "boom"], [CALL] * 5, ["done"]],
+)
+def test_text_env_and_the_loop_reach_the_same_end(texts: list[str]) -> None:
+    env = TextEnv(PingEnv, [TASK], max_turns=4, failed_parse_reward=-0.3)
+    env.reset(seed=0)
+    for text in texts:
+        _, reward, terminated, truncated, info = env.step(text)
+        if terminated or truncated:
+            break
+    [[episode]] = collect_groups(
+        PingEnv, [TASK], Texts(texts), max_turns=4, failed_parse_reward=-0.3
+    )
+    assert (episode.reward, episode.terminated) == (reward, terminated)
+    assert episode.truncated == truncated
+    assert episode.truncation_cause == info.get("truncation_cause")
+    assert episode.metrics == info["metrics"] and episode.num_turns == info["turn"]
+    with pytest.raises(gymnasium.error.ResetNeeded):
+        env.step("done")
