@@ -17,6 +17,7 @@ MODULES = [
     "llm_gym.environments.replay",
     "llm_gym.envs.guess_number.env",
     "llm_gym.envs.wordle.env",
+    "llm_gym.envs.wordle.rules",
     "llm_gym.envs.wordle.solver",
     "llm_gym.envs.refund.api",
     "llm_gym.envs.refund.protocol",
