@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.actions.base import dumps_for_model
+from llm_gym.actions.codec import dumps_for_model
 
 __all__ = [
     "MAX_ACTION_CHARS",
