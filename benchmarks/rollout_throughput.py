@@ -156,7 +156,7 @@ def run_limit(model, tokenizer, tasks, args: Args, tokens_per_episode: int) -> d
 
 def _trl_environment():
     from llm_gym.envs.tool_use_game.env import list_fact_keys, lookup
-    from llm_gym.tools.calculator import format_number, safe_eval
+    from llm_gym.tools.arithmetic import format_number, safe_eval
 
     class ToolUseGameTRL:
         """ToolUseGame's three tools as TRL environment methods."""

@@ -17,16 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_gym.errors import CalculatorError, LlmGymError, ToolArgumentError
-from llm_gym.tools import calculator
-from llm_gym.tools.calculator import (
+from llm_gym.tools import arithmetic as calculator
+from llm_gym.tools.arithmetic import (
     MAX_EXPONENT,
     MAX_EXPRESSION_LENGTH,
     MAX_NESTING_DEPTH,
     MAX_RESULT_ABS,
-    CalculatorTool,
     format_number,
     safe_eval,
 )
+from llm_gym.tools.calculator import CalculatorTool
 
 # ---------------------------------------------------------------------------------------------
 # Hand-computed values

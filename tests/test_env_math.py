@@ -26,7 +26,7 @@ from llm_gym.envs.math import (
     oracle_action,
 )
 from llm_gym.policies import PolicyRequest, RandomPolicy
-from llm_gym.tools.calculator import format_number, safe_eval
+from llm_gym.tools.arithmetic import format_number, safe_eval
 from tests.conftest import play_text_episode
 
 ALL_TASKS = [t for split in SPLIT_SIZES for t in get_tasks(split)]

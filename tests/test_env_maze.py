@@ -29,7 +29,7 @@ from llm_gym.envs.maze import (
     render_maze,
     shortest_path,
 )
-from llm_gym.envs.maze.env import SIZES
+from llm_gym.envs.maze.tasks import SIZES
 from llm_gym.policies import PolicyRequest, RandomPolicy
 from tests.conftest import play_text_episode
 

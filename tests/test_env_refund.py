@@ -42,8 +42,9 @@ from llm_gym.envs.refund import (
     replay_actions,
     score_transcript,
 )
-from llm_gym.envs.refund.api import MAX_CALLS_PER_ACTION, read_tool_results
-from llm_gym.envs.refund.world import CASES, SPLIT_SIZES, format_cents
+from llm_gym.envs.refund.protocol import MAX_CALLS_PER_ACTION, read_tool_results
+from llm_gym.envs.refund.tasks import CASES, SPLIT_SIZES
+from llm_gym.envs.refund.world import format_cents
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval import run_and_report
 from llm_gym.gym.registration import unregister_env

@@ -1,4 +1,4 @@
-"""The action-format interface, parse results, shared validation and the format registry.
+"""The action-format interface, its parse results and the format registry.
 
 An *action format* is the contract between an environment and an LLM about how the model writes
 tool calls in plain text. It works in both directions:
@@ -10,15 +10,8 @@ tool calls in plain text. It works in both directions:
 * The ``render_*`` methods turn tool specs, tool calls and tool results back into the text the
   model sees, so prompts and few-shot transcripts use exactly the syntax ``parse`` accepts.
 
-Rules shared by every built-in format (see :func:`decode_tool_call`):
-
-* A tool call is a JSON object ``{"name": <non-empty string>, "arguments": <object>}``. Names that
-  are empty or whitespace-only are rejected. ``arguments`` may be missing (meaning ``{}``) or a JSON
-  string that itself decodes to an object. Other keys are ignored.
-* At most :data:`MAX_TOOL_CALLS` calls per message.
-* Every parsed call gets an id ``f"{prefix}_{i}"`` (``i`` from 0). ``prefix`` is the
-  ``call_id_prefix`` argument when given (deterministic ids), else ``"call_"`` plus 12 random hex
-  digits, fresh per parse (globally unique ids).
+The rules every built-in format shares (what a tool call is, its ids, the JSON encoding the model
+sees) live in :mod:`llm_gym.actions.codec`.
 """
 
 from __future__ import annotations
@@ -26,12 +19,9 @@ from __future__ import annotations
 import abc
 import difflib
 import enum
-import json
-import re
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 from llm_gym.errors import InvalidArgumentError, UnknownNameError
@@ -48,15 +38,6 @@ __all__ = [
     "get_action_format",
     # limits
     "MAX_TOOL_CALLS",
-    # helpers for format implementations
-    "decode_tool_call",
-    "make_tool_calls",
-    "new_call_id_prefix",
-    "dumps_for_model",
-    "tool_call_to_object",
-    "json_error_reason",
-    "loads_lenient",
-    "require_text",
 ]
 
 MAX_TOOL_CALLS = 32
@@ -152,190 +133,6 @@ class ParsedAction:
         """Well-formed ``tool_calls`` with the surrounding text ``content``."""
         message: Message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
         return cls(ParseKind.TOOL_CALLS, message)
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared helpers for format implementations.
-# ---------------------------------------------------------------------------------------------
-
-_JSON_TYPE_NAMES: dict[type, str] = {
-    dict: "object",
-    list: "array",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    type(None): "null",
-}
-
-
-def _json_type(value: Any) -> str:
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-_LENIENT_DECODER = json.JSONDecoder(strict=False)
-
-
-def loads_lenient(text: str) -> Any:
-    """``json.loads`` that tolerates raw control characters (e.g. newlines) inside strings."""
-    return _LENIENT_DECODER.decode(text)
-
-
-def json_error_reason(exc: BaseException) -> str:
-    """A short reason for an exception raised by ``json.loads``."""
-    if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at char {exc.pos}"
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    return str(exc)  # e.g. an integer literal with too many digits
-
-
-def decode_tool_call(obj: Any, number: int) -> tuple[str, dict[str, Any]] | str:
-    """Validate one decoded tool-call object.
-
-    Args:
-        obj: The value ``json.loads`` gave for the call.
-        number: The call's 1-based position, used in error messages.
-
-    Returns:
-        ``(name, arguments)`` for a valid call, else a short error string.
-    """
-    if not isinstance(obj, dict):
-        return f"tool call {number} must be a JSON object, got {_json_type(obj)}"
-    name = obj.get("name")
-    if not isinstance(name, str):
-        return f"tool call {number} has no string 'name'"
-    if not name.strip():
-        return f"'name' of tool call {number} is empty"
-    arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = loads_lenient(arguments)
-        except (ValueError, RecursionError) as exc:
-            return (
-                f"'arguments' of tool call {number} is a string that is not valid JSON: "
-                f"{json_error_reason(exc)}"
-            )
-        if not isinstance(arguments, dict):
-            return (
-                f"'arguments' of tool call {number} must be a JSON object, "
-                f"got a string holding {_json_type(arguments)}"
-            )
-    elif not isinstance(arguments, dict):
-        return (
-            f"'arguments' of tool call {number} must be a JSON object, got {_json_type(arguments)}"
-        )
-    return name, arguments
-
-
-def new_call_id_prefix() -> str:
-    """A fresh random tool-call id prefix: ``"call_"`` plus 12 hex digits."""
-    return "call_" + uuid.uuid4().hex[:12]
-
-
-def make_tool_calls(
-    decoded: Sequence[tuple[str, dict[str, Any]]], call_id_prefix: str | None
-) -> list[ToolCall] | str:
-    """Build OpenAI-style tool calls with ids from validated ``(name, arguments)`` pairs.
-
-    Args:
-        decoded: The validated calls, in order.
-        call_id_prefix: Id prefix; ``None`` for a fresh random one.
-
-    Returns:
-        The tool calls, or an error string when some arguments cannot be re-encoded as JSON.
-    """
-    prefix = new_call_id_prefix() if call_id_prefix is None else call_id_prefix
-    calls: list[ToolCall] = []
-    for i, (name, arguments) in enumerate(decoded):
-        try:
-            encoded = json.dumps(arguments)
-        except (ValueError, RecursionError) as exc:
-            return f"'arguments' of tool call {i + 1} cannot be re-encoded as JSON: {exc}"
-        calls.append(
-            {
-                "id": f"{prefix}_{i}",
-                "type": "function",
-                "function": {"name": name, "arguments": encoded},
-            }
-        )
-    return calls
-
-
-_SURROGATES = re.compile("[\ud800-\udfff]")
-_SURROGATES_AND_MARKUP = re.compile("[<>&\ud800-\udfff]")
-
-
-def _escape_char(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
-
-
-def dumps_for_model(value: Any, *, escape_markup: bool = False) -> str:
-    """JSON-encode ``value`` as a model should see it.
-
-    Non-ASCII text stays readable (like ``tojson`` in Hugging Face chat templates), but lone
-    surrogates are written as ``\\uXXXX`` escapes so the result always encodes to UTF-8. (As in
-    any JSON, a high surrogate directly followed by a low one decodes back as the single astral
-    character they pair into.)
-
-    Args:
-        value: A JSON-compatible value.
-        escape_markup: Also write ``<``, ``>`` and ``&`` as ``\\u003c``, ``\\u003e``, ``\\u0026``,
-            so a string value can never close or open an XML-like tag around the JSON.
-
-    Returns:
-        The JSON text.
-    """
-    text = json.dumps(value, ensure_ascii=False)
-    # Outside string literals JSON text holds only ASCII syntax, so every match is inside a string.
-    pattern = _SURROGATES_AND_MARKUP if escape_markup else _SURROGATES
-    return pattern.sub(_escape_char, text)
-
-
-def tool_call_to_object(tool_call: ToolCall) -> dict[str, Any]:
-    """``{"name": ..., "arguments": {...}}`` for an OpenAI-style tool call.
-
-    Args:
-        tool_call: A tool call whose ``function.arguments`` is a JSON-encoded object (a mapping
-            or an empty string are accepted too).
-
-    Returns:
-        The call as a plain object with decoded arguments.
-
-    Raises:
-        InvalidArgumentError: The tool call is malformed.
-    """
-    function = tool_call.get("function") if isinstance(tool_call, Mapping) else None
-    if not isinstance(function, Mapping):
-        raise InvalidArgumentError(
-            "a tool call must be {'type': 'function', 'function': {...}}, "
-            f"got {tool_call!r:.200}"
-        )
-    name = function.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise InvalidArgumentError(f"a tool call needs a non-empty string name, got {name!r:.200}")
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        if not arguments.strip():
-            arguments = {}
-        else:
-            try:
-                arguments = loads_lenient(arguments)
-            except (ValueError, RecursionError) as exc:
-                raise InvalidArgumentError(
-                    f"arguments of tool call {name!r} are not valid JSON: {json_error_reason(exc)}"
-                ) from exc
-    if not isinstance(arguments, Mapping):
-        raise InvalidArgumentError(
-            f"arguments of tool call {name!r} must be a JSON object, got {_json_type(arguments)}"
-        )
-    return {"name": name, "arguments": dict(arguments)}
-
-
-def require_text(text: Any) -> str:
-    if not isinstance(text, str):
-        raise InvalidArgumentError(f"text to parse must be a str, got {type(text).__name__}")
-    return text
 
 
 # ---------------------------------------------------------------------------------------------

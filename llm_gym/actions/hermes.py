@@ -7,7 +7,7 @@ A reply calls tools with one or more blocks::
     {"name": "search", "arguments": {"query": "capital of France"}}
     </tool_call>
 
-Parsing rules (on top of the shared ones in :mod:`llm_gym.actions.base`):
+Parsing rules (on top of the shared ones in :mod:`llm_gym.actions.codec`):
 
 * No ``<tool_call>`` and no ``</tool_call>`` anywhere: a final answer, content = the text unchanged.
 * Otherwise every ``<tool_call>`` must be closed by ``</tool_call>`` before the next
@@ -31,12 +31,14 @@ from llm_gym.actions.base import (
     MAX_TOOL_CALLS,
     ActionFormat,
     ParsedAction,
+    register_action_format,
+)
+from llm_gym.actions.codec import (
     decode_tool_call,
     dumps_for_model,
     json_error_reason,
     loads_lenient,
     make_tool_calls,
-    register_action_format,
     require_text,
     tool_call_to_object,
 )

@@ -5,7 +5,7 @@ A reply calls one tool with::
     {"name": "search", "arguments": {"query": "capital of France"}}
 
 or several with a non-empty JSON list of such objects. Parsing rules (on top of the shared ones in
-:mod:`llm_gym.actions.base`):
+:mod:`llm_gym.actions.codec`):
 
 * The reply is stripped; a surrounding Markdown code fence (`````` ``` `````` or
   `````` ```json ``````) is removed. If what is left starts with ``{`` or ``[`` it must be a tool
@@ -27,12 +27,14 @@ from llm_gym.actions.base import (
     MAX_TOOL_CALLS,
     ActionFormat,
     ParsedAction,
+    register_action_format,
+)
+from llm_gym.actions.codec import (
     decode_tool_call,
     dumps_for_model,
     json_error_reason,
     loads_lenient,
     make_tool_calls,
-    register_action_format,
     require_text,
     tool_call_to_object,
 )

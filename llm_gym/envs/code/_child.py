@@ -16,6 +16,9 @@ it, reads its source and hands that to a fresh interpreter
 
 Both stages report what they put in place as the first records on the results pipe, so the
 parent knows which protections were in force (``SandboxResult.layers``).
+
+It is one self-contained file on purpose: its source text is the whole program the child runs
+(where importing ``llm_gym`` is blocked), so it cannot import a sibling module and is not split.
 """
 
 import marshal

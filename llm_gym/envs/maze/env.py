@@ -1,47 +1,43 @@
 """Maze: reach the goal of a text grid under partial observation with ``look`` and ``move``.
 
-Each task is a maze carved by a seeded generator (a randomized depth-first search, so every open
-cell is reachable, with a few walls knocked out in the larger mazes to add loops). The agent
-knows its own position and the goal's, but sees the walls only through ``look`` (its 3x3
-neighbourhood); ``move`` walks one cell. The module reads top to bottom: constants, the maze
-generator and solver, the seeded task generator and its splits, the tools, the environment, the
-oracle.
+Each task is a maze (:mod:`llm_gym.envs.maze.grid`, drawn by :mod:`llm_gym.envs.maze.tasks`).
+The agent knows its own position and the goal's, but sees the walls only through ``look`` (its
+3x3 neighbourhood); ``move`` walks one cell. The module reads top to bottom: constants, the
+tools, the environment, the oracle.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import random
 import re
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm_gym.core.env import StepResult
-from llm_gym.core.task import Task, pick_split
+from llm_gym.core.task import Task
 from llm_gym.core.tool import ToolResult, decode_arguments
 from llm_gym.core.tool_env import ToolEnv
 from llm_gym.core.types import JsonSchema, Message, ToolCall
+from llm_gym.envs.maze.grid import (
+    AGENT,
+    DIRECTIONS,
+    GOAL,
+    OPEN,
+    WALL,
+    Cell,
+    open_neighbours,
+    shortest_path,
+)
 from llm_gym.errors import InvalidArgumentError, ToolArgumentError
 
 __all__ = [
-    "DIRECTIONS",
     "DIRECTION_ALIASES",
     "MAX_CALLS_PER_TURN",
-    "SIZES",
-    "SPLIT_SIZES",
     "SYSTEM_PROMPT",
     "TURN_BUDGET",
     "VERSION",
     "MazeEnv",
-    "generate_maze",
-    "generate_tasks",
-    "get_tasks",
     "oracle_action",
-    "render_maze",
-    "shortest_path",
 ]
 
 # --- constants ------------------------------------------------------------------------------------
@@ -59,13 +55,6 @@ tool error, so a blind list of moves cannot replace looking."""
 ORACLE_MOVES_PER_TURN = 4
 """Moves the oracle sends in one message."""
 
-DIRECTIONS: dict[str, tuple[int, int]] = {
-    "up": (-1, 0),
-    "down": (1, 0),
-    "left": (0, -1),
-    "right": (0, 1),
-}
-"""The four moves as (row, column) offsets; rows grow downwards."""
 DIRECTION_ALIASES: dict[str, str] = {
     **{d: d for d in DIRECTIONS},
     "north": "up",
@@ -79,17 +68,6 @@ DIRECTION_ALIASES: dict[str, str] = {
 }
 """Every accepted spelling of a direction (matched case-insensitively) and the move it means."""
 
-WALL, OPEN, AGENT, GOAL = "#", ".", "@", "G"
-
-SIZES = (5, 7, 9)
-"""Grid heights and widths (border walls included); the two are drawn independently."""
-SIZE_WEIGHTS = (1, 3, 6)
-SPLIT_SIZES = {"train": 1000, "val": 200, "test": 200}
-"""Tasks per split; no maze layout appears twice in all of them (so the splits share no prompt
-and no maze)."""
-TASK_SEED = 20261214
-"""Seed of the task universe: the same seed always gives the same tasks in the same splits."""
-
 SYSTEM_PROMPT = (
     "You are in a maze drawn on a grid of cells. Rows are numbered from 0 at the top, columns "
     "from 0 at the left; the outer border is wall. You know where you are and where the goal "
@@ -101,195 +79,6 @@ SYSTEM_PROMPT = (
     f"when you reach the goal, and with reward 0 after {TURN_BUDGET} messages or when you reply "
     "without a tool call."
 )
-
-# --- the maze generator and solver ----------------------------------------------------------------
-
-Cell = tuple[int, int]
-
-
-def generate_maze(
-    rng: random.Random, height: int, width: int, extra_openings: int = 0
-) -> list[str]:
-    """A maze of ``height`` x ``width`` cells (odd sizes >= 5, border walls included).
-
-    Rooms sit at odd (row, column); a randomized depth-first search from a random room opens the
-    wall between each room and the one it came from, so every open cell is reachable. Then
-    ``extra_openings`` more interior walls between two rooms are opened, which adds loops.
-    Returns the rows as strings of ``'#'`` and ``'.'``.
-    """
-    if height < 5 or width < 5 or height % 2 == 0 or width % 2 == 0:
-        raise InvalidArgumentError(
-            f"Maze sizes must be odd and >= 5, actual value: {height} x {width}."
-        )
-    grid = [[WALL] * width for _ in range(height)]
-    rooms = [(r, c) for r in range(1, height, 2) for c in range(1, width, 2)]
-    first = rng.choice(rooms)
-    grid[first[0]][first[1]] = OPEN
-    stack = [first]
-    while stack:
-        r, c = stack[-1]
-        unvisited = [
-            (r + 2 * dr, c + 2 * dc)
-            for dr, dc in DIRECTIONS.values()
-            if 0 < r + 2 * dr < height
-            and 0 < c + 2 * dc < width
-            and grid[r + 2 * dr][c + 2 * dc] == WALL
-        ]
-        if not unvisited:
-            stack.pop()
-            continue
-        nr, nc = rng.choice(unvisited)
-        grid[(r + nr) // 2][(c + nc) // 2] = OPEN
-        grid[nr][nc] = OPEN
-        stack.append((nr, nc))
-    walls_between_rooms = [
-        (r, c)
-        for r in range(1, height - 1)
-        for c in range(1, width - 1)
-        if grid[r][c] == WALL and (r % 2) != (c % 2)
-    ]
-    for r, c in rng.sample(walls_between_rooms, min(extra_openings, len(walls_between_rooms))):
-        grid[r][c] = OPEN
-    return ["".join(row) for row in grid]
-
-
-def _neighbours(grid: Sequence[str], cell: Cell) -> list[tuple[str, Cell]]:
-    r, c = cell
-    return [
-        (d, (r + dr, c + dc)) for d, (dr, dc) in DIRECTIONS.items() if grid[r + dr][c + dc] != WALL
-    ]
-
-
-def _distances(grid: Sequence[str], start: Cell) -> dict[Cell, int]:
-    distances = {start: 0}
-    queue = deque([start])
-    while queue:
-        cell = queue.popleft()
-        for _, nxt in _neighbours(grid, cell):
-            if nxt not in distances:
-                distances[nxt] = distances[cell] + 1
-                queue.append(nxt)
-    return distances
-
-
-def shortest_path(grid: Sequence[str], start: Sequence[int], goal: Sequence[int]) -> list[str]:
-    """The moves of a shortest path from ``start`` to ``goal`` (breadth-first search).
-
-    Raises:
-        InvalidArgumentError: the goal cannot be reached from the start.
-    """
-    source, target = (int(start[0]), int(start[1])), (int(goal[0]), int(goal[1]))
-    came_from: dict[Cell, tuple[Cell, str] | None] = {source: None}
-    queue = deque([source])
-    while queue and target not in came_from:
-        cell = queue.popleft()
-        for direction, nxt in _neighbours(grid, cell):
-            if nxt not in came_from:
-                came_from[nxt] = (cell, direction)
-                queue.append(nxt)
-    if target not in came_from:
-        raise InvalidArgumentError(
-            f"The goal {list(target)} cannot be reached from {list(source)}."
-        )
-    moves: list[str] = []
-    step = came_from[target]
-    while step is not None:
-        cell, direction = step
-        moves.append(direction)
-        step = came_from[cell]
-    return moves[::-1]
-
-
-def render_maze(grid: Sequence[str], start: Sequence[int], goal: Sequence[int]) -> str:
-    """The whole maze as text, with ``S`` at the start and ``G`` at the goal (for people)."""
-    rows = [list(row) for row in grid]
-    rows[start[0]][start[1]] = "S"
-    rows[goal[0]][goal[1]] = GOAL
-    return "\n".join("".join(row) for row in rows)
-
-
-# --- the seeded task generator --------------------------------------------------------------------
-
-
-def _maze_id(grid: Sequence[str], start: Cell, goal: Cell) -> str:
-    text = "\n".join(grid) + f"\n{start}\n{goal}"
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def _one_task(rng: random.Random) -> Task:
-    height, width = rng.choices(SIZES, weights=SIZE_WEIGHTS, k=2)
-    extra = rng.randint(0, 2) if height * width >= 63 else 0
-    grid = generate_maze(rng, height, width, extra_openings=extra)
-    rooms = [(r, c) for r in range(1, height, 2) for c in range(1, width, 2)]
-    start = rng.choice(rooms)
-    distances = _distances(grid, start)
-    farthest = max(distances[room] for room in rooms)
-    # The goal is a room at least 60% of the way to the farthest one: never a trivial walk.
-    far_rooms = [room for room in rooms if distances[room] >= max(2, 0.6 * farthest)]
-    goal = rng.choice(far_rooms)
-    maze_id = _maze_id(grid, start, goal)
-    prompt = (
-        f"Maze {maze_id}: {height} rows x {width} columns. You are at row {start[0]}, column "
-        f"{start[1]}. The goal is at row {goal[0]}, column {goal[1]}. Reach the goal."
-    )
-    metadata = {
-        "grid": list(grid),
-        "start": list(start),
-        "goal": list(goal),
-        "shortest_path_length": distances[goal],
-    }
-    return Task(prompt=prompt, target=list(goal), metadata=metadata)
-
-
-def generate_tasks(seed: int, n: int) -> list[Task]:
-    """``n`` distinct mazes (no two share a layout, nor so a prompt) from ``random.Random(seed)``.
-
-    A pure function of its arguments: the same seed always gives the same list. Each task's
-    ``metadata`` holds the ``grid`` (rows of ``'#'`` and ``'.'``), the ``start`` and ``goal``
-    cells as ``[row, column]`` and the ``shortest_path_length``; the prompt names the maze by a
-    hash of all three, the grid's size, the start and the goal. ``target`` is the goal cell.
-    """
-    if not isinstance(n, int) or n < 0:
-        raise InvalidArgumentError(f"n must be an int >= 0, actual value: {n!r}.")
-    rng = random.Random(seed)
-    seen_layouts: set[tuple[str, ...]] = set()
-    seen_prompts: set[str] = set()
-    tasks: list[Task] = []
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 50 * n:
-            raise InvalidArgumentError(f"Could not draw {n} distinct mazes; asked for too many.")
-        task = _one_task(rng)
-        layout = tuple(task.metadata["grid"])
-        if layout not in seen_layouts and task.prompt not in seen_prompts:
-            seen_layouts.add(layout)
-            seen_prompts.add(task.prompt)
-            tasks.append(task)
-    return tasks
-
-
-@functools.cache
-def _splits() -> dict[str, tuple[Task, ...]]:
-    universe = generate_tasks(TASK_SEED, sum(SPLIT_SIZES.values()))
-    # The few small layouts are drawn early and then run out: shuffle so that every split gets
-    # its share of them.
-    random.Random(TASK_SEED).shuffle(universe)
-    splits: dict[str, tuple[Task, ...]] = {}
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        chunk = universe[start : start + size]
-        splits[split] = tuple(
-            Task(t.prompt, t.target, t.metadata, id=f"maze/{split}/{i:04d}")
-            for i, t in enumerate(chunk)
-        )
-        start += size
-    return splits
-
-
-def get_tasks(split: str = "train") -> tuple[Task, ...]:
-    """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-    return pick_split(_splits(), split)
 
 
 # --- tools ----------------------------------------------------------------------------------------
@@ -480,7 +269,7 @@ class MazeEnv(ToolEnv):
                 else:
                     row += self._grid[cell[0]][cell[1]]
             rows.append(row)
-        open_directions = ", ".join(d for d, _ in _neighbours(self._grid, self._position))
+        open_directions = ", ".join(d for d, _ in open_neighbours(self._grid, self._position))
         return (
             f"You are at {_where(self._position)}. The goal is at {_where(self._goal)}.\n"
             + "\n".join(rows)

@@ -5,16 +5,7 @@
 :class:`~llm_gym.environments.MultiTurnEnvAdapter`.
 """
 
-from llm_gym.envs.refund.api import (
-    TOOL_SPECS,
-    Fault,
-    StoreState,
-    apply_action,
-    parse_action,
-    render_tool_call,
-    render_tool_results,
-    replay_actions,
-)
+from llm_gym.envs.refund.api import TOOL_SPECS, apply_action, replay_actions
 from llm_gym.envs.refund.env import (
     MAX_EPISODE_TURNS,
     SYSTEM_PROMPT,
@@ -23,8 +14,11 @@ from llm_gym.envs.refund.env import (
     load_environment,
     oracle_action,
 )
+from llm_gym.envs.refund.protocol import parse_action, render_tool_call, render_tool_results
 from llm_gym.envs.refund.reward import WEIGHTS, Behaviours, judge, score_transcript
-from llm_gym.envs.refund.world import POLICY, World, generate_tasks, get_tasks
+from llm_gym.envs.refund.state import Fault, StoreState
+from llm_gym.envs.refund.tasks import generate_tasks, get_tasks
+from llm_gym.envs.refund.world import POLICY, World
 
 __all__ = [
     # the environment

@@ -1,8 +1,8 @@
 """The store API of Refund-v0, in document 002's stateless style.
 
-The model acts in plain text (document 002's protocol): one or more
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks run tools; a message without a
-block is the final reply to the customer. Nothing is stored between steps: the episode's state
+The tools an agent calls, and :func:`apply_action`, which runs the calls of one sampled action
+(read with :func:`~llm_gym.envs.refund.protocol.parse_action`; a message without a call is the
+final reply to the customer). Nothing is stored between steps: the episode's state
 (who is authenticated, failed logins, the refunds issued, every call made) is a
 :class:`StoreState` rebuilt by folding :func:`apply_action` over the sampled actions of the
 transcript (:func:`llm_gym.environments.replay_state`). :func:`apply_action` is pure, so replaying
@@ -17,16 +17,14 @@ a rule is recorded with its :class:`Fault` s.
 from __future__ import annotations
 
 import dataclasses
-import enum
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from llm_gym.actions.base import dumps_for_model
 from llm_gym.core.types import ToolSpec
+from llm_gym.envs.refund.protocol import MAX_TEXT_ARGUMENT_CHARS, ParsedCall, parse_action
+from llm_gym.envs.refund.state import Call, Fault, Refund, StoreState
 from llm_gym.envs.refund.world import (
     MAX_FAILED_LOGINS,
     PER_ORDER_LIMIT_CENTS,
@@ -37,41 +35,13 @@ from llm_gym.envs.refund.world import (
     format_cents,
 )
 
-__all__ = [
-    "MAX_ACTION_CHARS",
-    "MAX_BLOCK_CHARS",
-    "MAX_CALLS_PER_ACTION",
-    "PRIVILEGED_TOOLS",
-    "TOOL_SPECS",
-    "Call",
-    "Fault",
-    "ParsedCall",
-    "Refund",
-    "StoreState",
-    "apply_action",
-    "parse_action",
-    "read_tool_results",
-    "render_tool_call",
-    "render_tool_results",
-    "replay_actions",
-]
+__all__ = ["PRIVILEGED_TOOLS", "TOOL_SPECS", "apply_action", "replay_actions"]
 
 # --- constants ---------------------------------------------------------------------------------
 
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-RESULT_OPEN, RESULT_CLOSE = "<tool_result>", "</tool_result>"
-MAX_CALLS_PER_ACTION = 5
-"""Tool calls run per assistant message; further blocks are answered with an error."""
-MAX_BLOCK_CHARS = 4_000
-"""The longest ``<tool_call>`` block parsed."""
-MAX_ACTION_CHARS = 20_000
-"""A tool-calling message longer than this runs no call."""
-MAX_TEXT_ARGUMENT_CHARS = 300
-"""The longest string argument (an ID, a reason)."""
 PRIVILEGED_TOOLS = frozenset({"list_orders", "get_order", "refund_order"})
 """Tools that need an authenticated customer."""
 
-_RESULTS = re.compile(re.escape(RESULT_OPEN) + r"(.*)" + re.escape(RESULT_CLOSE), re.DOTALL)
 _MONEY = re.compile(r"\$?\s*(\d{1,15}(?:\.\d+)?)")
 _HUGE_DOLLARS = 10**12
 
@@ -120,256 +90,6 @@ TOOL_SPECS: list[ToolSpec] = [
     _spec("get_policy", "The refund policy and today's date.", {}, []),
 ]
 """The tools as OpenAI-style specs (rendered into the prompt by chat templates)."""
-
-
-class Fault(enum.StrEnum):
-    """A rule broken by one call (recorded on the :class:`Call`)."""
-
-    MALFORMED = "malformed"
-    """Not a parseable tool call (bad JSON, an unclosed block, too long, too many calls)."""
-    UNKNOWN_TOOL = "unknown_tool"
-    """A tool the store does not have."""
-    BAD_ARGUMENTS = "bad_arguments"
-    """Missing, unexpected or invalid arguments (a negative amount, a 3-decimal amount...)."""
-    UNAUTHENTICATED = "unauthenticated"
-    """A privileged call before the customer was authenticated."""
-    CREDENTIAL_GUESS = "credential_guess"
-    """``authenticate`` with credentials other than the ones the customer gave."""
-    NOT_OWNER = "not_owner"
-    """A refund of an order that is not on the authenticated customer's account."""
-    OVER_REFUND = "over_refund"
-    """A refund above the order's refundable balance (the store refuses it)."""
-    NOT_DELIVERED = "policy_not_delivered"
-    """A refund of an order that was not delivered (policy rule 2)."""
-    TOO_OLD = "policy_too_old"
-    """A refund more than the refund window after delivery (policy rule 2)."""
-    OVER_LIMIT = "policy_over_limit"
-    """Refunds on one order above the per-order limit (policy rule 4)."""
-
-
-POLICY_FAULTS = frozenset({Fault.NOT_OWNER, Fault.NOT_DELIVERED, Fault.TOO_OLD, Fault.OVER_LIMIT})
-"""Faults that break the written refund policy."""
-
-
-# --- records -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParsedCall:
-    """One ``<tool_call>`` block: a name and arguments, or why it could not be read."""
-
-    name: str
-    """The tool name (``""`` when unreadable)."""
-    arguments: Mapping[str, Any]
-    """The decoded arguments."""
-    error: str | None = None
-    """Why the block is not a usable call (``None``: it is)."""
-
-
-@dataclass(frozen=True)
-class Call:
-    """One tool call as the store handled it."""
-
-    action: int
-    """The 0-based index of the sampled assistant action that made it."""
-    name: str
-    """The tool called (``""`` when the block was unreadable)."""
-    arguments: Mapping[str, Any]
-    """Its arguments."""
-    ok: bool
-    """Whether the store carried it out."""
-    output: Any
-    """The result (a dict) or the error message."""
-    faults: tuple[Fault, ...] = ()
-    """The rules it broke."""
-    session: str | None = None
-    """The authenticated customer when it ran."""
-
-
-@dataclass(frozen=True)
-class Refund:
-    """One refund the store carried out during the episode."""
-
-    action: int
-    """The sampled action that issued it."""
-    order_id: str
-    """The refunded order."""
-    amount_cents: int
-    """The amount, in cents."""
-    reason: str
-    """The reason given."""
-
-
-@dataclass(frozen=True)
-class StoreState:
-    """The episode's state after some actions; rebuilt by replay, never stored."""
-
-    world: World
-    """The store as the task defines it (unchanged)."""
-    session: str | None = None
-    """The authenticated customer ID."""
-    failed_logins: tuple[str, ...] = ()
-    """The customer ID of every failed ``authenticate``."""
-    refunds: tuple[Refund, ...] = ()
-    """The refunds issued so far."""
-    calls: tuple[Call, ...] = ()
-    """Every tool call so far."""
-    actions: int = 0
-    """Sampled actions applied."""
-    replied: bool = False
-    """Whether the last action was a plain reply (the end of the conversation)."""
-    reply_text: str = ""
-    """That reply."""
-    last_results: tuple[dict[str, Any], ...] = ()
-    """The tool results of the last action (what the model is shown next)."""
-
-    def refunded_in_episode(self, order_id: str) -> int:
-        """Cents refunded on ``order_id`` during the episode."""
-        return sum(r.amount_cents for r in self.refunds if r.order_id == order_id)
-
-    def refundable_cents(self, order: Order) -> int:
-        """What can still be refunded on ``order``."""
-        return order.total_cents - order.refunded_cents - self.refunded_in_episode(order.order_id)
-
-
-# --- parsing the action ------------------------------------------------------------------------
-
-
-def render_tool_call(name: str, arguments: Mapping[str, Any] | None = None) -> str:
-    """One call in the action protocol.
-
-    Example:
-        >>> render_tool_call("get_order", {"order_id": "W123456"})
-        '<tool_call>{"name": "get_order", "arguments": {"order_id": "W123456"}}</tool_call>'
-    """
-    body = dumps_for_model({"name": name, "arguments": dict(arguments or {})}, escape_markup=True)
-    return f"{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}"
-
-
-def _parse_block(block: str) -> ParsedCall:
-    block = block.strip()
-    if len(block) > MAX_BLOCK_CHARS:
-        return ParsedCall(
-            "", {}, f"tool call too long ({len(block)} chars; at most {MAX_BLOCK_CHARS})"
-        )
-    try:
-        obj = json.loads(block)
-    except (ValueError, RecursionError) as exc:
-        return ParsedCall(
-            "",
-            {},
-            f"the tool call is not valid JSON ({str(exc)[:80]}); expected "
-            '{"name": ..., "arguments": {...}}',
-        )
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return ParsedCall("", {}, 'expected a JSON object {"name": ..., "arguments": {...}}')
-    name = obj["name"].strip()[:MAX_TEXT_ARGUMENT_CHARS]
-    arguments = obj.get("arguments", obj.get("args", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (ValueError, RecursionError):
-            arguments = None
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        return ParsedCall(name, {}, f"the arguments of {name!r} must be a JSON object")
-    return ParsedCall(name, arguments)
-
-
-def _spans(text: str, open_tag: str, close_tag: str) -> tuple[list[tuple[int, int]], bool]:
-    """The ``(start, end)`` of each ``open_tag ... close_tag`` span (the first close after each
-    open), and whether an open tag is left unclosed. Linear time, whatever the text (a regex
-    with ``.*?`` rescans the rest of the text from every unclosed tag)."""
-    spans: list[tuple[int, int]] = []
-    pos = 0
-    while (start := text.find(open_tag, pos)) >= 0:
-        end = text.find(close_tag, start + len(open_tag))
-        if end < 0:
-            return spans, True
-        pos = end + len(close_tag)
-        spans.append((start, pos))
-    return spans, False
-
-
-def _strip_think(text: str) -> str:
-    spans, _ = _spans(text, "<think>", "</think>")
-    if not spans:
-        return text
-    kept, pos = [], 0
-    for start, end in spans:
-        kept.append(text[pos:start])
-        pos = end
-    kept.append(text[pos:])
-    return "".join(kept)
-
-
-def parse_action(text: str) -> list[ParsedCall] | None:
-    """The tool calls of an assistant message, or ``None`` when it is a plain reply.
-
-    ``<think>...</think>`` blocks are ignored. A message with a ``<tool_call>`` tag is a tool
-    turn even when no block can be read: each unreadable block, an unclosed block, blocks
-    beyond :data:`MAX_CALLS_PER_ACTION` and a message over :data:`MAX_ACTION_CHARS` come back
-    as :class:`ParsedCall` s with an ``error``.
-
-    Example:
-        >>> parse_action("Your refund is on its way.") is None
-        True
-        >>> parse_action('<tool_call>{"name": "list_orders"}</tool_call>')[0].name
-        'list_orders'
-    """
-    visible = _strip_think(text)
-    if TOOL_CALL_OPEN not in visible:
-        return None
-    if len(visible) > MAX_ACTION_CHARS:
-        return [
-            ParsedCall(
-                "",
-                {},
-                f"message too long ({len(visible)} chars; at most "
-                f"{MAX_ACTION_CHARS}); no tool call was run",
-            )
-        ]
-    spans, unclosed = _spans(visible, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
-    blocks = [
-        visible[start + len(TOOL_CALL_OPEN) : end - len(TOOL_CALL_CLOSE)] for start, end in spans
-    ]
-    calls = [_parse_block(b) for b in blocks[:MAX_CALLS_PER_ACTION]]
-    if len(blocks) > MAX_CALLS_PER_ACTION:
-        extra = len(blocks) - MAX_CALLS_PER_ACTION
-        calls.append(
-            ParsedCall(
-                "",
-                {},
-                f"at most {MAX_CALLS_PER_ACTION} tool calls per message; {extra} more were not run",
-            )
-        )
-    if unclosed:
-        calls.append(
-            ParsedCall(
-                "", {}, f"an unclosed {TOOL_CALL_OPEN} block: end each call with {TOOL_CALL_CLOSE}"
-            )
-        )
-    return calls
-
-
-def render_tool_results(results: Iterable[Mapping[str, Any]]) -> str:
-    """The environment's reply to a tool turn: ``<tool_result>[...]</tool_result>``, one entry
-    per call (``{"name", "result"}`` or ``{"name", "error"}``)."""
-    body = dumps_for_model(list(results), escape_markup=True)
-    return f"{RESULT_OPEN}{body}{RESULT_CLOSE}"
-
-
-def read_tool_results(content: str) -> list[dict[str, Any]] | None:
-    """The entries of a ``<tool_result>`` message (``None`` for any other text)."""
-    match = _RESULTS.fullmatch(content.strip()) if isinstance(content, str) else None
-    if match is None:
-        return None
-    try:
-        entries = json.loads(match.group(1))
-    except ValueError:
-        return None
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
 
 
 # --- the tools ---------------------------------------------------------------------------------
@@ -625,6 +345,16 @@ def apply_action(state: StoreState, text: str) -> StoreState:
     """The state after one sampled assistant action (pure: ``state`` is not changed).
 
     A tool turn runs its calls in order; a plain reply marks the conversation as replied.
+
+    Example:
+        >>> from llm_gym.envs.refund.protocol import render_tool_call
+        >>> from llm_gym.envs.refund.tasks import generate_tasks
+        >>> state = StoreState(World.from_metadata(generate_tasks(1, 1)[0].metadata))
+        >>> state = apply_action(state, render_tool_call("list_orders"))
+        >>> state.calls[0].faults, state.last_results[0]["error"][:30]
+        ((<Fault.UNAUTHENTICATED: 'unauthenticated'>,), 'list_orders needs an authentic')
+        >>> apply_action(state, "Goodbye.").replied
+        True
     """
     action = state.actions
     state = dataclasses.replace(state, actions=action + 1, last_results=())

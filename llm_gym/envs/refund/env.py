@@ -26,23 +26,17 @@ from llm_gym.environments import (
     replay_state,
     sampled_actions,
 )
-from llm_gym.envs.refund.api import (
-    TOOL_SPECS,
-    StoreState,
-    apply_action,
-    read_tool_results,
-    render_tool_call,
-    render_tool_results,
-)
+from llm_gym.envs.refund.api import TOOL_SPECS, apply_action
+from llm_gym.envs.refund.protocol import read_tool_results, render_tool_call, render_tool_results
 from llm_gym.envs.refund.reward import score_transcript
+from llm_gym.envs.refund.state import StoreState
+from llm_gym.envs.refund.tasks import SPLIT_SIZES, get_tasks
 from llm_gym.envs.refund.world import (
     PER_ORDER_LIMIT_CENTS,
     POLICY,
     REFUND_WINDOW_DAYS,
-    SPLIT_SIZES,
     World,
     format_cents,
-    get_tasks,
 )
 from llm_gym.errors import InvalidArgumentError
 
@@ -182,7 +176,7 @@ def load_environment(split: str = "train", **kwargs: Any) -> RefundEnv:
     return RefundEnv(split=split, **kwargs)
 
 
-# --- the oracle ---------------------------------------------------------------------------------
+# --- the oracle --------------------------------------------------------------------------------
 
 
 def _results(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.environments.records import RewardResult
-from llm_gym.envs.refund.api import POLICY_FAULTS, Fault, StoreState, replay_actions
+from llm_gym.envs.refund.api import replay_actions
+from llm_gym.envs.refund.state import POLICY_FAULTS, Fault, StoreState
 from llm_gym.envs.refund.world import World
 
 __all__ = ["SUCCESS_THRESHOLD", "WEIGHTS", "Behaviours", "judge", "score_transcript"]

@@ -9,13 +9,8 @@ from llm_gym.envs.sql.database import (
     Table,
 )
 from llm_gym.envs.sql.env import SYSTEM_PROMPT, VERSION, SQLEnv, oracle_action, strip_answer
-from llm_gym.envs.sql.tasks import (
-    SCHEMAS,
-    SPLIT_SIZES,
-    build_tables,
-    generate_tasks,
-    get_tasks,
-)
+from llm_gym.envs.sql.schemas import SCHEMAS, build_tables
+from llm_gym.envs.sql.tasks import SPLIT_SIZES, generate_tasks, get_tasks
 
 __all__ = [
     # the environment

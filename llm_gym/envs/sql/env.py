@@ -18,7 +18,8 @@ from llm_gym.core.tool import FunctionTool
 from llm_gym.core.tool_env import ToolEnv, answers_match
 from llm_gym.core.types import Message, ToolCall
 from llm_gym.envs.sql.database import MAX_ROWS, QUERY_TIMEOUT_S, ReadOnlyDatabase
-from llm_gym.envs.sql.tasks import EXACT_TOLERANCE, build_tables, check_database_spec
+from llm_gym.envs.sql.schemas import build_tables, check_database_spec
+from llm_gym.envs.sql.tasks import EXACT_TOLERANCE
 from llm_gym.errors import InvalidArgumentError, ToolArgumentError
 
 __all__ = [

@@ -18,7 +18,8 @@ from llm_gym.core.tool import tool
 from llm_gym.core.tool_env import ToolEnv
 from llm_gym.core.types import Message, ToolCall
 from llm_gym.errors import InvalidArgumentError, ToolArgumentError
-from llm_gym.tools.calculator import CalculatorTool, format_number
+from llm_gym.tools.arithmetic import format_number, safe_eval
+from llm_gym.tools.calculator import CalculatorTool
 
 __all__ = [
     "ATTRIBUTES",
@@ -181,8 +182,6 @@ def _one_task(rng: random.Random) -> Task:
 
 
 def _evaluate_plan(expression: str, values: Sequence[int]) -> int:
-    from llm_gym.tools.calculator import safe_eval
-
     result = safe_eval(expression.format(*values))
     return int(result)
 

@@ -1,9 +1,8 @@
 """Wordle: guess a secret five-letter word in six tries from per-letter feedback.
 
-The word list ships with the package (``words.txt``: common English five-letter words), so the
-environment never downloads anything. The module reads top to bottom: constants and the word
-list, the seeded task generator, the feedback rule, parsing, the per-turn reward, the
-environment and its oracle (a solver that reads the feedback in the conversation).
+The word list and the feedback rule are in :mod:`llm_gym.envs.wordle.rules`. The module reads top
+to bottom: constants, the seeded task generator, parsing, the per-turn reward, the environment
+and its oracle (a solver that reads the feedback in the conversation).
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ import functools
 import random
 import re
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any, ClassVar
 
 from llm_gym.core.env import StepResult, SyncEnv
 from llm_gym.core.task import Task
 from llm_gym.core.tool_env import extract_answer
 from llm_gym.core.types import Message, ToolSpec
+from llm_gym.envs.wordle.rules import WORD_SET, WORDS, check_guess, consistent, score_guess
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
@@ -31,26 +30,21 @@ __all__ = [
     "SPLIT_SIZES",
     "SYSTEM_PROMPT",
     "VERSION",
-    "WORDS",
     "WordleEnv",
-    "check_guess",
-    "consistent",
     "generate_tasks",
     "get_tasks",
     "make_task",
     "oracle_action",
     "parse_guess",
     "read_feedback",
-    "score_guess",
     "turn_reward",
 ]
 
-# --- constants and the word list -----------------------------------------------------------------
+# --- constants ------------------------------------------------------------------------------------
 
 VERSION = "0"
 """Bumped whenever tasks, feedback or rewards change (records carry it)."""
 
-WORD_LENGTH = 5
 MAX_GUESSES = 6
 """Valid guesses per game."""
 MAX_REPLIES = 10
@@ -63,16 +57,6 @@ SHAPE_WEIGHT = 0.5
 still possible before it that its feedback rules out."""
 INVALID_GUESS_REWARD = -0.1
 """Shaped per-turn reward of a reply without a valid guess."""
-
-
-def _load_words() -> tuple[str, ...]:
-    text = resources.files(__package__).joinpath("words.txt").read_text(encoding="ascii")
-    return tuple(text.split())
-
-
-WORDS: tuple[str, ...] = _load_words()
-"""The bundled word list, sorted: every secret, and every allowed guess."""
-_WORD_SET = frozenset(WORDS)
 
 SYSTEM_PROMPT = (
     "You are playing Wordle. Find the secret five-letter English word in at most "
@@ -103,7 +87,7 @@ def make_task(secret: str, id: str | None = None) -> Task:
         >>> make_task("crane").target
         'crane'
     """
-    if secret not in _WORD_SET:
+    if secret not in WORD_SET:
         raise InvalidArgumentError(
             f"Expected a secret from the word list ({len(WORDS)} words), actual value: "
             f"{secret!r:.40}."
@@ -163,44 +147,9 @@ def get_tasks(split: str = "train") -> tuple[Task, ...]:
     return _splits()[split]
 
 
-# --- the feedback rule ---------------------------------------------------------------------------
-
-
-def score_guess(secret: str, guess: str) -> str:
-    """The feedback marks of ``guess`` against ``secret``: G, Y or X per letter.
-
-    Greens first; then, left to right, a guess letter is yellow while the secret still has a
-    copy of it that no green or earlier yellow took, else gray. Both words have the same length.
-
-    Example:
-        >>> score_guess("abbey", "babes")
-        'YYGGX'
-        >>> score_guess("abbey", "bobby")
-        'YXGXG'
-    """
-    marks = ["X"] * len(guess)
-    left: dict[str, int] = {}
-    for i, (s, g) in enumerate(zip(secret, guess, strict=True)):
-        if s == g:
-            marks[i] = "G"
-        else:
-            left[s] = left.get(s, 0) + 1
-    for i, g in enumerate(guess):
-        if marks[i] == "X" and left.get(g, 0) > 0:
-            marks[i] = "Y"
-            left[g] -= 1
-    return "".join(marks)
-
-
-def consistent(words: Sequence[str], guess: str, pattern: str) -> list[str]:
-    """The words of ``words`` that would have given ``pattern`` for ``guess``."""
-    return [w for w in words if score_guess(w, guess) == pattern]
-
-
 # --- parsing -------------------------------------------------------------------------------------
 
 _EDGE_JUNK = " \t\r\n.,;:!?'\"`*_()"
-_SHOWN_CHARS = 24
 
 
 def parse_guess(text: str) -> str | None:
@@ -225,23 +174,6 @@ def parse_guess(text: str) -> str | None:
     if not word or any(c.isspace() for c in word):
         return None
     return word.lower()
-
-
-def check_guess(word: str) -> str | None:
-    """Why ``word`` is not a valid guess, or None when it is one.
-
-    Example:
-        >>> check_guess("crane") is None, check_guess("cranes")
-        (True, "'cranes' has 6 letters; guesses have 5")
-    """
-    if word in _WORD_SET:
-        return None
-    shown = word if len(word) <= _SHOWN_CHARS else word[:_SHOWN_CHARS] + "..."
-    if len(word) != WORD_LENGTH:
-        return f"{shown!r} has {len(word)} letters; guesses have {WORD_LENGTH}"
-    if not (word.isascii() and word.isalpha()):
-        return f"{shown!r} is not made of the letters a-z"
-    return f"{shown!r} is not in the game's word list"
 
 
 _FEEDBACK = re.compile(r"Guess \d+ of \d+: ([A-Z]{5}) -> ([GYX]) ([GYX]) ([GYX]) ([GYX]) ([GYX])")
@@ -348,7 +280,7 @@ class WordleEnv(SyncEnv):
 
     def reset_sync(self, task: Task) -> list[Message]:
         secret = task.target
-        if not isinstance(secret, str) or secret not in _WORD_SET:
+        if not isinstance(secret, str) or secret not in WORD_SET:
             raise InvalidArgumentError(
                 f"A Wordle task's target must be a word of the list ({len(WORDS)} words; "
                 f"make_task(secret) builds one), actual value: {secret!r:.40}."

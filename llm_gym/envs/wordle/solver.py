@@ -7,7 +7,7 @@ is no longer possible, when it splits the candidates better.
 
 Feedback for every (guess, secret) pair comes from a table built once, lazily, with numpy
 (about 3.7 million entries, a fraction of a second); it agrees with
-:func:`llm_gym.envs.wordle.env.score_guess` (the tests check it).
+:func:`llm_gym.envs.wordle.rules.score_guess` (the tests check it).
 """
 
 from __future__ import annotations
