@@ -13,12 +13,8 @@ an env factory is expected, wrap it with :class:`MultiTurnEnvFactory`, or regist
 :func:`register_multi_turn_env`.
 """
 
-from llm_gym.environments.adapter import (
-    MultiTurnEnvAdapter,
-    MultiTurnEnvFactory,
-    MultiTurnTaskSource,
-    score_episodes_async,
-)
+from llm_gym.environments.adapter import MultiTurnEnvAdapter
+from llm_gym.environments.factory import MultiTurnEnvFactory, MultiTurnTaskSource
 from llm_gym.environments.multi_turn import EnvironmentMultiTurn, parse_chatml, sft_messages
 from llm_gym.environments.records import (
     ChatMessage,
@@ -35,6 +31,7 @@ from llm_gym.environments.replay import (
     replay_state,
     sampled_actions,
 )
+from llm_gym.environments.scoring import score_episodes_async
 
 __all__ = [
     # the contract

@@ -15,24 +15,19 @@ document-002 environment runs in ``collect_groups``, ``run_and_report``, ``TextE
   ``StepResult`` carries ``reward = score`` and metrics (``score``, ``success`` when the
   :class:`RewardResult` has a threshold, ``per_turn_rewards`` from its metadata).
 
-:class:`MultiTurnEnvFactory` builds adapters that share one environment object (document 002's
-environments are stateless and shared by concurrent rollouts) and batch scoring: the episodes of
-one task that end in the same wave of the loop are scored by one ``score_episodes`` call.
+:class:`~llm_gym.environments.factory.MultiTurnEnvFactory` builds adapters over one shared
+environment object and batches their scoring.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import inspect
 import math
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_gym.core.env import Env, StepResult
-from llm_gym.core.factories import as_task, register_env_adapter, resolve
+from llm_gym.core.factories import as_task
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.environments.multi_turn import EnvironmentMultiTurn
@@ -45,153 +40,14 @@ from llm_gym.environments.records import (
     TaskExample,
 )
 from llm_gym.environments.replay import SAMPLED_KEY
+from llm_gym.environments.scoring import ScoreBatcher, call_hook, score_episodes_async
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = [
-    "MultiTurnEnvAdapter",
-    "MultiTurnEnvFactory",
-    "MultiTurnTaskSource",
-    "score_episodes_async",
-]
+__all__ = ["MultiTurnEnvAdapter"]
 
 _RESERVED_METRICS = frozenset(
     {"score", "success", "threshold", "per_turn_rewards", "actions", "turn_cap_reached"}
 )
-_BATCH_WINDOW_TICKS = 2
-"""Event-loop iterations a scoring batch stays open for episodes ending in the same wave."""
-
-
-async def _call(fn: Callable[..., Any], *args: Any, offload: bool = False) -> Any:
-    """Call a hook: ``async def`` hooks are awaited; sync ones run inline, or in a worker thread
-    when ``offload``."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    result = await asyncio.to_thread(fn, *args) if offload else fn(*args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def _as_reward(value: Any, where: str) -> RewardResult:
-    if isinstance(value, RewardResult):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return RewardResult(score=float(value))
-    raise InvalidArgumentError(f"{where} must return a RewardResult, actual value: {value!r:.200}.")
-
-
-async def score_episodes_async(
-    environment: EnvironmentMultiTurn,
-    example: TaskExample,
-    episodes: Sequence[EnvironmentEpisode],
-    *,
-    offload: bool = False,
-) -> list[RewardResult]:
-    """Score ``episodes`` of ``example`` from async code.
-
-    An overridden ``score_episodes`` is called once with all of them. Otherwise ``score_episode``
-    runs for each, up to ``max_score_concurrency`` at a time (sync hooks in worker threads, so
-    the event loop keeps running); a single episode is scored inline unless ``offload``.
-    """
-    results = await _score_each(environment, example, list(episodes), offload)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
-
-
-async def _score_each(
-    environment: EnvironmentMultiTurn,
-    example: TaskExample,
-    items: list[EnvironmentEpisode],
-    offload: bool,
-) -> list[RewardResult | BaseException]:
-    """Like :func:`score_episodes_async`, but a failing ``score_episode`` fails only its own
-    item (its exception takes the item's place)."""
-    name = type(environment).__qualname__
-    if getattr(type(environment), "score_episodes", None) is not (
-        EnvironmentMultiTurn.score_episodes
-    ):
-        results = await _call(environment.score_episodes, example, items, offload=offload)
-        results = list(results) if isinstance(results, Sequence) else results
-        if not isinstance(results, list) or len(results) != len(items):
-            raise InvalidArgumentError(
-                f"{name}.score_episodes must return one RewardResult per episode "
-                f"({len(items)}), actual value: {results!r:.200}."
-            )
-        return [_as_reward(r, f"{name}.score_episodes") for r in results]
-    if len(items) == 1:
-        try:
-            result = await _call(environment.score_episode, example, items[0], offload=offload)
-            return [_as_reward(result, f"{name}.score_episode")]
-        except Exception as exc:
-            return [exc]
-    limit = asyncio.Semaphore(max(1, int(getattr(environment, "max_score_concurrency", 8))))
-
-    async def one(episode: EnvironmentEpisode) -> RewardResult:
-        async with limit:
-            result = await _call(environment.score_episode, example, episode, offload=True)
-            return _as_reward(result, f"{name}.score_episode")
-
-    gathered = await asyncio.gather(*(one(e) for e in items), return_exceptions=True)
-    for result in gathered:
-        if isinstance(result, BaseException) and not isinstance(result, Exception):
-            raise result  # a cancellation
-    return list(gathered)
-
-
-class _ScoreBatcher:
-    """Collects episodes of the same task that end together and scores them in one call."""
-
-    def __init__(self, environment: EnvironmentMultiTurn, offload: bool) -> None:
-        self.environment = environment
-        self.offload = offload
-        self._pending: dict[tuple[int, int], tuple[TaskExample, list[Any]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1024)
-        """Sizes of the most recent ``score_episodes`` batches (for tests and logs)."""
-
-    async def score(self, task: Task, example: TaskExample, episode: EnvironmentEpisode) -> Any:
-        loop = asyncio.get_running_loop()
-        key = (id(loop), id(task))
-        future: asyncio.Future[RewardResult] = loop.create_future()
-        batch = self._pending.get(key)
-        if batch is None:
-            batch = (example, [])
-            self._pending[key] = batch
-            flush = loop.create_task(self._flush(key, batch))
-            self._tasks.add(flush)
-            flush.add_done_callback(self._tasks.discard)
-        batch[1].append((episode, future))
-        return await future
-
-    async def _flush(self, key: tuple[int, int], batch: tuple[TaskExample, list[Any]]) -> None:
-        for _ in range(_BATCH_WINDOW_TICKS):
-            await asyncio.sleep(0)
-        if self._pending.get(key) is batch:
-            del self._pending[key]
-        example, items = batch
-        self.batch_sizes.append(len(items))
-        try:
-            results = await _score_each(
-                self.environment, example, [e for e, _ in items], self.offload
-            )
-        except asyncio.CancelledError:
-            for _, future in items:
-                future.cancel()
-            raise
-        except Exception as exc:  # score_episodes itself failed: so does every episode
-            for _, future in items:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (_, future), result in zip(items, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
 
 
 def _public(message: ChatMessage) -> Message:
@@ -239,7 +95,7 @@ class MultiTurnEnvAdapter(Env):
         prompt_text: str = "",
         *,
         offload_hooks: bool = False,
-        scorer: _ScoreBatcher | None = None,
+        scorer: ScoreBatcher | None = None,
     ) -> None:
         if not isinstance(environment, EnvironmentMultiTurn):
             raise InvalidArgumentError(
@@ -275,11 +131,11 @@ class MultiTurnEnvAdapter(Env):
         example = TaskExample.from_task(task)
         env = self.environment
         name = type(env).__qualname__
-        opening = await _call(
+        opening = await call_hook(
             env.start_episode, example, self.prompt_text, offload=self.offload_hooks
         )
         messages = _check_messages(opening, f"{name}.start_episode(...)")
-        cap = await _call(env.max_episode_turns, example, offload=self.offload_hooks)
+        cap = await call_hook(env.max_episode_turns, example, offload=self.offload_hooks)
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise InvalidArgumentError(
                 f"{name}.max_episode_turns must return an int >= 1, actual value: {cap!r}."
@@ -309,7 +165,7 @@ class MultiTurnEnvAdapter(Env):
         self._transcript.append(action)
         self._public.append(_public(action))
         self._actions += 1
-        result = await _call(
+        result = await call_hook(
             env.step_episode,
             example,
             [dict(m) for m in self._transcript],
@@ -458,182 +314,3 @@ class MultiTurnEnvAdapter(Env):
                 list(per_turn) if isinstance(per_turn, tuple) else per_turn
             )
         return metrics
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-def _describe(environment: Any) -> str:
-    if isinstance(environment, str):
-        return environment.rsplit(":", 1)[-1]
-    if isinstance(environment, EnvironmentMultiTurn):
-        return type(environment).__qualname__
-    return getattr(environment, "__qualname__", None) or type(environment).__name__
-
-
-class MultiTurnEnvFactory:
-    """``task -> MultiTurnEnvAdapter`` over one shared :class:`EnvironmentMultiTurn`.
-
-    Args:
-        environment: An ``EnvironmentMultiTurn`` instance, a subclass, a ``load_environment``-style
-            function returning one, or a ``"module:attr"`` string naming either. Classes and
-            functions are called once, lazily, with ``environment_kwargs`` (plus ``split=`` when
-            they accept it).
-        prompt_text: Passed to ``start_episode``.
-        split: The split the environment is built for.
-        environment_kwargs: Keyword arguments for the class or function.
-        offload_hooks: Run synchronous hooks in worker threads (see :class:`MultiTurnEnvAdapter`).
-        batch_scoring: Score the episodes of a task that end in the same wave with one
-            ``score_episodes`` call (document 002's group scoring); False: one call per episode.
-
-    Picklable and comparable (registration compares entries), so it can be a ``gym.make`` kwarg.
-    """
-
-    def __init__(
-        self,
-        environment: Any,
-        *,
-        prompt_text: str = "",
-        split: str = "train",
-        environment_kwargs: Mapping[str, Any] | None = None,
-        offload_hooks: bool = False,
-        batch_scoring: bool = True,
-    ) -> None:
-        if not (isinstance(environment, str | EnvironmentMultiTurn) or callable(environment)):
-            raise InvalidArgumentError(
-                "environment must be an EnvironmentMultiTurn, a subclass, a function returning "
-                f"one, or a 'module:attr' string, actual value: {environment!r:.200}."
-            )
-        if isinstance(environment, EnvironmentMultiTurn) and environment_kwargs:
-            raise InvalidArgumentError(
-                "environment_kwargs need a class or a function; an instance is used as it is."
-            )
-        self.environment = environment
-        self.prompt_text = prompt_text
-        self.split = split
-        self.environment_kwargs = dict(environment_kwargs or {})
-        self.offload_hooks = bool(offload_hooks)
-        self.batch_scoring = bool(batch_scoring)
-        self.__qualname__ = _describe(environment)
-        self.version = getattr(environment, "version", None)
-        self._init_runtime()
-
-    def _init_runtime(self) -> None:
-        self._lock = threading.Lock()
-        self._instances: dict[str, EnvironmentMultiTurn] = {}
-        self._scorer: _ScoreBatcher | None = None
-
-    def _key(self) -> tuple[Any, ...]:
-        kwargs = tuple(sorted(self.environment_kwargs.items(), key=lambda kv: kv[0]))
-        return (self.environment, self.prompt_text, self.split, kwargs, self.offload_hooks,
-                self.batch_scoring)  # fmt: skip
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MultiTurnEnvFactory):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash((type(self), repr(self.environment), self.prompt_text, self.split))
-
-    def __repr__(self) -> str:
-        return f"MultiTurnEnvFactory({self.environment!r}, prompt_text={self.prompt_text!r})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for key in ("_lock", "_instances", "_scorer"):
-            state.pop(key, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_runtime()
-
-    def environment_for(self, split: str | None = None) -> EnvironmentMultiTurn:
-        """The shared environment object built for ``split`` (default: :attr:`split`)."""
-        split = self.split if split is None else split
-        with self._lock:
-            if split not in self._instances:
-                self._instances[split] = self._build(split)
-            return self._instances[split]
-
-    def _build(self, split: str) -> EnvironmentMultiTurn:
-        target = resolve(self.environment)
-        if isinstance(target, EnvironmentMultiTurn):
-            return target
-        if not callable(target):
-            raise InvalidArgumentError(
-                f"{self.environment!r} is neither an EnvironmentMultiTurn nor callable."
-            )
-        kwargs = dict(self.environment_kwargs)
-        if _accepts(target, "split"):
-            kwargs.setdefault("split", split)
-        built = target(**kwargs)
-        if not isinstance(built, EnvironmentMultiTurn):
-            raise InvalidArgumentError(
-                f"{_describe(target)}(...) must return an EnvironmentMultiTurn, actual value: "
-                f"{built!r:.200}."
-            )
-        return built
-
-    @property
-    def scorer(self) -> _ScoreBatcher | None:
-        """The shared scoring batcher (``None`` with ``batch_scoring=False``)."""
-        if not self.batch_scoring:
-            return None
-        environment = self.environment_for()
-        with self._lock:
-            if self._scorer is None:
-                self._scorer = _ScoreBatcher(environment, self.offload_hooks)
-            return self._scorer
-
-    def __call__(self, task: Task) -> MultiTurnEnvAdapter:
-        return MultiTurnEnvAdapter(
-            self.environment_for(),
-            self.prompt_text,
-            offload_hooks=self.offload_hooks,
-            scorer=self.scorer,
-        )
-
-    def tasks(self, split: str | None = None) -> list[Task]:
-        """The environment's own dataset (its ``dataset`` attribute) for ``split``, as Tasks."""
-        environment = self.environment_for(split)
-        dataset = getattr(environment, "dataset", None)
-        if dataset is None:
-            raise InvalidArgumentError(
-                f"{type(environment).__qualname__} has no 'dataset' attribute; pass tasks=... ."
-            )
-        return [as_task(row) for row in dataset]
-
-
-class MultiTurnTaskSource:
-    """``split -> tasks`` read from a document-002 environment's ``dataset`` (cached per split)."""
-
-    def __init__(self, factory: MultiTurnEnvFactory) -> None:
-        self.factory = factory
-        self._cache: dict[str, list[Task]] = {}
-
-    def __call__(self, split: str) -> list[Task]:
-        if split not in self._cache:
-            self._cache[split] = self.factory.tasks(split)
-        return self._cache[split]
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, MultiTurnTaskSource):
-            return NotImplemented
-        return self.factory == other.factory
-
-    def __hash__(self) -> int:
-        return hash((type(self), self.factory))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"factory": self.factory, "_cache": {}}
-
-
-# An EnvironmentMultiTurn (instance or subclass) works wherever an env factory is accepted.
-register_env_adapter(EnvironmentMultiTurn, MultiTurnEnvFactory)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llm_gym.core.registry import EnvEntry
-from llm_gym.environments.adapter import MultiTurnEnvFactory, MultiTurnTaskSource
+from llm_gym.environments.factory import MultiTurnEnvFactory, MultiTurnTaskSource
 from llm_gym.gym.registration import register_env
 
 __all__ = ["MAX_TURNS_CEILING", "register_multi_turn_env"]

@@ -7,19 +7,14 @@ history, the row is rebuilt from the new ids). A row whose turn ends is handed b
 rejoins the running batch as soon as its environment has stepped: no wave waits for its slowest
 turn, and finished rows cost no decode steps.
 
-The prefix every episode shares (the system prompt and tool specs, ~400 tokens on ToolUseGame) is
-prefilled once and attended by all rows from one copy, instead of once per episode per turn.
+The prefix every episode shares (the system prompt and tool specs) is prefilled once and attended
+by all rows from one copy, instead of once per episode per turn.
 
 Each engine step is one forward pass of the unmodified transformers model over a packed sequence:
 one token for each row in the decode batch (a dummy for rows that wait for their environment),
-followed by the new tokens of the rows being prefilled. The model runs with a registered
-attention function (:data:`ATTENTION_NAME`) that writes the new keys and values into per-row
-buffers and attends each query to the shared prefix and its own row; the step's layout reaches it
-as a keyword argument. Only architectures whose attention goes through transformers'
-``AttentionInterface`` with plain causal full attention are accepted (:func:`unsupported_reason`).
-
-Shape names: ``B`` decode rows, ``N`` packed tokens, ``H`` query heads, ``Hkv`` key/value heads,
-``G = H // Hkv``, ``D`` head size, ``P`` shared-prefix tokens, ``S`` row-buffer columns read.
+followed by the new tokens of the rows being prefilled. This module schedules the rows and builds
+each step's layout; :mod:`llm_gym.policies.hf_attention` holds the KV cache and the attention
+function that reads the layout, :mod:`llm_gym.policies.hf_sampling` the sampling law.
 """
 
 from __future__ import annotations
@@ -31,63 +26,18 @@ from typing import Any
 
 import torch
 
+from llm_gym.policies.hf_attention import (
+    ATTENTION_NAME,
+    PLAN_KWARG,
+    KVCache,
+    Prefill,
+    StepPlan,
+    register_attention,
+    unsupported_reason,
+)
+from llm_gym.policies.hf_sampling import sample
+
 __all__ = ["ATTENTION_NAME", "DecodeEngine", "FinishedTurn", "unsupported_reason"]
-
-ATTENTION_NAME = "llm_gym_rows"
-"""The name the engine's attention function is registered under in transformers."""
-
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-"""Architectures whose attention is plain causal attention through ``AttentionInterface``."""
-
-_PLAN_KWARG = "llm_gym_plan"
-_MIN_WIDTH = 256
-
-
-def unsupported_reason(model: Any) -> str | None:
-    """Why the engine cannot run ``model`` (None when it can)."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return (
-            f"model_type {model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)} (the "
-            "architectures whose attention the engine reproduces)"
-        )
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(kind != "full_attention" for kind in layer_types):
-        return f"layer types {sorted(set(layer_types))} include windowed attention"
-    if model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
-        return "the model uses a sliding window"
-    return None
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if ATTENTION_NAME not in ALL_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(ATTENTION_NAME, _attention)
-
-
-def _attention(
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Any,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    plan: _Plan | None = kwargs.get(_PLAN_KWARG)
-    if plan is None:  # a forward pass that is not the engine's: plain attention
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    return plan.attend(module.layer_idx, query, key, value, scaling), None
 
 
 @dataclass
@@ -121,93 +71,6 @@ class _Row:
     out_logprobs: list[float] = field(default_factory=list)
 
 
-@dataclass
-class _Prefill:
-    start: int
-    """Its first token's index in the packed sequence."""
-    length: int
-    slot: int
-    column: int
-    """Its first token's column in the row buffer."""
-    prefix_len: int
-    mask: torch.Tensor
-    """``(length, prefix_len + column + length)``: True where a query may attend."""
-
-
-class _Plan:
-    """The layout of one engine step, read by the attention function in every layer."""
-
-    def __init__(self, engine: DecodeEngine) -> None:
-        self.engine = engine
-        self.prefix_mode = False
-        self.decode_rows = 0
-        self.width = 0
-        self.bias: torch.Tensor | None = None
-        self.write_rows: torch.Tensor | None = None
-        self.write_cols: torch.Tensor | None = None
-        self.prefills: list[_Prefill] = []
-
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float
-    ) -> torch.Tensor:
-        """Attention for the packed queries ``q`` (1, H, N, D); returns (1, N, H, D)."""
-        engine = self.engine
-        if self.prefix_mode:  # the shared prefix itself: plain causal attention, kept
-            engine.prefix_k[layer] = k[0].clone()
-            engine.prefix_v[layer] = v[0].clone()
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scaling, enable_gqa=True
-            )
-            return out.transpose(1, 2)
-        k_buf, v_buf = engine.k_cache[layer], engine.v_cache[layer]
-        k_buf[self.write_rows, :, self.write_cols] = k[0].transpose(0, 1)
-        v_buf[self.write_rows, :, self.write_cols] = v[0].transpose(0, 1)
-        _, heads, _, dim = q.shape
-        kv_heads = k.shape[1]
-        groups = heads // kv_heads
-        k_pre, v_pre = engine.prefix_k[layer], engine.prefix_v[layer]
-        prefix = 0 if k_pre is None else k_pre.shape[1]
-        outs = []
-        rows = self.decode_rows
-        if rows:
-            q_BKGD = q[0, :, :rows].transpose(0, 1).reshape(rows, kv_heads, groups, dim)
-            k_rows = k_buf[:rows, :, : self.width]
-            v_rows = v_buf[:rows, :, : self.width]
-            scores = torch.matmul(q_BKGD, k_rows.transpose(-1, -2))  # (B, Hkv, G, S)
-            if prefix:
-                q_K_BG_D = q_BKGD.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, dim)
-                pre = torch.matmul(q_K_BG_D, k_pre.transpose(-1, -2))  # (Hkv, B*G, P)
-                pre = pre.view(kv_heads, rows, groups, prefix).permute(1, 0, 2, 3)
-                scores = torch.cat([pre, scores], dim=-1)
-            probs = torch.softmax(scores * scaling + self.bias, dim=-1, dtype=torch.float32)
-            probs = probs.to(q.dtype)
-            out = torch.matmul(probs[..., prefix:], v_rows)  # (B, Hkv, G, D)
-            if prefix:
-                p_pre = (
-                    probs[..., :prefix].permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, prefix)
-                )
-                out_pre = torch.matmul(p_pre, v_pre).view(kv_heads, rows, groups, dim)
-                out = out + out_pre.permute(1, 0, 2, 3)
-            outs.append(out.reshape(rows, heads, dim))
-        for item in self.prefills:
-            end = item.column + item.length
-            keys = k_buf[item.slot, :, :end]
-            values = v_buf[item.slot, :, :end]
-            if item.prefix_len:
-                keys = torch.cat([k_pre[:, : item.prefix_len], keys], dim=1)
-                values = torch.cat([v_pre[:, : item.prefix_len], values], dim=1)
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q[:, :, item.start : item.start + item.length],
-                keys[None],
-                values[None],
-                attn_mask=item.mask,
-                scale=scaling,
-                enable_gqa=True,
-            )  # (1, H, n, D)
-            outs.append(out[0].transpose(0, 1))
-        return torch.cat(outs, dim=0)[None] if len(outs) > 1 else outs[0][None]
-
-
 class DecodeEngine:
     """Continuous batching over per-episode KV caches (see the module docstring).
 
@@ -238,18 +101,11 @@ class DecodeEngine:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"DecodeEngine cannot run this model: {reason}.")
-        _register()
+        register_attention()
         self.model = model
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         config = model.config
-        self.num_layers = int(config.num_hidden_layers)
-        self.kv_heads = int(
-            getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        )
-        self.head_dim = int(
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.pad_id = int(pad_id)
         self.temperature = temperature
@@ -257,10 +113,18 @@ class DecodeEngine:
         self.generator = generator
         self.max_rows = max_rows
         self.prefix_ids: list[int] | None = None
-        self.prefix_k: list[torch.Tensor | None] = [None] * self.num_layers
-        self.prefix_v: list[torch.Tensor | None] = [None] * self.num_layers
-        self.k_cache: list[torch.Tensor] = []
-        self.v_cache: list[torch.Tensor] = []
+        self.cache = KVCache(
+            num_layers=int(config.num_hidden_layers),
+            kv_heads=int(
+                getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            ),
+            head_dim=int(
+                getattr(config, "head_dim", None)
+                or config.hidden_size // config.num_attention_heads
+            ),
+            dtype=self.dtype,
+            device=self.device,
+        )
         self.rows: dict[Hashable, _Row] = {}
         self.slots: list[_Row] = []
         self.queue: deque[tuple[Hashable, list[int], int]] = deque()
@@ -326,37 +190,13 @@ class DecodeEngine:
             return
         last = self.slots.pop()
         if last is not row:  # keep rows dense: move the last row into the freed slot
-            used = len(last.fed)
-            for buffers in (self.k_cache, self.v_cache):
-                for buffer in buffers:
-                    buffer[row.slot, :, :used] = buffer[last.slot, :, :used]
+            self.cache.move_row(last.slot, row.slot, len(last.fed))
             last.slot = row.slot
             self.slots[row.slot] = last
         while self.queue and (self.max_rows is None or len(self.slots) < self.max_rows):
             self._admit(*self.queue.popleft())
 
-    # --- buffers and the shared prefix -----------------------------------------------------
-
-    def _ensure(self, rows: int, width: int) -> None:
-        """Row buffers for ``rows`` rows of ``width`` columns plus one scratch column."""
-        if self.k_cache:
-            have_rows, _, have_width = self.k_cache[0].shape[:3]
-            if have_rows >= rows and have_width >= width + 1:
-                return
-            rows = max(rows, have_rows)
-            width = max(width, have_width - 1)
-        new_rows = max(8, 1 << (rows - 1).bit_length())
-        new_width = max(_MIN_WIDTH, 1 << (width - 1).bit_length()) + 1
-        shape = (new_rows, self.kv_heads, new_width, self.head_dim)
-        for buffers in (self.k_cache, self.v_cache):
-            for layer in range(self.num_layers):
-                fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if layer < len(buffers):
-                    old = buffers[layer]
-                    fresh[: old.shape[0], :, : old.shape[2] - 1] = old[:, :, :-1]
-                    buffers[layer] = fresh
-                else:
-                    buffers.append(fresh)
+    # --- the shared prefix -----------------------------------------------------------------
 
     def _set_prefix(self, prompts: Sequence[list[int]]) -> None:
         first = prompts[0]
@@ -369,7 +209,7 @@ class DecodeEngine:
             n = i
         self.prefix_ids = list(first[:n])
         if n:
-            plan = _Plan(self)
+            plan = StepPlan(self.cache)
             plan.prefix_mode = True
             ids = torch.tensor([self.prefix_ids], device=self.device)
             positions = torch.arange(n, device=self.device)[None]
@@ -401,8 +241,8 @@ class DecodeEngine:
     def _decode_step(self, active: list[_Row]) -> list[FinishedTurn]:
         rows = len(self.slots)
         need = max(len(row.fed) + len(row.pending) for row in active)
-        self._ensure(rows, need)
-        scratch = self.k_cache[0].shape[2] - 1
+        self.cache.ensure(rows, need)
+        scratch = self.cache.scratch_column
         prefix = len(self.prefix_ids or [])
         tokens: list[int] = []
         positions: list[int] = []
@@ -427,7 +267,7 @@ class DecodeEngine:
                 write_cols.append(scratch)
                 visible.append(1)
         write_rows = list(range(rows))
-        plan = _Plan(self)
+        plan = StepPlan(self.cache)
         plan.decode_rows = rows
         plan.width = max(visible)
         for row in self.slots:
@@ -443,7 +283,7 @@ class DecodeEngine:
             keys = torch.arange(base + n, device=self.device)
             queries = torch.arange(base, base + n, device=self.device)
             mask = keys[None, :] <= queries[:, None]
-            plan.prefills.append(_Prefill(start, n, row.slot, column, row.prefix_len, mask))
+            plan.prefills.append(Prefill(start, n, row.slot, column, row.prefix_len, mask))
             keep.append(start + n - 1)
             sampled.append(row)
             self.prefilled_tokens += n
@@ -466,7 +306,9 @@ class DecodeEngine:
             torch.tensor(keep, device=device),
         )
         self.rows_per_pass.append(len(active))
-        ids, logprobs = self._sample(logits)
+        ids, logprobs = sample(
+            logits, temperature=self.temperature, top_p=self.top_p, generator=self.generator
+        )
         finished = []
         for row, token, logprob in zip(sampled, ids, logprobs, strict=True):
             row.fed.extend(row.pending)
@@ -485,7 +327,7 @@ class DecodeEngine:
         return finished
 
     def _forward(
-        self, plan: _Plan, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor
+        self, plan: StepPlan, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor
     ) -> torch.Tensor:
         config = self.model.config
         previous = config._attn_implementation
@@ -496,42 +338,9 @@ class DecodeEngine:
                 position_ids=positions,
                 use_cache=False,
                 logits_to_keep=keep,
-                **{_PLAN_KWARG: plan},
+                **{PLAN_KWARG: plan},
             )
         finally:
             config._attn_implementation = previous
         self.forward_passes += 1
         return output.logits[0]
-
-    def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        logits = logits.float()
-        if self.temperature == 0:
-            tokens = logits.argmax(dim=-1)
-            logprobs = torch.log_softmax(logits, dim=-1)
-        else:
-            scores = logits / self.temperature
-            logprobs = torch.log_softmax(scores, dim=-1)
-            if self.top_p < 1.0:  # transformers' TopPLogitsWarper, to the letter
-                sorted_scores, order = torch.sort(scores, descending=False)
-                cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-                remove_sorted = cumulative <= (1 - self.top_p)
-                remove_sorted[..., -1:] = False
-                remove = remove_sorted.scatter(1, order, remove_sorted)
-                scores = scores.masked_fill(remove, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            tokens = self._draw(probs)
-        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-        return tokens.tolist(), chosen.tolist()
-
-    def _draw(self, probs: torch.Tensor) -> torch.Tensor:
-        """One id per row from ``probs`` by inverse CDF (the same law as ``torch.multinomial``,
-        25x cheaper on a CPU for a batch of rows)."""
-        cdf = probs.cumsum(dim=-1)
-        u = torch.rand(
-            (probs.shape[0], 1), generator=self.generator, device=probs.device, dtype=cdf.dtype
-        )
-        tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
-        tokens = tokens.clamp_(max=probs.shape[1] - 1)
-        # Rounding at the very top of the CDF could land on a zero-probability id: never keep it.
-        picked = probs.gather(1, tokens[:, None])[:, 0]
-        return torch.where(picked > 0, tokens, probs.argmax(dim=-1))

@@ -27,24 +27,24 @@ Endpoints:
 Errors come back as ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request
 (the message names the field), 404 for an unknown path or model, 405 for a wrong method, 413 for
 a body over :data:`MAX_BODY_BYTES`, 500 when generation itself fails. Unknown request fields are
-ignored; ``stream=true`` and ``n`` other than 1 are refused.
+ignored; ``stream=true`` and ``n`` other than 1 are refused (:mod:`llm_gym.serving.protocol`
+checks the requests).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.serving.protocol import APIError, bad_request, completion_body, parse_chat_request
 
 __all__ = [
     "DEFAULT_HOST",
@@ -63,136 +63,6 @@ DEFAULT_MAX_TOKENS = 256
 """Tokens per completion when a request sets no ``max_tokens``."""
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest request body accepted."""
-
-_ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-class _HTTPError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.kind = kind
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def _bad(message: str, param: str | None = None) -> _HTTPError:
-    return _HTTPError(HTTPStatus.BAD_REQUEST, message, param)
-
-
-def _text_content(value: Any, field: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):  # content parts: only text parts are supported
-        texts = []
-        for i, part in enumerate(value):
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise _bad(f"{field}[{i}] must be a text part {{'type': 'text', ...}}", field)
-            if not isinstance(part.get("text"), str):
-                raise _bad(f"{field}[{i}].text must be a string", f"{field}[{i}].text")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise _bad(f"{field} must be a string, a list of text parts or null", field)
-
-
-def _tool_calls(value: Any, field: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise _bad(f"{field} must be a list", field)
-    calls = []
-    for i, call in enumerate(value):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise _bad(
-                f"{field}[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
-                "'arguments': ...}}}",
-                f"{field}[{i}]",
-            )
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):  # chat templates expect an object (they tojson it)
-            # Unparseable: keep the string, the template writes what the client sent.
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments) if arguments.strip() else {}
-        calls.append(
-            {
-                "id": call.get("id", f"call_{i}"),
-                "type": "function",
-                "function": {"name": function["name"], "arguments": arguments},
-            }
-        )
-    return calls
-
-
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise _bad("'messages' must be a non-empty list of message objects", "messages")
-    out = []
-    for i, message in enumerate(value):
-        field = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _bad(f"{field} must be an object", field)
-        role = message.get("role")
-        if role not in _ROLES:
-            raise _bad(f"{field}.role must be one of {', '.join(_ROLES)}; got {role!r}", field)
-        item: dict[str, Any] = {
-            "role": "system" if role == "developer" else role,
-            "content": _text_content(message.get("content"), f"{field}.content"),
-        }
-        if role == "assistant" and message.get("tool_calls"):
-            item["tool_calls"] = _tool_calls(message["tool_calls"], f"{field}.tool_calls")
-        if role == "tool":
-            for key in ("tool_call_id", "name"):
-                if isinstance(message.get(key), str):
-                    item[key] = message[key]
-        out.append(item)
-    return out
-
-
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise _bad(f"'{key}' must be a number in [{low:g}, {high:g}]; got {value!r}", key)
-    return float(value)
-
-
-def _positive_int(body: dict[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(f"'{key}' must be an integer >= 1; got {value!r}", key)
-    return value
-
-
-def _stops(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value] if value else []
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return [s for s in value if s]
-    raise _bad("'stop' must be a string or a list of strings", "stop")
 
 
 class ChatCompletionServer:
@@ -317,65 +187,31 @@ class ChatCompletionServer:
         }
 
     def chat_completion(self, body: Any) -> dict[str, Any]:
-        """Answer one ``/v1/chat/completions`` body (raises ``_HTTPError`` for bad requests)."""
-        if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise _bad("'model' is required (a string)", "model")
-        if model != self.model_name:
-            raise _HTTPError(
-                HTTPStatus.NOT_FOUND,
-                f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
-                "model",
-                code="model_not_found",
-            )
-        messages = _messages(body.get("messages"))
-        if body.get("stream"):
-            raise _bad("stream=true is not supported by this server; send stream=false", "stream")
-        if body.get("n") not in (None, 1):
-            raise _bad(f"'n' must be 1 on this server; got {body.get('n')!r}", "n")
-        tools = body.get("tools")
-        if tools is not None and not (
-            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-        ):
-            raise _bad("'tools' must be a list of tool objects", "tools")
-        temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-        if top_p == 0:
-            raise _bad("'top_p' must be > 0", "top_p")
-        max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
-            body, "max_tokens"
-        )
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise _bad(f"'seed' must be an integer; got {seed!r}", "seed")
-        stops = _stops(body.get("stop"))
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise _bad("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-
+        """Answer one ``/v1/chat/completions`` body (raises :class:`APIError` for bad requests)."""
+        request = parse_chat_request(body, self.model_name)
         try:
             prompt = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools or None,
+                request.messages,
+                tools=request.tools or None,
                 tokenize=False,
                 add_generation_prompt=True,
-                **kwargs,
+                **request.chat_template_kwargs,
             )
         except Exception as exc:  # a template that rejects these messages
-            raise _bad(f"the chat template rejected the messages: {exc}", "messages") from exc
+            raise bad_request(
+                f"the chat template rejected the messages: {exc}", "messages"
+            ) from exc
         prompt_ids = list(self.tokenizer.encode(prompt, add_special_tokens=False))
-        budget = max_tokens or self.default_max_tokens
+        budget = request.max_tokens or self.default_max_tokens
         if self._context is not None:
             if len(prompt_ids) >= self._context:
-                raise _bad(
+                raise bad_request(
                     f"the prompt is {len(prompt_ids)} tokens; the model's context is "
                     f"{self._context} tokens",
                     "messages",
                 )
             budget = min(budget, self._context - len(prompt_ids))
-        ids = self._generate(prompt_ids, budget, temperature, top_p, seed)
+        ids = self._generate(prompt_ids, budget, request.temperature, request.top_p, request.seed)
 
         finish = "length"
         if ids and ids[-1] in self._eos_ids:
@@ -386,28 +222,10 @@ class ChatCompletionServer:
         text = self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
-        cuts = [i for i in (text.find(s) for s in stops) if i != -1]
+        cuts = [i for i in (text.find(s) for s in request.stops) if i != -1]
         if cuts:
             text, finish = text[: min(cuts)], "stop"
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
-            },
-        }
+        return completion_body(self.model_name, text, finish, len(prompt_ids), completion_tokens)
 
     def _generate(
         self, prompt_ids: list[int], budget: int, temperature: float, top_p: float, seed: int | None
@@ -469,14 +287,14 @@ class ChatCompletionServer:
             def _read_body(self) -> Any:
                 length = self.headers.get("Content-Length")
                 if length is None:
-                    raise _HTTPError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+                    raise APIError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
                 try:
                     size = int(length)
                 except ValueError as exc:
-                    raise _bad(f"bad Content-Length {length!r}") from exc
+                    raise bad_request(f"bad Content-Length {length!r}") from exc
                 if size > MAX_BODY_BYTES:
                     self.close_connection = True
-                    raise _HTTPError(
+                    raise APIError(
                         HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                         f"the body is {size} bytes; the limit is {MAX_BODY_BYTES}",
                     )
@@ -484,7 +302,7 @@ class ChatCompletionServer:
                 try:
                     return json.loads(raw)
                 except ValueError as exc:
-                    raise _bad(f"the body is not valid JSON: {exc}") from exc
+                    raise bad_request(f"the body is not valid JSON: {exc}") from exc
 
             def _handle(self, method: str) -> None:
                 server.requests += 1
@@ -493,10 +311,10 @@ class ChatCompletionServer:
                     route = routes.get((method, path))
                     if route is None:
                         if path in paths:
-                            raise _HTTPError(
+                            raise APIError(
                                 HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}"
                             )
-                        raise _HTTPError(
+                        raise APIError(
                             HTTPStatus.NOT_FOUND,
                             f"no such endpoint {method} {path}; this server has POST "
                             "/v1/chat/completions, GET /v1/models and GET /health",
@@ -504,10 +322,10 @@ class ChatCompletionServer:
                         )
                     body = self._read_body() if method == "POST" else None
                     self._send(HTTPStatus.OK, route(body))
-                except _HTTPError as exc:
+                except APIError as exc:
                     self._send(exc.status, exc.body())
                 except Exception as exc:  # generation failed: the client sees why
-                    error = _HTTPError(
+                    error = APIError(
                         HTTPStatus.INTERNAL_SERVER_ERROR,
                         f"internal error: {type(exc).__name__}: {exc}",
                         kind="server_error",
