@@ -39,6 +39,9 @@ def test_docstring_examples(name: str) -> None:
     "name",
     [
         "trainers.advantages",
+        "trainers.batch",
+        "trainers.checkpoints",
+        "trainers.rollout_metrics",
         "trainers.shared_prefix",
         "trainers.pipeline_config",
         "trainers.pipeline_eval",

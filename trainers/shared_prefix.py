@@ -8,14 +8,18 @@ prefix once (one row, with gradients), repeats its keys and values over the rows
 the rest. The log-probabilities are the same as a full forward's (up to float rounding) and so
 are the gradients: the prefix's keys and values reach the loss through the repeat.
 
-The plan is pure index arithmetic on the batch (tested on hand-made batches); the model calls
-live in :meth:`trainers.trainer.MultiTurnGRPOTrainer._get_per_token_logps_and_entropies`.
+The plan is pure index arithmetic on the batch (tested on hand-made batches);
+:func:`score_shared_prefix` makes the model calls, and
+:meth:`trainers.trainer.MultiTurnGRPOTrainer._get_per_token_logps_and_entropies` decides when
+they apply.
 :func:`shared_prefix_inputs` does the same for an SFT batch (``labels``, right-padded) inside
 the SFT trainer's loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,7 @@ __all__ = [
     "cache_keyword",
     "output_cache",
     "plan_shared_prefix",
+    "score_shared_prefix",
     "shared_prefix_inputs",
 ]
 
@@ -126,6 +131,62 @@ def plan_shared_prefix(
         gather_index=gather_index,
         completion_mask=completion_real,
     )
+
+
+def score_shared_prefix(
+    model: Any,
+    plan: SharedPrefixPlan,
+    *,
+    keyword: str,
+    batch_size: int,
+    compute_entropy: bool,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> tuple[Any, Any] | None:
+    """The per-token logprobs (and entropies) of a planned batch's completion tokens, as TRL's
+    scoring gives them: (B, C) each, 0.0 on completion padding.
+
+    Rows are scored ``batch_size`` at a time; per chunk the prefix runs once (with gradients)
+    and its keys and values are repeated over the chunk's rows.
+
+    Args:
+        model: The (unwrapped) causal LM; its forward takes ``shift_labels`` and
+            ``fused_lm_head`` and returns ``log_probs`` and ``entropy``.
+        plan: :func:`plan_shared_prefix` of the batch.
+        keyword: The keyword the model's forward takes its cache under (:func:`cache_keyword`).
+        batch_size: Rows per forward.
+        compute_entropy: Also return the entropies (else None).
+        autocast: The mixed-precision context of the forwards (``accelerator.autocast``).
+
+    Returns:
+        ``(logps, entropies)``, or None when the model returns no cache (score it TRL's way).
+    """
+    import torch
+
+    rows = plan.suffix_ids.size(0)
+    all_logps, all_entropies = [], []
+    for start in range(0, rows, batch_size):
+        end = min(start + batch_size, rows)
+        with autocast():
+            prefix = model(input_ids=plan.prefix_ids, use_cache=True, logits_to_keep=1)
+            cache = output_cache(prefix)
+            if cache is None:
+                return None
+            cache.batch_repeat_interleave(end - start)
+            outputs = model(
+                input_ids=plan.suffix_ids[start:end],
+                attention_mask=plan.attention_mask[start:end],
+                **{keyword: cache},
+                shift_labels=plan.shift_labels[start:end],
+                fused_lm_head=True,
+            )
+        index = plan.gather_index[start:end]
+        padding = ~plan.completion_mask[start:end]  # 0.0 there, as TRL's path gives
+        all_logps.append(outputs.log_probs.gather(1, index).masked_fill(padding, 0.0))
+        if compute_entropy:
+            all_entropies.append(outputs.entropy.gather(1, index).masked_fill(padding, 0.0))
+    logps = torch.cat(all_logps, dim=0)
+    entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+    return logps, entropies
 
 
 def cache_keyword(forward: Any) -> str:
