@@ -25,7 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     from llm_gym.errors import LlmGymError
-    from trainers.pipeline import load_config, run_pipeline, yaml_load
+    from trainers.pipeline import run_pipeline
+    from trainers.pipeline_config import load_config, yaml_load
 
     args = parse_args(argv)
     overrides = {}

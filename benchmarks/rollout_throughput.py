@@ -56,7 +56,8 @@ def _warm_model(args: Args) -> str:
     if args.model:
         return args.model
     from llm_gym.models import build_tiny_model
-    from trainers.sft import oracle_sft_dataset, sft_warm_start
+    from trainers.sft import sft_warm_start
+    from trainers.sft_data import oracle_sft_dataset
 
     out = Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache/llm_gym")) / "bench-sft"
     if (out / "config.json").exists():

@@ -223,7 +223,7 @@ def main(args: Args) -> dict[str, Any]:
     from benchmarks.rollout_throughput import Args as RolloutArgs
     from benchmarks.rollout_throughput import _warm_model
     from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS
-    from trainers.pipeline import paired_gain
+    from trainers.pipeline_eval import paired_gain
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

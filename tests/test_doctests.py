@@ -26,7 +26,8 @@ MODULES = [
     "llm_gym.envs.refund.world",
     "llm_gym.envs.sql.database",
     "llm_gym.scaffold",
-    "trainers.pipeline",
+    "trainers.pipeline_config",
+    "trainers.pipeline_eval",
 ]
 # Not here: the registration modules' examples register ids as a side effect.
 
@@ -38,7 +39,16 @@ def test_docstring_examples(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["trainers.advantages", "trainers.shared_prefix", "trainers.pipeline"]
+    "name",
+    [
+        "trainers.advantages",
+        "trainers.batch",
+        "trainers.checkpoints",
+        "trainers.rollout_metrics",
+        "trainers.shared_prefix",
+        "trainers.pipeline_config",
+        "trainers.pipeline_eval",
+    ],
 )
 def test_trainer_examples(name: str) -> None:
     pytest.importorskip("trl")

@@ -9,7 +9,8 @@ from types import SimpleNamespace as NS
 import pytest
 
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline import EvalSettings, load_config, paired_gain, task_success
+from trainers.pipeline_config import EvalSettings, load_config
+from trainers.pipeline_eval import paired_gain, task_success
 
 ROOT = Path(__file__).resolve().parents[1]
 

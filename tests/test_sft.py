@@ -17,14 +17,12 @@ from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action 
 from llm_gym.policies import Generation, OraclePolicy, Policy, PolicyRequest  # noqa: E402
 from llm_gym.rollout import collect_groups, episode_to_samples  # noqa: E402
 from tests.seeds.agent_env import AgentEnv  # noqa: E402
-from trainers.sft import (  # noqa: E402
+from trainers.chat_template import (  # noqa: E402
     RL_ALIGNED_QWEN2_5_TEMPLATE,
-    build_sft_trainer,
-    oracle_sft_dataset,
     rl_aligned_chat_template,
-    sft_dataset_from_multi_turn,
-    sft_warm_start,
 )
+from trainers.sft import build_sft_trainer, sft_warm_start  # noqa: E402
+from trainers.sft_data import oracle_sft_dataset, sft_dataset_from_multi_turn  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +107,7 @@ def test_sft_labels_are_exactly_the_rl_env_mask(small_model_dir, small_model, tm
 
 
 def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_path) -> None:
-    from trainers.sft import _shared_prefix_inputs
+    from trainers.shared_prefix import shared_prefix_inputs
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
     results = []
@@ -124,7 +122,7 @@ def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_pa
         loss.backward()
         grads = [p.grad.clone() for p in trainer.model.parameters()]
         results.append((float(loss.detach()), grads, trainer._metrics["train"]["num_tokens"]))
-    split = _shared_prefix_inputs(trainer.model, dict(batch), 32)
+    split = shared_prefix_inputs(trainer.model, dict(batch), 32)
     assert "shift_labels" in split  # the system prompt and tool specs ran once
     assert split["input_ids"].shape[1] < batch["input_ids"].shape[1] // 2
     (plain_loss, plain_grads, plain_tokens), (loss, grads, tokens) = results

@@ -22,7 +22,7 @@ from trainers.advantages import (
     shaped_reward,
     soft_overlong_penalty,
 )
-from trainers.batch import episode_rows, padding_row, rows_to_tensors
+from trainers.batch import episode_rows, group_rows, padding_row, rows_to_tensors
 
 EPS = 1e-4
 
@@ -133,6 +133,34 @@ def test_rows_per_turn_advantages_and_padding() -> None:
     assert batch["completion_mask"].tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
     assert batch["tool_mask"].tolist() == [[1, 0, 1, 1], [0, 0, 0, 0]]
     assert batch["advantages"].tolist() == [[0.5, 0.0, -1.0, -1.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_group_rows_pad_every_episode_and_mask_truncated_ones() -> None:
+    sample = _sample([1, 2], [5, 6], [1, 1], [0, 0])
+    done = SimpleNamespace(samples=[sample], truncated=False)
+    cut = SimpleNamespace(samples=[sample, sample, sample], truncated=True)
+    rows, dropped = group_rows(
+        [[done, cut]], [[0.5, -0.5]], [[None, None]], overlong_masking=True, max_rows=2, pad_id=0
+    )
+    assert dropped == 1 and len(rows) == 4  # two rows per episode, the third sample dropped
+    assert [r.env_mask for r in rows] == [[1, 1], [0], [0, 0], [0, 0]]
+    assert rows[0].advantages == [0.5, 0.5] and rows[1] == padding_row(0)
+
+
+def test_promote_staged_checkpoint(tmp_path) -> None:
+    from trainers.checkpoints import promote_staged_checkpoint, staging_dir
+
+    run = str(tmp_path)
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / ".staging-1").mkdir()  # left by a run killed while saving
+    staged = tmp_path / ".staging-3" / "checkpoint-3"
+    staged.mkdir(parents=True)
+    (staged / "weights").write_text("w")
+    best = promote_staged_checkpoint(run, 3, str(staged), save_total_limit=2)
+    assert best == str(tmp_path / "checkpoint-3") and staging_dir(run, 3).endswith(".staging-3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    assert (tmp_path / "checkpoint-3" / "weights").read_text() == "w"
 
 
 def _small_trainer(model_dir, output_dir: str, **config):

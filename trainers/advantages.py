@@ -9,8 +9,8 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeAlias
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 from llm_gym.core.env import TruncationCause
 from llm_gym.errors import InvalidArgumentError, UnknownNameError
@@ -22,6 +22,7 @@ __all__ = [
     "group_advantages",
     "per_turn_group_advantages",
     "is_zero_variance",
+    "GroupPool",
     "EpisodeOutcome",
     # estimators, by the name of the config's credit_assignment
     "Advantages",
@@ -71,6 +72,19 @@ class EpisodeOutcome:
     turns: int = 0
     """Assistant turns taken."""
 
+    @classmethod
+    def of(cls, episode: Any) -> EpisodeOutcome:
+        """The outcome of a finished :class:`llm_gym.rollout.Episode` (its total tokens are
+        those of its longest token sample)."""
+        samples = episode.samples
+        total = max((len(s.prompt_ids) + len(s.completion_ids) for s in samples), default=0)
+        return cls(
+            reward=episode.reward,
+            truncation_cause=episode.truncation_cause,
+            total_tokens=total,
+            turns=episode.num_turns,
+        )
+
 
 def shaped_reward(
     outcome: EpisodeOutcome,
@@ -111,6 +125,57 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 def is_zero_variance(rewards_G: Sequence[float], tolerance: float = 1e-9) -> bool:
     """True when every episode of a group got the same reward (no learning signal)."""
     return max(rewards_G) - min(rewards_G) <= tolerance
+
+
+@dataclass
+class GroupPool:
+    """Dynamic sampling's collected groups, those with a learning signal first.
+
+    A group whose shaped rewards are all equal (:func:`is_zero_variance`) has all-zero
+    advantages: it is kept as a spare that only fills the batch when too few groups carry a
+    signal.
+
+    Example:
+        >>> pool = GroupPool(wanted=2)
+        >>> pool.add("a", [1.0, 1.0])
+        >>> pool.add("b", [0.0, 1.0])
+        >>> pool.deficit, pool.zero_variance, pool.collected
+        (1, 1, 2)
+        >>> pool.batch()
+        (['b', 'a'], [[0.0, 1.0], [1.0, 1.0]])
+    """
+
+    wanted: int
+    """The groups a batch takes."""
+    kept: list[tuple[Any, list[float]]] = field(default_factory=list)
+    """The groups with a learning signal, with their shaped rewards, in collection order."""
+    spare: list[tuple[Any, list[float]]] = field(default_factory=list)
+    """The zero-variance groups, with their shaped rewards, in collection order."""
+
+    def add(self, group: Any, rewards_G: list[float]) -> None:
+        """Pool a collected group with its shaped rewards."""
+        (self.spare if is_zero_variance(rewards_G) else self.kept).append((group, rewards_G))
+
+    @property
+    def deficit(self) -> int:
+        """Groups with a signal still missing from a full batch."""
+        return max(0, self.wanted - len(self.kept))
+
+    @property
+    def collected(self) -> int:
+        """Groups pooled so far."""
+        return len(self.kept) + len(self.spare)
+
+    @property
+    def zero_variance(self) -> int:
+        """Zero-variance groups pooled so far."""
+        return len(self.spare)
+
+    def batch(self) -> tuple[list[Any], list[list[float]]]:
+        """The batch's groups and their shaped rewards: ``wanted`` groups (fewer when fewer
+        were collected), signal-carrying ones first."""
+        chosen = (self.kept + self.spare)[: self.wanted]
+        return [group for group, _ in chosen], [rewards for _, rewards in chosen]
 
 
 def group_advantages(

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Row", "episode_rows", "padding_row", "rows_to_tensors"]
+__all__ = [
+    "Row",
+    "episode_rows",
+    "group_rows",
+    "importance_sampling_ratio",
+    "padding_row",
+    "rows_to_tensors",
+]
 
 
 @dataclass
@@ -72,6 +79,39 @@ def padding_row(pad_id: int) -> Row:
     )
 
 
+def group_rows(
+    groups: Sequence[Sequence[Any]],
+    episode_advantages: Sequence[Sequence[float]],
+    turn_advantages: Sequence[Sequence[Sequence[float] | None]],
+    *,
+    overlong_masking: bool,
+    max_rows: int,
+    pad_id: int,
+) -> tuple[list[Row], int]:
+    """The rows of a batch of episode groups, ``max_rows`` per episode, and the samples dropped.
+
+    Each episode gives its :func:`episode_rows` (masked out when ``overlong_masking`` is on and
+    the episode was truncated), then :func:`padding_row` s up to ``max_rows``, so every episode
+    holds the same rows of the batch. ``episode_advantages[g][e]`` and ``turn_advantages[g][e]``
+    belong to episode ``e`` of group ``g``.
+    """
+    rows: list[Row] = []
+    dropped = 0
+    for g, group in enumerate(groups):
+        for e, episode in enumerate(group):
+            own, lost = episode_rows(
+                episode.samples,
+                advantage=episode_advantages[g][e],
+                turn_advantages=turn_advantages[g][e],
+                train=not (overlong_masking and episode.truncated),
+                max_rows=max_rows,
+            )
+            dropped += lost
+            rows.extend(own)
+            rows.extend(padding_row(pad_id) for _ in range(max_rows - len(own)))
+    return rows, dropped
+
+
 def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> dict[str, Any]:
     """Left-pad prompts, right-pad completions, and stack everything TRL's loss reads.
 
@@ -113,3 +153,48 @@ def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> di
         "sampling_per_token_logps": logprobs,
     }
     return {k: v.to(device) for k, v in out.items()}
+
+
+def importance_sampling_ratio(
+    old_logps: Any,
+    sampling_logps: Any,
+    mask: Any,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> Any:
+    """The trainer's over the sampler's token probabilities, as TRL corrects vLLM's sampler.
+
+    Args:
+        old_logps: (B, C) the trainer's logprobs of the sampled tokens.
+        sampling_logps: (B, C) the sampler's.
+        mask: (B, C) 1 where the token trains.
+        mode: TRL's ``vllm_importance_sampling_mode``: ``token_*`` ratios per token,
+            ``sequence_*`` one per row (B, 1) from the summed log-ratio; ``*_truncate`` clamps
+            to ``[clip_min, clip_max]``, ``*_mask`` zeroes the ratios outside it.
+        clip_min: The lower bound (None: none, for the ``*_mask`` modes).
+        clip_max: The upper bound (None: none, for the ``*_mask`` modes).
+
+    Example:
+        >>> import torch
+        >>> old = torch.tensor([[0.0, -1.0]])
+        >>> sampled = torch.tensor([[0.0, -2.0]])
+        >>> mask = torch.tensor([[1, 1]])
+        >>> importance_sampling_ratio(old, sampled, mask, "token_truncate", 0.5, 2.0).tolist()
+        [[1.0, 2.0]]
+        >>> importance_sampling_ratio(old, sampled, mask, "token_mask", 0.5, 2.0).tolist()
+        [[1.0, 0.0]]
+    """
+    import math
+
+    import torch
+
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode in ("sequence_mask", "sequence_truncate"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)

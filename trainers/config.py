@@ -277,6 +277,19 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
 
+    def lora_config(self) -> Any:
+        """PEFT's ``LoraConfig`` from the ``lora_*`` fields when ``use_lora``, else None."""
+        if not self.use_lora:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_r,
+            lora_alpha=self.lora_alpha,
+            target_modules=self.lora_target_modules or "all-linear",
+            task_type="CAUSAL_LM",
+        )
+
     @property
     def rollout_backend(self) -> str:
         """The policy kind that generates episodes (``generation_backend`` resolved)."""

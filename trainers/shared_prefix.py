@@ -1,23 +1,36 @@
 """Score a GRPO batch's completions once per shared prefix instead of once per row.
 
-Every episode of a tool-use environment opens with the same system prompt and tool specs (about
-400 of the tiny model's ~500 tokens per ToolUseGame episode), and TRL's loss forward runs all of
-them for every row. :func:`plan_shared_prefix` finds the longest token prefix that every row of
-a ``[left-padded prompt | right-padded completion]`` batch starts with; the trainer runs that
+Every episode of a tool-use environment opens with the same system prompt and tool specs (most
+of a ToolUseGame episode's tokens), and TRL's loss forward runs all of them for every row.
+:func:`plan_shared_prefix` finds the longest token prefix that every row of a
+``[left-padded prompt | right-padded completion]`` batch starts with; the trainer runs that
 prefix once (one row, with gradients), repeats its keys and values over the rows, and runs only
 the rest. The log-probabilities are the same as a full forward's (up to float rounding) and so
 are the gradients: the prefix's keys and values reach the loss through the repeat.
 
-The plan is pure index arithmetic on the batch (tested on hand-made batches); the model calls
-live in :meth:`trainers.trainer.MultiTurnGRPOTrainer._get_per_token_logps_and_entropies`.
+The plan is pure index arithmetic on the batch (tested on hand-made batches);
+:func:`score_shared_prefix` makes the model calls, and
+:meth:`trainers.trainer.MultiTurnGRPOTrainer._get_per_token_logps_and_entropies` decides when
+they apply.
+:func:`shared_prefix_inputs` does the same for an SFT batch (``labels``, right-padded) inside
+the SFT trainer's loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SharedPrefixPlan", "cache_keyword", "output_cache", "plan_shared_prefix"]
+__all__ = [
+    "SharedPrefixPlan",
+    "cache_keyword",
+    "output_cache",
+    "plan_shared_prefix",
+    "score_shared_prefix",
+    "shared_prefix_inputs",
+]
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,62 @@ def plan_shared_prefix(
     )
 
 
+def score_shared_prefix(
+    model: Any,
+    plan: SharedPrefixPlan,
+    *,
+    keyword: str,
+    batch_size: int,
+    compute_entropy: bool,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> tuple[Any, Any] | None:
+    """The per-token logprobs (and entropies) of a planned batch's completion tokens, as TRL's
+    scoring gives them: (B, C) each, 0.0 on completion padding.
+
+    Rows are scored ``batch_size`` at a time; per chunk the prefix runs once (with gradients)
+    and its keys and values are repeated over the chunk's rows.
+
+    Args:
+        model: The (unwrapped) causal LM; its forward takes ``shift_labels`` and
+            ``fused_lm_head`` and returns ``log_probs`` and ``entropy``.
+        plan: :func:`plan_shared_prefix` of the batch.
+        keyword: The keyword the model's forward takes its cache under (:func:`cache_keyword`).
+        batch_size: Rows per forward.
+        compute_entropy: Also return the entropies (else None).
+        autocast: The mixed-precision context of the forwards (``accelerator.autocast``).
+
+    Returns:
+        ``(logps, entropies)``, or None when the model returns no cache (score it TRL's way).
+    """
+    import torch
+
+    rows = plan.suffix_ids.size(0)
+    all_logps, all_entropies = [], []
+    for start in range(0, rows, batch_size):
+        end = min(start + batch_size, rows)
+        with autocast():
+            prefix = model(input_ids=plan.prefix_ids, use_cache=True, logits_to_keep=1)
+            cache = output_cache(prefix)
+            if cache is None:
+                return None
+            cache.batch_repeat_interleave(end - start)
+            outputs = model(
+                input_ids=plan.suffix_ids[start:end],
+                attention_mask=plan.attention_mask[start:end],
+                **{keyword: cache},
+                shift_labels=plan.shift_labels[start:end],
+                fused_lm_head=True,
+            )
+        index = plan.gather_index[start:end]
+        padding = ~plan.completion_mask[start:end]  # 0.0 there, as TRL's path gives
+        all_logps.append(outputs.log_probs.gather(1, index).masked_fill(padding, 0.0))
+        if compute_entropy:
+            all_entropies.append(outputs.entropy.gather(1, index).masked_fill(padding, 0.0))
+    logps = torch.cat(all_logps, dim=0)
+    entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+    return logps, entropies
+
+
 def cache_keyword(forward: Any) -> str:
     """The keyword a model's ``forward`` takes its KV cache under: ``cache`` (transformers 5.2x)
     or the older ``past_key_values``."""
@@ -136,3 +205,44 @@ def output_cache(outputs: Any) -> Any:
     """The KV cache of a forward's outputs (``cache``, or the older ``past_key_values``)."""
     cache = getattr(outputs, "cache", None)
     return cache if cache is not None else getattr(outputs, "past_key_values", None)
+
+
+def shared_prefix_inputs(model: Any, inputs: dict[str, Any], min_length: int) -> dict[str, Any]:
+    """An SFT batch with its shared prefix precomputed (``shared_prefix`` of
+    :func:`trainers.sft.sft_warm_start`): the suffix ids, the full attention mask, the prefix's
+    keys and values repeated over the batch, and the labels pre-shifted for the suffix positions.
+
+    ``inputs`` is a causal-LM batch (``input_ids``, ``attention_mask``, ``labels``, right-padded);
+    it comes back unchanged when it has other keys, fewer than two rows, or a shared untrained
+    prefix shorter than ``min_length``, and when the model returns no cache.
+    """
+    import torch
+
+    ids, labels = inputs.get("input_ids"), inputs.get("labels")
+    mask = inputs.get("attention_mask")
+    if ids is None or labels is None or mask is None or ids.dim() != 2 or ids.shape[0] < 2:
+        return inputs
+    if set(inputs) - {"input_ids", "labels", "attention_mask"}:
+        return inputs  # position ids, padding-free or multimodal batches run as they are
+    rows = ids.shape[0]
+    same = ((ids == ids[:1]) & (mask == 1)).all(dim=0)
+    common = int(same.long().cumprod(dim=0).sum())
+    trained = (labels != -100).any(dim=0)
+    first_trained = int(trained.long().argmax()) if bool(trained.any()) else ids.shape[1]
+    # labels[:, : split + 1] are all -100: no prefix position predicts a trained token
+    split = min(common, first_trained - 1)
+    if split < min_length:
+        return inputs
+    backbone = model.base_model
+    cache_arg = cache_keyword(backbone.forward)
+    cache = output_cache(backbone(input_ids=ids[:1, :split], use_cache=True))
+    if cache is None:
+        return inputs
+    cache.batch_repeat_interleave(rows)
+    shifted = torch.cat([labels[:, split + 1 :], labels.new_full((rows, 1), -100)], dim=1)
+    return {
+        "input_ids": ids[:, split:],
+        "attention_mask": mask,
+        cache_arg: cache,
+        "shift_labels": shifted,
+    }

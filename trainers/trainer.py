@@ -6,14 +6,14 @@ it runs groups of episodes with llm_gym's rollout engine (token-in/token-out, on
 generation per wave), shapes the rewards (failed parse, soft overlong penalty), computes
 group-relative advantages (per episode or per turn), applies overlong masking and dynamic
 sampling, and hands TRL the tensors its loss reads. The pure parts live in
-:mod:`trainers.advantages` and :mod:`trainers.batch`.
+:mod:`trainers.advantages` (shaping, advantages, dynamic sampling's pool), :mod:`trainers.batch`
+(episodes to tensors), :mod:`trainers.shared_prefix` (scoring), :mod:`trainers.rollout_metrics`
+and :mod:`trainers.checkpoints` (atomic saves).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
-from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -33,15 +32,12 @@ from llm_gym.eval.metrics import summarize_episodes
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups_async
-from trainers.advantages import (
-    EpisodeOutcome,
-    advantage_estimator,
-    is_zero_variance,
-    shaped_reward,
-)
-from trainers.batch import Row, episode_rows, padding_row, rows_to_tensors
+from trainers.advantages import EpisodeOutcome, GroupPool, advantage_estimator, shaped_reward
+from trainers.batch import group_rows, importance_sampling_ratio, rows_to_tensors
+from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
-from trainers.shared_prefix import cache_keyword, output_cache, plan_shared_prefix
+from trainers.rollout_metrics import RolloutPart, rollout_metrics, validation_metrics
+from trainers.shared_prefix import cache_keyword, plan_shared_prefix, score_shared_prefix
 
 __all__ = ["MultiTurnGRPOTrainer"]
 
@@ -105,15 +101,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             raise InvalidArgumentError(
                 f"Expected at least batch_size={args.batch_size} tasks, got {len(tasks)}."
             )
-        if peft_config is None and args.use_lora:
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(
-                r=args.lora_r,
-                lora_alpha=args.lora_alpha,
-                target_modules=args.lora_target_modules or "all-linear",
-                task_type="CAUSAL_LM",
-            )
+        if peft_config is None:
+            peft_config = args.lora_config()
         dataset = Dataset.from_list(
             [{"prompt": task.prompt, "task_index": i} for i, task in enumerate(tasks)]
         )
@@ -225,15 +214,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
 
     def _shaped(self, episode: Episode) -> float:
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        total = max((len(s.prompt_ids) + len(s.completion_ids) for s in episode.samples), default=0)
-        outcome = EpisodeOutcome(
-            reward=episode.reward,
-            truncation_cause=episode.truncation_cause,
-            total_tokens=total,
-            turns=episode.num_turns,
-        )
         return shaped_reward(
-            outcome,
+            EpisodeOutcome.of(episode),
             max_model_length=args.max_model_length,
             max_turns=args.max_turns or 1,
             overlong_buffer=args.overlong_buffer,
@@ -277,67 +259,54 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
         tasks = [self.tasks[i] for i in task_indices]
 
-        kept: list[tuple[list[Episode], list[float]]] = []
-        spare: list[tuple[list[Episode], list[float]]] = []
-        collected: list[list[Episode]] = []
+        pool = GroupPool(wanted)
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,
                 # FSDP, vLLM server); one whose batch is already full refills a single group.
-                tasks = self._sample_refill(max(1, wanted - len(kept)), attempt)
+                tasks = self._sample_refill(max(1, pool.deficit), attempt)
             groups = self._collect(
                 tasks,
                 episodes_per_task=size,
                 temperature=args.temperature,
                 max_turns=args.max_turns or 1,
             )
-            collected.extend(groups)
             for group in groups:
-                rewards = [self._shaped(e) for e in group]
-                target = spare if is_zero_variance(rewards) else kept
-                target.append((group, rewards))
-            deficit = torch.tensor([max(0, wanted - len(kept))], device=self.accelerator.device)
+                pool.add(group, [self._shaped(e) for e in group])
+            deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
             if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
                 break
-        zero_variance = sum(is_zero_variance([self._shaped(e) for e in g]) for g in collected)
         # Fill the batch: signal-carrying groups first, then zero-variance ones (their
         # advantages are all zero, so they only keep the batch shape).
-        chosen = (kept + spare)[:wanted]
-        groups = [g for g, _ in chosen]
-        rewards = [r for _, r in chosen]
+        groups, rewards = pool.batch()
         rollout_seconds = time.perf_counter() - start
 
         episode_adv, turn_adv = self._advantages(groups, rewards)
         pad_id = self._episode_tokenizer.pad_token_id
         if pad_id is None:
             pad_id = self._episode_tokenizer.eos_token_id
-        rows: list[Row] = []
-        dropped = 0
-        for g, group in enumerate(groups):
-            for e, episode in enumerate(group):
-                train = not (args.overlong_masking and episode.truncated)
-                episode_rows_, lost = episode_rows(
-                    episode.samples,
-                    advantage=episode_adv[g][e],
-                    turn_advantages=turn_adv[g][e],
-                    train=train,
-                    max_rows=args.max_samples_per_episode,
-                )
-                dropped += lost
-                rows.extend(episode_rows_)
-                rows.extend(
-                    padding_row(pad_id)
-                    for _ in range(args.max_samples_per_episode - len(episode_rows_))
-                )
+        rows, dropped = group_rows(
+            groups,
+            episode_adv,
+            turn_adv,
+            overlong_masking=args.overlong_masking,
+            max_rows=args.max_samples_per_episode,
+            pad_id=pad_id,
+        )
         device = self.accelerator.device
         batch = rows_to_tensors(rows, pad_id, device)
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._add_reference_logps(batch)
         batch.pop("sampling_per_token_logps")
-        self._log_rollout(
-            mode, collected, groups, rewards, zero_variance, dropped, rollout_seconds, train_seconds
+        part = RolloutPart(
+            episodes=[e for g in groups for e in g],
+            shaped=[r for g in rewards for r in g],
+            collected_groups=pool.collected,
+            zero_variance=pool.zero_variance,
+            dropped=dropped,
         )
+        self._log_rollout(mode, part, rollout_seconds, train_seconds)
         self._last_collection_end = time.perf_counter()
         return batch
 
@@ -355,8 +324,15 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                 batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention, keep, batch_size=micro
                 )
-            if correct:
-                batch["importance_sampling_ratio"] = self._importance_ratio(batch)
+            if correct:  # vLLM's sampler vs the trainer's logprobs, as TRL corrects it
+                batch["importance_sampling_ratio"] = importance_sampling_ratio(
+                    batch["old_per_token_logps"],
+                    batch["sampling_per_token_logps"],
+                    batch["completion_mask"] * batch["tool_mask"],
+                    self.vllm_importance_sampling_mode,
+                    self.vllm_importance_sampling_clip_min,
+                    self.vllm_importance_sampling_clip_max,
+                )
             if self.beta != 0.0:
                 if self.ref_model is not None:
                     ref_model = self.ref_model
@@ -374,25 +350,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                                 self.model, input_ids, attention, keep, batch_size=micro
                             )
                         )
-
-    def _importance_ratio(self, batch: dict[str, Any]) -> Any:
-        """vLLM's sampler vs the trainer's logprobs, as TRL corrects it (same modes)."""
-        import math
-
-        mask = batch["completion_mask"] * batch["tool_mask"]
-        diff = (batch["old_per_token_logps"] - batch["sampling_per_token_logps"]) * mask
-        diff = torch.nan_to_num(diff, nan=0.0)
-        mode = self.vllm_importance_sampling_mode
-        if mode in ("sequence_mask", "sequence_truncate"):
-            diff = diff.sum(dim=-1, keepdim=True)
-        ratio = torch.exp(diff)
-        low = self.vllm_importance_sampling_clip_min
-        high = self.vllm_importance_sampling_clip_max
-        if mode in ("sequence_truncate", "token_truncate"):
-            return torch.clamp(ratio, min=low, max=high)
-        low = -math.inf if low is None else low
-        high = math.inf if high is None else high
-        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
     # --- scoring ---------------------------------------------------------------------------
 
@@ -448,84 +405,28 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         if plan is None:
             return trl_scoring()
         base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
-        keyword = cache_keyword(base.forward)  # PEFT's forward takes it through **kwargs
-        rows = input_ids.size(0)
-        batch_size = batch_size or rows
-        all_logps, all_entropies = [], []
-        for start in range(0, rows, batch_size):
-            end = min(start + batch_size, rows)
-            with self.accelerator.autocast():
-                prefix = model(input_ids=plan.prefix_ids, use_cache=True, logits_to_keep=1)
-                cache = output_cache(prefix)
-                if cache is None:  # a model that returns no cache here: score it TRL's way
-                    return trl_scoring()
-                cache.batch_repeat_interleave(end - start)
-                outputs = model(
-                    input_ids=plan.suffix_ids[start:end],
-                    attention_mask=plan.attention_mask[start:end],
-                    **{keyword: cache},
-                    shift_labels=plan.shift_labels[start:end],
-                    fused_lm_head=True,
-                )
-            index = plan.gather_index[start:end]
-            padding = ~plan.completion_mask[start:end]  # 0.0 there, as TRL's path gives
-            all_logps.append(outputs.log_probs.gather(1, index).masked_fill(padding, 0.0))
-            if compute_entropy:
-                all_entropies.append(outputs.entropy.gather(1, index).masked_fill(padding, 0.0))
-        logps = torch.cat(all_logps, dim=0)
-        entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+        scored = score_shared_prefix(
+            model,
+            plan,
+            keyword=cache_keyword(base.forward),  # PEFT's forward takes it through **kwargs
+            batch_size=batch_size or input_ids.size(0),
+            compute_entropy=compute_entropy,
+            autocast=self.accelerator.autocast,
+        )
+        if scored is None:  # a model that returns no cache here: score it TRL's way
+            return trl_scoring()
+        logps, entropies = scored
         return logps, entropies, None
 
     # --- metrics -----------------------------------------------------------------------------
 
     def _log_rollout(
-        self,
-        mode: str,
-        collected: Sequence[Sequence[Episode]],
-        groups: Sequence[Sequence[Episode]],
-        rewards: Sequence[Sequence[float]],
-        zero_variance: int,
-        dropped: int,
-        rollout_seconds: float,
-        train_seconds: float,
+        self, mode: str, part: RolloutPart, rollout_seconds: float, train_seconds: float
     ) -> None:
-        local = {
-            "episodes": [e for g in groups for e in g],
-            "shaped": [r for g in rewards for r in g],
-            "collected_groups": len(collected),
-            "zero_variance": zero_variance,
-            "dropped": dropped,
-        }
-        everything = gather_object([local])
-        episodes = [e for part in everything for e in part["episodes"]]
-        shaped = [r for part in everything for r in part["shaped"]]
-        summary = summarize_episodes(episodes)
-        metrics = self._metrics[mode]
-        for key in (
-            "terminated_ratio",
-            "truncated_ratio",
-            "context_overflow_ratio",
-            "parse_failure_ratio",
-            "max_turns_ratio",
-            "env_truncated_ratio",
-            "success_rate",
-            "turns_mean",
-            "tool_calls_mean",
-            "tool_error_rate",
-            "completion_tokens_mean",
-        ):
-            metrics[f"episodes/{key}"].append(summary[key])
-        metrics["reward"].append(summary["reward_mean"])
-        metrics["reward_std"].append(summary["reward_std"])
-        metrics["episodes/shaped_reward_mean"].append(sum(shaped) / max(1, len(shaped)))
-        collected_groups = sum(part["collected_groups"] for part in everything)
-        metrics["zero_variance_skip_ratio"].append(
-            sum(part["zero_variance"] for part in everything) / max(1, collected_groups)
-        )
-        metrics["episodes/dropped_samples"].append(sum(part["dropped"] for part in everything))
-        metrics["timing/rollout_seconds"].append(rollout_seconds)
-        if train_seconds == train_seconds:  # not NaN: there was a previous step
-            metrics["timing/train_seconds"].append(train_seconds)
+        """Log the step's rollout metrics, gathered over processes (:mod:`.rollout_metrics`)."""
+        metrics = rollout_metrics(gather_object([part]), rollout_seconds, train_seconds)
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
 
     # --- validation --------------------------------------------------------------------------
 
@@ -547,18 +448,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         summary = summarize_episodes(episodes)
         record = {"step": self.state.global_step, **summary}
         self.validation_history.append(record)
-        keys = (
-            "success_rate",
-            "success_ci_low",
-            "success_ci_high",
-            "reward_mean",
-            "turns_mean",
-            "parse_failure_ratio",
-            "tool_error_rate",
-        )
-        for key in keys:  # logged with the step's own record (TRL averages _metrics lists)
-            if key in summary:
-                self._metrics["train"][f"val/{key}"].append(summary[key])
+        # logged with the step's own record (TRL averages _metrics lists)
+        for key, value in validation_metrics(summary).items():
+            self._metrics["train"][key].append(value)
         return summary
 
     # --- checkpoints -------------------------------------------------------------------------
@@ -568,7 +460,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         killed mid-save never leaves a half-written ``checkpoint-N`` to resume from."""
         run_dir = self._get_output_dir(trial=trial)
         step = self.state.global_step
-        staging_root = os.path.join(run_dir, f".staging-{step}")
+        staging_root = staging_dir(run_dir, step)
         original = self._get_output_dir
         self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
         try:
@@ -577,21 +469,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self._get_output_dir = original  # type: ignore[method-assign]
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            staged = os.path.join(staging_root, f"checkpoint-{step}")
-            final = os.path.join(run_dir, f"checkpoint-{step}")
-            if os.path.exists(final):
-                shutil.rmtree(final)
-            os.replace(staged, final)
-            best = self.state.best_model_checkpoint
-            if best and best.startswith(staging_root):
-                self.state.best_model_checkpoint = run_dir + best[len(staging_root) :]
-            for stale in os.listdir(run_dir):  # left over by runs killed while saving
-                if stale.startswith(".staging-"):
-                    shutil.rmtree(os.path.join(run_dir, stale), ignore_errors=True)
-            rotate_checkpoints(
-                output_dir=run_dir,
-                save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-                use_mtime=False,
+            self.state.best_model_checkpoint = promote_staged_checkpoint(
+                run_dir, step, self.state.best_model_checkpoint, self.args.save_total_limit
             )
         self.accelerator.wait_for_everyone()

@@ -1,7 +1,7 @@
 """Models that ship with llm_gym: the tiny default model, built offline (see :mod:`.tiny`).
 
-Importing this package imports no torch, transformers or tokenizers; the names below load
-:mod:`llm_gym.models.tiny` on first use.
+Importing this package imports no torch, transformers or tokenizers; the names below load their
+module (:mod:`.tiny`: the model and its cache, :mod:`.tokenizer`, :mod:`.corpus`) on first use.
 """
 
 from __future__ import annotations
@@ -10,13 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llm_gym.models.tiny import (
-        build_tiny_model,
-        build_tokenizer,
-        default_corpus,
-        default_model_dir,
-        load_tiny_model,
-    )
+    from llm_gym.models.corpus import default_corpus
+    from llm_gym.models.tiny import build_tiny_model, default_model_dir, load_tiny_model
+    from llm_gym.models.tokenizer import build_tokenizer
 
 __all__ = [
     "build_tiny_model",
@@ -26,10 +22,19 @@ __all__ = [
     "default_corpus",
 ]
 
+_MODULES = {
+    "build_tiny_model": "llm_gym.models.tiny",
+    "load_tiny_model": "llm_gym.models.tiny",
+    "default_model_dir": "llm_gym.models.tiny",
+    "build_tokenizer": "llm_gym.models.tokenizer",
+    "default_corpus": "llm_gym.models.corpus",
+}
+"""The module each name of ``__all__`` lives in."""
+
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        value = getattr(importlib.import_module("llm_gym.models.tiny"), name)
+    if name in _MODULES:
+        value = getattr(importlib.import_module(_MODULES[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

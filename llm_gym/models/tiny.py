@@ -7,10 +7,10 @@ enough to train on a CPU, and loadable with ``AutoTokenizer`` / ``AutoModelForCa
     >>> path = build_tiny_model()             # doctest: +SKIP
     >>> model, tokenizer = load_tiny_model()  # doctest: +SKIP
 
-The tokenizer is a byte-level BPE in Qwen2's pipeline (any text encodes, nothing is unknown,
-text decodes back in NFC form; every digit is a token of its own) with Qwen2.5's special tokens
-and chat template (TRL's ``qwen2_5.jinja``, byte for byte, so TRL recognises it). Builds are
-cached under ``$LLM_GYM_CACHE/models`` (default ``~/.cache/llm_gym/models``) in a directory
+The recipe: the corpus of oracle transcripts (:mod:`llm_gym.models.corpus`), a byte-level BPE
+tokenizer trained on it with Qwen2.5's tokens and chat template
+(:mod:`llm_gym.models.tokenizer`), and a random ``Qwen2ForCausalLM`` sized to it (here). Builds
+are cached under ``$LLM_GYM_CACHE/models`` (default ``~/.cache/llm_gym/models``) in a directory
 named by a hash of the recipe.
 
 torch, transformers and tokenizers are imported inside the functions only.
@@ -22,56 +22,47 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.models.corpus import default_corpus, selected_envs
+from llm_gym.models.tokenizer import (
+    ADDED_TOKENS,
+    CHAT_TEMPLATE_NAME,
+    EOS_TOKEN,
+    IM_START,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-    from llm_gym.core.types import Message, ToolSpec
-
 __all__ = [
-    "ADDED_TOKENS",
     "BUILD_VERSION",
-    "CHAT_TEMPLATE_NAME",
-    "EOS_TOKEN",
-    "PAD_TOKEN",
-    "SPECIAL_TOKENS",
     "build_tiny_model",
-    "build_tokenizer",
-    "default_corpus",
     "default_model_dir",
     "load_tiny_model",
+    # re-exported: the tokenizer (llm_gym.models.tokenizer) and its corpus (.corpus)
+    "ADDED_TOKENS",
+    "CHAT_TEMPLATE_NAME",
+    "EOS_TOKEN",
+    "IM_START",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "build_tokenizer",
+    "default_corpus",
 ]
 
 BUILD_VERSION = "2"
 """Bumped whenever the recipe (corpus, tokenizer, model) changes: it is part of the cache key."""
-
-PAD_TOKEN = "<|endoftext|>"
-IM_START = "<|im_start|>"
-EOS_TOKEN = "<|im_end|>"
-SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN)
-"""Special tokens (skipped by ``decode(..., skip_special_tokens=True)``), ids 0, 1, 2."""
-ADDED_TOKENS = (
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-    "<think>",
-    "</think>",
-)
-"""Single tokens that are not special (as in Qwen2.5: they survive ``skip_special_tokens``)."""
-
-CHAT_TEMPLATE_NAME = "qwen2_5.jinja"
-"""The chat template, read from TRL's ``trl/chat_templates`` at build time."""
 
 BUILD_INFO = "build_info.json"
 _BUILD_FILES = frozenset(
@@ -90,284 +81,13 @@ _BUILD_FILES = frozenset(
 )
 """Files a build writes; a directory holding anything else is never deleted by a rebuild."""
 
-# The Qwen2.5 template's tool section, so the corpus holds the prompts the model will really see.
-_TOOLS_PREAMBLE = (
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-_TOOLS_POSTAMBLE = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
-
-_GENERIC_TEXT = """\
-The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX JUMPS OVER THE LAZY DOG.
-You are a helpful assistant. Answer the question, and think step by step when it helps.
-What is the answer? The answer is 42. Which one is larger, the first or the second?
-I will look that up, then use the calculator to add, subtract, multiply and divide.
-The result of the calculation is a number; reply with only the number, or with a name.
-Please call a tool when you need a fact. Tool calls return results, or an error message.
-It is not possible to know the facts without looking them up: use the tools first.
-This is a test of the system. There are many towns, and each town has a population.
-0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 3.14 -7 +8 12,345 0.5 1e6 50% $20 #3 (a + b) * c / d = e
-a b c d e f g h i j k l m n o p q r s t u v w x y z
-A B C D E F G H I J K L M N O P Q R S T U V W X Y Z
-! " # $ % & ' ( ) * + , - . / : ; < = > ? @ [ \\ ] ^ _ ` { | } ~
-{"name": "lookup", "arguments": {"key": "value"}} ["list", "of", "strings"] true false null
-def main(): return x if x > 0 else -x  # code, paths/like/this.py and snake_case_names
-"""
-
 
 def _log(message: str) -> None:
     print(f"[llm_gym.models] {message}", file=sys.stderr, flush=True)
 
 
-# --- the corpus --------------------------------------------------------------------------------
-
-
-def _render_transcript(messages: Sequence[Message], tool_specs: Sequence[ToolSpec]) -> str:
-    """One episode in the Qwen2.5 (ChatML) layout; assistant contents are their raw text."""
-    parts: list[str] = []
-    rest = list(messages)
-    system = ""
-    if rest and rest[0].get("role") == "system":
-        system = str(rest.pop(0).get("content") or "")
-    if tool_specs:
-        tools = "".join("\n" + json.dumps(spec, ensure_ascii=False) for spec in tool_specs)
-        parts.append(f"{IM_START}system\n{system}{_TOOLS_PREAMBLE}{tools}{_TOOLS_POSTAMBLE}")
-        parts.append(f"{EOS_TOKEN}\n")
-    elif system:
-        parts.append(f"{IM_START}system\n{system}{EOS_TOKEN}\n")
-    previous = None
-    for i, message in enumerate(rest):
-        role = message.get("role")
-        content = str(message.get("content") or "")
-        if role == "tool":
-            if previous != "tool":
-                parts.append(f"{IM_START}user")
-            parts.append(f"\n<tool_response>\n{content}\n</tool_response>")
-            if i + 1 == len(rest) or rest[i + 1].get("role") != "tool":
-                parts.append(f"{EOS_TOKEN}\n")
-        else:
-            parts.append(f"{IM_START}{role}\n{content}{EOS_TOKEN}\n")
-        previous = role
-    return "".join(parts)
-
-
-def _env_transcripts(entry: Any, max_tasks: int) -> list[str]:
-    from llm_gym.policies import Generation, OraclePolicy, Policy
-    from llm_gym.rollout import collect_groups
-
-    class _Silent(Policy):  # for environments without an oracle: only the opening prompt
-        async def act(self, requests: Sequence[Any]) -> list[Generation]:
-            return [Generation(text="") for _ in requests]
-
-    tasks = entry.tasks("train")[:max_tasks]
-    if not tasks:
-        return []
-    oracle = entry.oracle()
-    groups = collect_groups(
-        entry.env_factory(),
-        tasks,
-        OraclePolicy() if oracle is not None else _Silent(),
-        max_turns=entry.max_turns,
-        action_format=entry.action_format,
-        oracle=oracle,
-    )
-    texts = []
-    for group in groups:
-        for episode in group:
-            if oracle is None:
-                opening = episode.messages[: episode.num_opening_messages]
-                texts.append(_render_transcript(opening, episode.tool_specs))
-                continue
-            # The assistant's raw text, as the environment's action format rendered the oracle's
-            # message (HermesFormat().render_message for hermes environments).
-            messages = list(episode.messages[: episode.num_opening_messages])
-            for turn in episode.turns:
-                messages.append({"role": "assistant", "content": turn.text})
-                messages.extend(turn.env_messages)
-            texts.append(_render_transcript(messages, episode.tool_specs))
-    return texts
-
-
-def _selected_envs(envs: Sequence[str] | None) -> list[Any]:
-    """The registry entries of ``envs`` (None: every registered environment), in registry order."""
-    from llm_gym.core.registry import registered_envs
-
-    entries = list(registered_envs())
-    if envs is None:
-        return entries
-    if isinstance(envs, str):
-        envs = [envs]
-    known = {entry.id: entry for entry in entries}
-    unknown = [e for e in envs if e not in known]
-    if unknown:
-        import difflib
-
-        close = difflib.get_close_matches(unknown[0], list(known), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise InvalidArgumentError(
-            f"envs must be registered environment ids, actual value: {unknown!r}.{hint} "
-            f"Registered: {sorted(known)}."
-        )
-    if not envs:
-        raise InvalidArgumentError("envs must name at least one environment (or be None: all).")
-    wanted = set(envs)
-    return [entry for entry in entries if entry.id in wanted]
-
-
 def _corpus_envs(envs: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    return [(entry.id, str(entry.version)) for entry in _selected_envs(envs)]
-
-
-def default_corpus(max_tasks_per_env: int = 400, envs: Sequence[str] | None = None) -> list[str]:
-    """The text the tokenizer is trained on: oracle transcripts of the registered environments.
-
-    For each environment of :func:`llm_gym.gym.registered_envs` (or of ``envs``), the oracle plays
-    up to ``max_tasks_per_env`` training tasks (through :func:`llm_gym.rollout.collect_groups` with
-    an :class:`~llm_gym.rollout.OraclePolicy`); each episode is rendered in the Qwen2.5 chat layout
-    (system prompt, the ``# Tools`` section with the tool specs as JSON, the user prompt, the
-    assistant's raw text in the environment's action format, the tool results). An environment
-    without an oracle contributes its opening prompts. A small fixed English/ASCII/digits text comes
-    first. Special and added tokens in the text are never split into merges (see
-    :func:`build_tokenizer`).
-
-    Args:
-        max_tasks_per_env: Training tasks played per environment (the first ones of the split).
-        envs: The environment ids (None: every registered one). A model trained on one
-            environment gets a tokenizer fitted to its text: with all eight environments a
-            1,024-token vocabulary no longer holds ToolUseGame's town names as single tokens.
-
-    Returns:
-        The corpus, one transcript per string.
-    """
-    import warnings
-
-    corpus = [_GENERIC_TEXT] * 4
-    for entry in _selected_envs(envs):
-        try:
-            corpus.extend(_env_transcripts(entry, max_tasks_per_env))
-        except Exception as exc:  # one broken environment must not block the default model
-            warnings.warn(
-                f"default_corpus: skipping {entry.id}: {exc!r}", RuntimeWarning, stacklevel=2
-            )
-    return corpus
-
-
-# --- the tokenizer -----------------------------------------------------------------------------
-
-
-def _chat_template() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("trl")  # locate the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            "Building the tiny model reads TRL's Qwen2.5 chat template; install the training "
-            "extra: pip install -e '.[train]'."
-        )
-    for location in spec.submodule_search_locations:
-        path = Path(location) / "chat_templates" / CHAT_TEMPLATE_NAME
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-    raise FileNotFoundError(f"trl/chat_templates/{CHAT_TEMPLATE_NAME} not found in {spec.origin}")
-
-
-_TOKEN_SPLIT = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *ADDED_TOKENS)))
-
-
-def _pieces(corpus: Iterable[str]) -> Iterator[str]:
-    """The corpus with special and added tokens cut out (BPE training does not skip them)."""
-    for text in corpus:
-        for piece in _TOKEN_SPLIT.split(text):
-            if piece:
-                yield piece
-
-
-def build_tokenizer(
-    corpus: Iterable[str], vocab_size: int = 1024, seed: int = 0
-) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``corpus``, offline, with Qwen2.5's tokens and template.
-
-    * Byte-level, with exactly ``Qwen2Tokenizer``'s pipeline (NFC normalizer, Qwen2's split
-      regex, byte-level BPE), because ``AutoTokenizer`` rebuilds that pipeline for any qwen2
-      model: any text encodes with no unknown token and decodes back to its NFC form (so
-      exactly, for NFC text); every digit is a token of its own.
-    * Special tokens (ids 0-2): ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos).
-    * Added, non-special single tokens (ids 3-8): ``<tool_call>``, ``</tool_call>``,
-      ``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``.
-    * ``chat_template``: TRL's ``qwen2_5.jinja``, unchanged (renders system/user/assistant/tool
-      messages, assistant ``tool_calls`` and a ``tools=`` list).
-
-    Args:
-        corpus: Training texts (occurrences of the special and added tokens are cut out first).
-        vocab_size: Total size, special tokens and the 256 byte tokens included (smaller when
-            the corpus runs out of pairs seen at least twice).
-        seed: Recorded for symmetry with the model; BPE training has no randomness, so the same
-            corpus and ``vocab_size`` always give the identical ``tokenizer.json``.
-
-    Returns:
-        A ``PreTrainedTokenizerFast`` (``save_pretrained`` / ``AutoTokenizer`` round-trip).
-    """
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        trainers,
-    )
-    from transformers import Qwen2Tokenizer
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    del seed  # deterministic without it
-    all_tokens = [*SPECIAL_TOKENS, *ADDED_TOKENS]
-    if vocab_size < 256 + len(all_tokens):
-        raise InvalidArgumentError(
-            f"vocab_size must be at least {256 + len(all_tokens)} (bytes + special tokens), "
-            f"actual value: {vocab_size}."
-        )
-    # Exactly Qwen2Tokenizer's pipeline: transformers rebuilds it from vocab and merges whenever
-    # a model of type qwen2 is loaded with AutoTokenizer, so training with any other would
-    # make the loaded tokenizer disagree with the trained one.
-    trainable = Tokenizer(models.BPE())
-    trainable.normalizer = normalizers.NFC()
-    trainable.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    trainable.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=all_tokens,  # ids 0-8, in this order
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    trainable.train_from_iterator(_pieces(corpus), trainer)
-    model = json.loads(trainable.to_str())["model"]
-    tokenizer = Qwen2Tokenizer(
-        vocab=model["vocab"],
-        merges=[tuple(pair) for pair in model["merges"]],
-        unk_token=None,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        model_max_length=32768,
-        clean_up_tokenization_spaces=False,
-        chat_template=_chat_template(),
-    )
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    return tokenizer
-
-
-# --- the model ---------------------------------------------------------------------------------
+    return [(entry.id, str(entry.version)) for entry in selected_envs(envs)]
 
 
 def _cache_root() -> Path:

@@ -1,0 +1,177 @@
+"""``train.py``'s config: the records of a YAML config file and how it is read.
+
+A YAML config has these keys (each optional; ``grpo`` is the one every run needs)::
+
+    env: ToolUseGame-v0          # a registered llm_gym environment
+    model: tiny                  # "tiny" builds the embedded model; or a path / hub id
+    output_dir: outputs/run
+    seed: 0
+    sft: {...}                   # SFTSettings: warm start on oracle transcripts
+    grpo: {...}                  # MultiTurnGRPOConfig fields
+    evaluation: {...}            # EvalSettings: held-out episodes before and after GRPO
+
+:func:`load_config` reads it (with :func:`yaml_load`) and refuses unknown keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = [
+    "EvalSettings",
+    "PipelineConfig",
+    "SFTSettings",
+    "load_config",
+    "yaml_load",
+]
+
+
+@dataclass
+class SFTSettings:
+    """Multi-turn SFT warm start on the environment's oracle transcripts."""
+
+    episodes: int = 4000
+    """Oracle transcripts to train on (train split tasks, then fresh seeded tasks if needed)."""
+    learning_rate: float = 2e-3
+    """AdamW learning rate (both phases)."""
+    batch_size: int = 32
+    """Transcripts per optimizer step."""
+    epochs: float = 1.0
+    """Passes over the transcripts (of the full-transcript phase, when max_steps is None)."""
+    max_steps: int | None = None
+    """Steps of the full-transcript phase (None: by epochs)."""
+    short_context_steps: int = 0
+    """Steps of a first phase on the transcripts without system prompt and tool specs
+    (:func:`trainers.sft_data.short_context_dataset`): a small model learns to copy names and
+    numbers there much sooner; 0: no such phase."""
+    lr_scheduler_type: str = "cosine"
+    """The decay of the full-transcript phase: cosine, linear or constant (the short-context
+    phase runs at a constant rate after its warmup)."""
+    warmup_steps: int = 10
+    """Linear warmup steps at the start of the first phase."""
+    time_budget_s: float | None = None
+    """Stop after this many seconds of training, both phases together (None: no limit); the
+    short-context phase gets at most half of it."""
+
+
+@dataclass
+class EvalSettings:
+    """Held-out evaluation before and after GRPO: greedy, and sampled as GRPO samples."""
+
+    episodes: int = 200
+    """Tasks of the split, one greedy episode each."""
+    samples: int = 0
+    """Sampled episodes per task at GRPO's temperature (0: greedy only). Success is then the
+    mean over each task's samples (pass@1 estimated from ``samples`` draws, the policy GRPO
+    optimises), and the paired gain's interval treats each task as one unit."""
+    split: str = "val"
+    """The split to evaluate on."""
+    max_new_tokens: int = 96
+    """Tokens per assistant turn."""
+    max_turns: int | None = None
+    """Turn limit (None: the GRPO config's val_max_turns or max_turns)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.episodes, int) or self.episodes < 1:
+            raise InvalidArgumentError(
+                f"evaluation.episodes must be an integer >= 1, actual value: {self.episodes!r}."
+            )
+        if not isinstance(self.samples, int) or self.samples < 0:
+            raise InvalidArgumentError(
+                "evaluation.samples must be an integer >= 0 (0: greedy only), actual value: "
+                f"{self.samples!r}."
+            )
+
+
+@dataclass
+class PipelineConfig:
+    """A ``train.py`` config file."""
+
+    env: str = "ToolUseGame-v0"
+    """A registered environment id."""
+    model: str = "tiny"
+    """``tiny`` (build the embedded model) or a local path / hub id."""
+    output_dir: str = "outputs/run"
+    """Where models, checkpoints, the summary and the reward curve go."""
+    seed: int = 0
+    """Seed of everything seeded."""
+    val_tasks: int = 64
+    """Validation tasks used during GRPO (``validation_interval``)."""
+    tiny_model: dict[str, Any] = field(default_factory=dict)
+    """Arguments of ``build_tiny_model`` when ``model: tiny``."""
+    sft: SFTSettings | None = None
+    """The SFT warm start (None: start GRPO from the model as it is)."""
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Fields of :class:`trainers.MultiTurnGRPOConfig` (``output_dir`` and ``model`` are set)."""
+    evaluation: EvalSettings | None = field(default_factory=EvalSettings)
+    """Held-out evaluation before and after GRPO (None: skip)."""
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InvalidArgumentError(
+            f"Unknown key(s) {unknown} in {where}; allowed: {sorted(names)}."
+        )
+    return cls(**data)
+
+
+def yaml_load(text: str) -> Any:
+    r"""``yaml.safe_load`` that reads exponent floats as YAML 1.2 does.
+
+    PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is the *string* ``"1e-4"``: a learning rate
+    written that way would reach the optimizer as text. Quoted scalars stay strings.
+
+    Example:
+        >>> yaml_load("lr: 1e-4\nname: '5e2'\nother: 2E3")
+        {'lr': 0.0001, 'name': '5e2', 'other': 2000.0}
+    """
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())
+
+
+@functools.cache
+def _yaml_loader() -> Any:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with YAML 1.2's exponent floats (``1e-4``, ``2E+3``)."""
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return Loader
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a YAML config; ``overrides`` (``{"grpo.num_steps": 2}``) replace single keys."""
+
+    path = Path(path)
+    if not path.exists():
+        raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
+    data = yaml_load(path.read_text()) or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    sft = data.pop("sft", None)
+    evaluation = data.pop("evaluation", {})
+    config = _build(PipelineConfig, data, str(path))
+    config.sft = _build(SFTSettings, sft, f"{path}: sft") if sft is not None else None
+    config.evaluation = (
+        _build(EvalSettings, evaluation, f"{path}: evaluation") if evaluation is not None else None
+    )
+    return config

@@ -1,0 +1,103 @@
+"""The metrics the trainer logs for a GRPO step's rollouts and for a validation run.
+
+Pure assembly from episodes (:func:`llm_gym.eval.summarize_episodes`) into TRL's metric names:
+``reward`` and ``reward_std`` as TRL names them, the step's episodes under ``episodes/``, the
+wall-clock split under ``timing/``, validation under ``val/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gym.eval.metrics import summarize_episodes
+
+__all__ = [
+    "EPISODE_KEYS",
+    "VALIDATION_KEYS",
+    "RolloutPart",
+    "rollout_metrics",
+    "validation_metrics",
+]
+
+EPISODE_KEYS = (
+    "terminated_ratio",
+    "truncated_ratio",
+    "context_overflow_ratio",
+    "parse_failure_ratio",
+    "max_turns_ratio",
+    "env_truncated_ratio",
+    "success_rate",
+    "turns_mean",
+    "tool_calls_mean",
+    "tool_error_rate",
+    "completion_tokens_mean",
+)
+"""The keys of :func:`~llm_gym.eval.summarize_episodes` logged as ``episodes/<key>`` each step."""
+
+VALIDATION_KEYS = (
+    "success_rate",
+    "success_ci_low",
+    "success_ci_high",
+    "reward_mean",
+    "turns_mean",
+    "parse_failure_ratio",
+    "tool_error_rate",
+)
+"""The keys of a validation summary logged as ``val/<key>``."""
+
+
+@dataclass(frozen=True)
+class RolloutPart:
+    """One process's share of a step's rollouts (the parts are gathered over processes)."""
+
+    episodes: list[Any]
+    """The episodes of the groups that went into the batch."""
+    shaped: list[float]
+    """Their shaped rewards, in the same order."""
+    collected_groups: int
+    """Groups collected, dynamic-sampling refills included."""
+    zero_variance: int
+    """Collected groups whose shaped rewards are all equal (no learning signal)."""
+    dropped: int
+    """Token samples dropped over ``max_samples_per_episode``."""
+
+
+def rollout_metrics(
+    parts: Sequence[RolloutPart], rollout_seconds: float, train_seconds: float
+) -> dict[str, float]:
+    """A step's rollout metrics from every process's part.
+
+    Args:
+        parts: The gathered parts.
+        rollout_seconds: This process's collection time.
+        train_seconds: Time since the previous collection ended (NaN on the first step: not
+            logged).
+    """
+    episodes = [e for part in parts for e in part.episodes]
+    shaped = [r for part in parts for r in part.shaped]
+    summary = summarize_episodes(episodes)
+    metrics = {f"episodes/{key}": summary[key] for key in EPISODE_KEYS}
+    metrics["reward"] = summary["reward_mean"]
+    metrics["reward_std"] = summary["reward_std"]
+    metrics["episodes/shaped_reward_mean"] = sum(shaped) / max(1, len(shaped))
+    collected_groups = sum(part.collected_groups for part in parts)
+    metrics["zero_variance_skip_ratio"] = sum(part.zero_variance for part in parts) / max(
+        1, collected_groups
+    )
+    metrics["episodes/dropped_samples"] = sum(part.dropped for part in parts)
+    metrics["timing/rollout_seconds"] = rollout_seconds
+    if train_seconds == train_seconds:  # not NaN: there was a previous step
+        metrics["timing/train_seconds"] = train_seconds
+    return metrics
+
+
+def validation_metrics(summary: Mapping[str, float]) -> dict[str, float]:
+    """A validation summary's logged metrics (the :data:`VALIDATION_KEYS` it has).
+
+    Example:
+        >>> validation_metrics({"success_rate": 0.5, "reward_mean": 0.25, "episodes": 4.0})
+        {'val/success_rate': 0.5, 'val/reward_mean': 0.25}
+    """
+    return {f"val/{key}": summary[key] for key in VALIDATION_KEYS if key in summary}

@@ -1,0 +1,239 @@
+"""Multi-turn SFT data: conversations in TRL's conversational format, as the RL side renders them.
+
+Rows are ``{"messages": [...], "tools": ...}``, built so that the SFT token sequence is exactly
+the one the RL side trains on:
+
+* assistant messages are the raw text the rollout produced (``Turn.text``: for hermes, the
+  ``<tool_call>...</tool_call>`` text the oracle's action was rendered to) as plain ``content``,
+  without structured ``tool_calls``, exactly as :func:`llm_gym.policies.render_chat` renders
+  them at RL time; the model learns to *write* its tool calls;
+* environment replies keep their roles (``tool`` messages with their ``name``);
+* ``tools`` holds the environment's tool specs (as a JSON string), so the template renders them
+  into the system prompt as at RL time.
+
+Sources: the oracle's transcripts (:func:`oracle_sft_dataset`), document 002's SFT targets
+(:func:`sft_dataset_from_multi_turn`); :func:`short_context_dataset` and
+:func:`disjoint_tasks` shape a curriculum and its tasks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from llm_gym.environments import EnvironmentMultiTurn
+    from llm_gym.rollout import Episode
+
+__all__ = [
+    "disjoint_tasks",
+    "episode_to_messages",
+    "oracle_sft_dataset",
+    "sft_dataset_from_multi_turn",
+    "short_context_dataset",
+]
+
+
+def _sft_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the RL side renders it: role and content (+ name for tool results).
+
+    Not :func:`llm_gym.policies.plain_message`: the same text to the chat template (so the same
+    tokens), but that one keeps ``tool_call_id`` on tool messages, which would add a
+    ``tool_call_id`` field (null on every other message) to the dataset's Arrow ``messages``
+    column; and this one makes role and content strings, as one Arrow column needs them.
+    """
+    role = str(message.get("role", "user"))
+    out: dict[str, Any] = {"role": role, "content": str(message.get("content") or "")}
+    if role == "tool" and message.get("name") is not None:
+        out["name"] = str(message["name"])
+    return out
+
+
+def episode_to_messages(episode: Episode) -> list[dict[str, Any]]:
+    """The conversation of a finished episode as the RL side renders it.
+
+    The opening messages, then for each turn the assistant's raw text (``Turn.text``, plain
+    ``content``, no structured ``tool_calls``) and the environment's reply (``Turn.env_messages``,
+    ``tool`` messages keep their ``name``). The same messages :func:`~llm_gym.rollout.
+    episode_to_samples` renders, so the chat template gives the same token sequence.
+    """
+    messages = [_sft_message(m) for m in episode.messages[: episode.num_opening_messages]]
+    for turn in episode.turns:
+        messages.append({"role": "assistant", "content": turn.text})
+        messages.extend(_sft_message(m) for m in turn.env_messages)
+    return messages
+
+
+def _rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:
+    from datasets import Dataset
+
+    if not rows:
+        raise InvalidArgumentError("No SFT rows: every transcript was filtered out.")
+    return Dataset.from_list(rows)
+
+
+def oracle_sft_dataset(
+    env_id_or_factory: str | Callable[..., Any],
+    tasks: Sequence[Task] | None = None,
+    *,
+    oracle: Callable[..., Any] | None = None,
+    episodes: int | None = None,
+    action_format: str | None = None,
+    split: str = "train",
+    max_turns: int | None = None,
+    only_successful: bool = True,
+    success_threshold: float = 1.0,
+) -> Dataset:
+    """The oracle's transcripts as a conversational SFT dataset.
+
+    Runs the oracle through :func:`llm_gym.rollout.collect_groups` (an
+    :class:`~llm_gym.rollout.OraclePolicy`; the action format renders its messages to text) and
+    converts each episode with :func:`episode_to_messages`.
+
+    Args:
+        env_id_or_factory: A registered id (``"ToolUseGame-v0"``: its tasks, oracle, turn limit
+            and action format come from the registry), its ``EnvEntry``, or an env factory /
+            ``Env`` class.
+        tasks: The tasks (default: the registered environment's ``split``).
+        oracle: The scripted expert (default: the registered one).
+        episodes: Transcripts to make (default: one per task). Tasks are taken in order and
+            cycled when ``episodes`` exceeds their number (the oracles are deterministic, so a
+            repeat is a duplicate row: it weighs the task more, it adds no information).
+        action_format: ``"hermes"`` or ``"json"`` (default: the registered one, else hermes).
+        split: The split of a registered environment, when ``tasks`` is None.
+        max_turns: Assistant turns per episode (default: the registered value, else 8).
+        only_successful: Drop episodes whose reward is below ``success_threshold`` (and those
+            that raised), so the model never imitates a failed transcript.
+        success_threshold: See ``only_successful``.
+
+    Returns:
+        A ``datasets.Dataset`` with ``messages`` (list of ``{"role", "content"[, "name"]}``),
+        ``tools`` (the tool specs as a JSON string: TRL ``json.loads`` it; as a list, Arrow would
+        merge the specs' schemas and fill missing keys with nulls that ``tojson`` would render
+        into the system prompt), ``task_id``, ``reward``.
+    """
+    from llm_gym.core.registry import as_env_entry
+    from llm_gym.policies import OraclePolicy
+    from llm_gym.rollout import collect_groups
+
+    entry = as_env_entry(env_id_or_factory)
+    task_list = list(tasks) if tasks is not None else entry.tasks(split)
+    expert = oracle or entry.oracle()
+    if expert is None:
+        raise InvalidArgumentError(
+            "oracle_sft_dataset needs an oracle: pass oracle=..., or use an environment "
+            "registered with one."
+        )
+    if not task_list:
+        raise InvalidArgumentError("oracle_sft_dataset needs at least one task.")
+    if episodes is not None:
+        if episodes < 1:
+            raise InvalidArgumentError(f"episodes must be >= 1, actual value: {episodes}.")
+        task_list = [task_list[i % len(task_list)] for i in range(episodes)]
+    groups = collect_groups(
+        entry.env_factory(),
+        task_list,
+        OraclePolicy(expert),
+        max_turns=max_turns or entry.max_turns,
+        action_format=action_format or entry.action_format,
+        oracle=expert,
+    )
+    rows = []
+    for group in groups:
+        for episode in group:
+            if only_successful and (episode.error or episode.reward < success_threshold):
+                continue
+            rows.append(
+                {
+                    "messages": episode_to_messages(episode),
+                    "tools": json.dumps(episode.tool_specs, ensure_ascii=False),
+                    "task_id": str(episode.task.id or ""),
+                    "reward": float(episode.reward),
+                }
+            )
+    return _rows_to_dataset(rows)
+
+
+def sft_dataset_from_multi_turn(
+    env: EnvironmentMultiTurn, examples: Iterable[Any], prompt_text: str = ""
+) -> Dataset:
+    """Document 002's SFT rows: ``env.start_episode(example, prompt_text) +
+    env.sft_completion(example)`` per example (see :func:`llm_gym.environments.sft_messages`).
+
+    SFT never runs ``step_episode``: the target transcript comes from ``example.output`` (or an
+    ``sft_completion`` override). Non-assistant target messages (tool results, user turns) stay
+    in the conversation and are masked; assistant messages are trained.
+
+    Args:
+        env: The environment.
+        examples: ``TaskExample``\\ s, ``Task``\\ s or dicts with ``input``/``output``.
+        prompt_text: The system prompt text passed to ``start_episode``.
+
+    Returns:
+        A dataset with ``messages`` and ``tools`` (the environment's ``tool_specs`` as a JSON
+        string: ``"[]"`` for document 002's plain-text protocol).
+    """
+    from llm_gym.environments import sft_messages
+
+    specs = getattr(env, "tool_specs", None)
+    if callable(specs):
+        specs = specs()
+    tools = json.dumps(list(specs or []), ensure_ascii=False)
+    rows = []
+    for index, example in enumerate(examples):
+        prompt, target = sft_messages(env, example, prompt_text)
+        if not any(m.get("role") == "assistant" for m in target):
+            raise InvalidArgumentError(
+                f"Example {index}: the SFT target has no assistant message to train on."
+            )
+        rows.append({"messages": [_sft_message(m) for m in prompt + target], "tools": tools})
+    return _rows_to_dataset(rows)
+
+
+def disjoint_tasks(
+    generate: Callable[[int, int], Sequence[Task]],
+    n: int,
+    seed: int,
+    exclude: Iterable[Task | str],
+) -> list[Task]:
+    """Up to ``n`` extra tasks from ``generate(seed, m)`` whose prompts are not in ``exclude``.
+
+    For more distinct training tasks than a split holds (``exclude`` = the val and test tasks,
+    and the train tasks to avoid duplicates); draws ``2 n`` and keeps the first ``n`` disjoint
+    ones (fewer when the task space runs out).
+    """
+    banned = {t.prompt if isinstance(t, Task) else str(t) for t in exclude}
+    out = []
+    for task in generate(seed, 2 * n):
+        if task.prompt not in banned:
+            banned.add(task.prompt)
+            out.append(task)
+            if len(out) == n:
+                break
+    return out
+
+
+def short_context_dataset(dataset: Dataset) -> Dataset:
+    """The rows without their system message and tool specs: the conversation from the user's
+    question on (the chat template then renders its short default system line).
+
+    A curriculum for small models trained from scratch: the system prompt and tool specs are
+    the same ~400 tokens in every ToolUseGame transcript, and behind them a 1.8M-parameter model
+    learns to copy a name or a number from the question or a tool result into its tool call very
+    slowly (attention at initialisation spreads over every earlier token). Trained first on these
+    ~100-token conversations it learns the copying in a few hundred steps; a shorter phase on the
+    full transcripts then carries it over to the long context the model sees at RL time.
+    """
+    from datasets import Dataset
+
+    rows = []
+    for row in dataset:
+        messages = [m for m in row["messages"] if m.get("role") != "system"]
+        rows.append({**row, "messages": messages, "tools": "[]"})
+    return Dataset.from_list(rows)
