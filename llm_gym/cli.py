@@ -174,31 +174,24 @@ def _cmd_new_env(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
-    from benchmarks.leaderboard import args_from_namespace, run_cli
+    from llm_gym.eval.leaderboard_cli import args_from_namespace, run_cli
 
     return run_cli(args_from_namespace(args), out)
 
 
 def _add_leaderboard(sub: argparse._SubParsersAction) -> None:
-    """``llm-gym leaderboard``: the same options and code as ``python -m benchmarks.leaderboard``
-    (which lives in the repository checkout, not in the installed package)."""
-    p = sub.add_parser("leaderboard", help="score policies on every environment (benchmarks/)")
-    try:
-        from benchmarks.leaderboard import add_arguments
-    except ModuleNotFoundError as exc:  # an installed wheel has no benchmarks/
-        if exc.name not in ("benchmarks", "benchmarks.leaderboard"):
-            raise
-        p.set_defaults(func=_no_leaderboard)
-        return
-    add_arguments(p)
-    p.set_defaults(func=_cmd_leaderboard)
+    """``llm-gym leaderboard``: :mod:`llm_gym.eval.leaderboard_cli` (``python -m
+    benchmarks.leaderboard`` is the same, writing to the repository's ``benchmarks/results/``)."""
+    from llm_gym.eval import leaderboard_cli
 
-
-def _no_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
-    raise LlmGymError(
-        "the leaderboard lives in the repository's benchmarks/ folder; run it from a checkout "
-        "installed with pip install -e ."
+    p = sub.add_parser(
+        "leaderboard",
+        help="score policies on every environment (writes ./leaderboard/ by default)",
+        description=leaderboard_cli.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    leaderboard_cli.add_arguments(p)
+    p.set_defaults(func=_cmd_leaderboard)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,8 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import leaderboard as lb
 from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.eval import leaderboard as lb
+from llm_gym.eval import leaderboard_render as lbdraw
+from llm_gym.eval import leaderboard_run as lbrun
+from llm_gym.policies import policy_backend
 
 CHEAP_ENVS = ["GuessNumber-v0", "Math-v0"]
 
@@ -69,7 +72,7 @@ def fake_runner(calls: list[lb.Job], fail_after: int | None = None):
     return run
 
 
-def quiet_args(tmp_path: Path, **changes) -> lb.Args:
+def quiet_args(tmp_path: Path, **changes) -> lbrun.Args:
     base = dict(
         envs=list(CHEAP_ENVS),
         policies=["random", "oracle"],
@@ -77,7 +80,7 @@ def quiet_args(tmp_path: Path, **changes) -> lb.Args:
         out_dir=tmp_path,
         progress=False,
     )
-    return lb.Args(**{**base, **changes})
+    return lbrun.Args(**{**base, **changes})
 
 
 # --- pure logic ---------------------------------------------------------------------------------
@@ -173,7 +176,7 @@ def test_record_from_report_keeps_paths_portable_and_counts_pass_at_k() -> None:
         machine="m",
         wall_time_s=1.0,
     )
-    record = lb.record_from_report(report, job)
+    record = lbrun.record_from_report(report, job)
     assert record.policy_description["model"] == "outputs/m" and record.model_hash == "abc"
     assert record.pass_at_k == pytest.approx(0.7)  # n=5, c=2, k=2
     assert record.key == job.key and record.tokens_per_episode == 12.0
@@ -204,7 +207,7 @@ def test_table_marks_best_and_stale_cells() -> None:
     assert math["hf:a"].stale == ["model weights old -> new"] and not math["hf:a"].best
     assert math["hf:b"].best and not math["oracle"].best  # stale hf:a (0.6) is not ranked
     assert sql["random"].stale == ["env version 0 -> 1"] and "oracle" not in sql
-    text = lb.render_markdown(table, policies, view)
+    text = lbdraw.render_markdown(table, policies, view)
     assert (
         "| Math-v0 | 0.100 [0.000, 0.300] | 1.000 [0.800, 1.000] | 0.600 [0.400, 0.800] † |" in text
     )
@@ -220,26 +223,40 @@ def test_table_marks_best_and_stale_cells() -> None:
 def test_pass_at_k_cells_when_k_is_above_one() -> None:
     record = make_record(k=4, pass_at_k=0.625, success=0.25)
     assert lb.cell_value(record) == 0.625
-    assert lb.format_cell(lb.Cell(record, [], best=True)) == "**0.625** ★"
-    assert lb.format_cell(None) == "–"
+    assert lbdraw.format_cell(lb.Cell(record, [], best=True)) == "**0.625** ★"
+    assert lbdraw.format_cell(None) == "–"
 
 
 def test_policy_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert lb.parse_policy("random") == ("random", None)
-    assert lb.parse_policy("random:7") == ("random:7", None)
-    assert lb.parse_policy("openai:m@http://x/v1") == ("openai:m@http://x/v1", None)
-    assert lb.parse_policy(f"hf:{tmp_path}") == (f"hf:{tmp_path}", str(tmp_path))
+    assert lbrun.parse_policy("random") == ("random", None)
+    assert lbrun.parse_policy("random:7") == ("random:7", None)
+    assert lbrun.parse_policy("openai:m@http://x/v1") == ("openai:m@http://x/v1", None)
+    assert lbrun.parse_policy(f"hf:{tmp_path}") == (f"hf:{tmp_path}", str(tmp_path))
     with pytest.raises(UnknownNameError, match="Did you mean 'oracle'"):
-        lb.parse_policy("oracel")
+        lbrun.parse_policy("oracel")
     with pytest.raises(InvalidArgumentError, match="no model folder"):
-        lb.parse_policy("hf:./no/such/model")
-    monkeypatch.setattr(lb, "ROOT", tmp_path)
+        lbrun.parse_policy("hf:./no/such/model")
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(InvalidArgumentError, match="train.py --config configs/tool_use_game_tiny"):
-        lb.parse_policy("tiny-grpo")
-    args = lb.Args(k=1)
-    assert lb.sampling_settings("random", args) == {}
-    assert lb.sampling_settings("tiny-sft", args)["temperature"] == 0.0
-    assert lb.sampling_settings("hf:x", lb.Args(k=4))["temperature"] == 1.0
+        lbrun.parse_policy("tiny-grpo")
+    args = lbrun.Args(k=1)
+    assert lbrun.sampling_settings("random", args) == {}
+    assert lbrun.sampling_settings("tiny-sft", args)["temperature"] == 0.0
+    assert lbrun.sampling_settings("hf:x", lbrun.Args(k=4))["temperature"] == 1.0
+
+
+def test_policy_labels_go_through_the_policy_registry() -> None:
+    assert policy_backend("random").scripted and policy_backend("oracle").scripted
+    assert not policy_backend("hf").scripted and not policy_backend("openai").scripted
+    assert not any(map(lbrun.is_model_policy, ("random:3", "oracle", "nonsense")))
+    assert all(map(lbrun.is_model_policy, ("tiny-sft", "hf:org/model", "openai:m@http://x/v1")))
+    assert lbrun.parse_policy("hf:org/model") == ("hf:org/model", None)  # a hub id
+    with pytest.raises(InvalidArgumentError, match="random:SEED"):
+        lbrun.parse_policy("random:abc")  # scripted specs are built, which checks them
+    with pytest.raises(UnknownNameError, match="Did you mean 'tiny-sft'"):
+        lbrun.parse_policy("tiny-sf")
+    with pytest.raises(UnknownNameError, match="Did you mean 'openai'.*tiny-sft, tiny-grpo"):
+        lbrun.parse_policy("opnai:m@http://x/v1")
 
 
 def test_weights_hash_follows_the_weights(tmp_path: Path) -> None:
@@ -269,22 +286,22 @@ def test_interrupted_run_resumes_with_only_the_rest(tmp_path: Path) -> None:
     args = quiet_args(tmp_path)
     calls: list[lb.Job] = []
     with pytest.raises(KeyboardInterrupt):
-        lb.main(args, runner=fake_runner(calls, fail_after=1))
+        lbrun.main(args, runner=fake_runner(calls, fail_after=1))
     saved = lb.load_records(tmp_path / "leaderboard.json")
     assert [r.key for r in saved] == [calls[0].key]  # the finished record was written at once
     assert (tmp_path / "leaderboard.md").exists()  # the table is drawn on the way out
     rest: list[lb.Job] = []
-    outcome = lb.main(args, runner=fake_runner(rest))
+    outcome = lbrun.main(args, runner=fake_runner(rest))
     assert len(rest) == 3 and calls[0].key not in {job.key for job in rest}
     assert len(outcome.records) == 4 and len(outcome.kept) == 1
     again: list[lb.Job] = []
-    assert lb.main(args, runner=fake_runner(again)).ran == [] and again == []
+    assert lbrun.main(args, runner=fake_runner(again)).ran == [] and again == []
 
 
 def test_new_policy_and_env_merge_without_rerunning(tmp_path: Path) -> None:
-    lb.main(quiet_args(tmp_path, envs=["Math-v0"]), runner=fake_runner([]))
+    lbrun.main(quiet_args(tmp_path, envs=["Math-v0"]), runner=fake_runner([]))
     calls: list[lb.Job] = []
-    outcome = lb.main(
+    outcome = lbrun.main(
         quiet_args(tmp_path, policies=["random", "oracle", "random:7"]), runner=fake_runner(calls)
     )
     assert sorted((j.env_id, j.policy) for j in calls) == [
@@ -300,20 +317,20 @@ def test_new_policy_and_env_merge_without_rerunning(tmp_path: Path) -> None:
 
 def test_stale_records_are_marked_and_rerun_only_when_asked(tmp_path: Path) -> None:
     args = quiet_args(tmp_path, envs=["Math-v0"], policies=["oracle"])
-    lb.main(args, runner=fake_runner([]))
+    lbrun.main(args, runner=fake_runner([]))
     path = tmp_path / "leaderboard.json"
     data = json.loads(path.read_text())
     data["records"][0]["env_version"] = "old"
     path.write_text(json.dumps(data))
     calls: list[lb.Job] = []
-    lb.main(args, runner=fake_runner(calls))
+    lbrun.main(args, runner=fake_runner(calls))
     assert calls == []
     assert "1.000 [0.800, 1.000] †" in (tmp_path / "leaderboard.md").read_text()
-    lb.main(dataclasses.replace(args, refresh_stale=True), runner=fake_runner(calls))
+    lbrun.main(dataclasses.replace(args, refresh_stale=True), runner=fake_runner(calls))
     assert len(calls) == 1
     assert lb.load_records(path)[0].env_version == "0"
     assert "†" not in (tmp_path / "leaderboard.md").read_text().split("**bold")[0]
-    lb.main(dataclasses.replace(args, force=True), runner=fake_runner(calls))
+    lbrun.main(dataclasses.replace(args, force=True), runner=fake_runner(calls))
     assert len(calls) == 2
 
 
@@ -323,14 +340,14 @@ def test_changed_model_weights_are_marked_and_rerun_only_when_asked(tmp_path: Pa
     (model / "model.safetensors").write_bytes(b"weights v1")
     args = quiet_args(tmp_path / "out", envs=["Math-v0"], policies=[f"hf:{model}"])
     calls: list[lb.Job] = []
-    lb.main(args, runner=fake_runner(calls))
+    lbrun.main(args, runner=fake_runner(calls))
     assert calls[0].model_hash == lb.weights_hash(model) and calls[0].sampling["temperature"] == 0
     (model / "model.safetensors").write_bytes(b"weights v2")
-    lb.main(args, runner=fake_runner(calls))
+    lbrun.main(args, runner=fake_runner(calls))
     assert len(calls) == 1
     text = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "0.250 [0.050, 0.450] †" in text and "model weights" in text
-    lb.main(dataclasses.replace(args, refresh_stale=True), runner=fake_runner(calls))
+    lbrun.main(dataclasses.replace(args, refresh_stale=True), runner=fake_runner(calls))
     assert len(calls) == 2 and calls[1].model_hash == lb.weights_hash(model)
 
 
@@ -343,19 +360,19 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path: Path) -> None:
             raise RuntimeError("env not importable yet")
         return inner(job)
 
-    outcome = lb.main(quiet_args(tmp_path), runner=flaky)
+    outcome = lbrun.main(quiet_args(tmp_path), runner=flaky)
     assert len(outcome.records) == 2 and len(outcome.errors) == 2
     assert "Math-v0 x random: RuntimeError: env not importable yet" in outcome.errors
     assert "| Math-v0 | – | – |" in (tmp_path / "leaderboard.md").read_text()
-    assert len(lb.main(quiet_args(tmp_path), runner=inner).ran) == 2  # picked up once it works
+    assert len(lbrun.main(quiet_args(tmp_path), runner=inner).ran) == 2  # picked up once it works
 
 
 def test_missing_tiny_model_is_skipped_with_the_command(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(lb, "ROOT", tmp_path / "checkout")
+    monkeypatch.chdir(tmp_path)
     args = quiet_args(tmp_path, envs=["Math-v0"], policies=["oracle", "tiny-sft"])
-    outcome = lb.main(args, runner=fake_runner([]))
+    outcome = lbrun.main(args, runner=fake_runner([]))
     assert len(outcome.records) == 1
-    assert len(outcome.errors) == 1 and lb.MAIN_JOB_COMMAND in outcome.errors[0]
+    assert len(outcome.errors) == 1 and lbrun.MAIN_JOB_COMMAND in outcome.errors[0]
 
 
 # --- real runs of the scripted policies -------------------------------------------------------
@@ -371,7 +388,7 @@ def numbers(record: lb.Record) -> dict:
 
 
 def test_smoke_run_writes_json_md_png(tmp_path: Path) -> None:
-    outcome = lb.main(quiet_args(tmp_path))
+    outcome = lbrun.main(quiet_args(tmp_path))
     assert len(outcome.ran) == 4 and outcome.errors == []
     by = {(r.env_id, r.policy): r for r in outcome.records}
     assert by["Math-v0", "oracle"].success_rate == 1.0
@@ -386,11 +403,11 @@ def test_smoke_run_writes_json_md_png(tmp_path: Path) -> None:
 
 
 def test_scripted_numbers_reproduce_exactly(tmp_path: Path) -> None:
-    first = lb.main(quiet_args(tmp_path / "a", episodes=8)).records
-    second = lb.main(quiet_args(tmp_path / "b", episodes=8)).records
+    first = lbrun.main(quiet_args(tmp_path / "a", episodes=8)).records
+    second = lbrun.main(quiet_args(tmp_path / "b", episodes=8)).records
     assert len(first) == 4
     assert [numbers(r) for r in first] == [numbers(r) for r in second]
-    forced = lb.main(quiet_args(tmp_path / "a", episodes=8, force=True))
+    forced = lbrun.main(quiet_args(tmp_path / "a", episodes=8, force=True))
     assert len(forced.ran) == 4
     assert [numbers(r) for r in forced.records] == [numbers(r) for r in first]
 

@@ -22,6 +22,10 @@ MODULES = [
     "llm_gym.environments",
     "llm_gym.datasets",
     "llm_gym.eval",
+    "llm_gym.eval.leaderboard",
+    "llm_gym.eval.leaderboard_render",
+    "llm_gym.eval.leaderboard_run",
+    "llm_gym.eval.leaderboard_cli",
 ]
 
 

@@ -1,4 +1,9 @@
-"""Evaluation: ``run_and_report``, pass@k and intervals."""
+"""Evaluation: ``run_and_report``, pass@k and intervals.
+
+The leaderboard (``llm-gym leaderboard``) lives in its own modules: records and the table in
+:mod:`~llm_gym.eval.leaderboard`, drawing in :mod:`~llm_gym.eval.leaderboard_render`, runs in
+:mod:`~llm_gym.eval.leaderboard_run`, options in :mod:`~llm_gym.eval.leaderboard_cli`.
+"""
 
 from llm_gym.eval.metrics import (
     is_success,

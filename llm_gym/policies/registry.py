@@ -51,6 +51,9 @@ class PolicyBackend:
     """How a spec for it is written, for help and error messages (``"hf:PATH"``)."""
     description: str = ""
     """One line: what it generates with."""
+    scripted: bool = False
+    """True: a scripted policy (no model, no sampling settings, cheap to build); False: it
+    samples from a model."""
 
     def load(self) -> type[Policy]:
         """The policy class (imports its module)."""
@@ -67,7 +70,12 @@ _BACKENDS: dict[str, PolicyBackend] = {}
 
 
 def register_policy(
-    kind: str, target: str, *, usage: str | None = None, description: str = ""
+    kind: str,
+    target: str,
+    *,
+    usage: str | None = None,
+    description: str = "",
+    scripted: bool = False,
 ) -> PolicyBackend:
     """Register a backend under ``kind``. Registering the same kind twice with the same target is
     a no-op; with another target it raises.
@@ -77,6 +85,7 @@ def register_policy(
         target: ``"module:attr"`` of a :class:`Policy` subclass.
         usage: How its spec is written (default: ``kind``).
         description: One line for help texts.
+        scripted: True for a scripted policy that samples from no model.
     """
     if not isinstance(kind, str) or not kind.replace("_", "").replace("-", "").isalnum():
         raise InvalidArgumentError(
@@ -86,7 +95,7 @@ def register_policy(
         raise InvalidArgumentError(
             f"Expected the backend as a 'module:attr' string, actual value: {target!r}."
         )
-    backend = PolicyBackend(kind, target, usage or kind, description)
+    backend = PolicyBackend(kind, target, usage or kind, description, scripted)
     previous = _BACKENDS.get(kind)
     if previous is not None and previous.target != target:
         raise InvalidArgumentError(
@@ -154,12 +163,14 @@ register_policy(
     "oracle",
     "llm_gym.policies.scripted:OraclePolicy",
     description="the environment's scripted expert",
+    scripted=True,
 )
 register_policy(
     "random",
     "llm_gym.policies.scripted:RandomPolicy",
     usage="random[:SEED]",
     description="random well-formed tool calls or short replies (a floor)",
+    scripted=True,
 )
 register_policy(
     "hf",

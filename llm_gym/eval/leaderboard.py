@@ -1,0 +1,343 @@
+"""The leaderboard's records: one per (environment, policy) run, their staleness and the table.
+
+A :class:`Record` is keyed by (env, policy, split, k, episodes, seed, turn limit, sampling
+settings); ``leaderboard.json`` holds one per key (:func:`save_records` writes it atomically, so an
+interrupted run keeps every finished record). A record made under another env version, or with
+other model weights, is *stale*: :func:`stale_reasons` says why. :func:`build_table` picks the
+record of each cell of a :class:`View` (envs as rows, policies as columns) and marks the best per
+row; :mod:`llm_gym.eval.leaderboard_render` draws it, :mod:`llm_gym.eval.leaderboard_run` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.eval.metrics import is_success, mean_pass_at_k
+
+__all__ = [
+    # records
+    "Job",
+    "Key",
+    "Record",
+    "SCHEMA",
+    # rules
+    "best_per_row",
+    "cell_value",
+    "merge_records",
+    "needs_run",
+    "pass_at_k_from_episodes",
+    "select_cell",
+    "stale_reasons",
+    "UNRANKED",
+    # the table
+    "Cell",
+    "Registry",
+    "Table",
+    "View",
+    "build_table",
+    # files
+    "load_records",
+    "save_records",
+    "weights_hash",
+    "write_atomic",
+]
+
+UNRANKED = ("oracle",)
+"""Not ranked for best-per-row: the oracle reads the task's answer (it is the ceiling)."""
+SCHEMA = 1
+"""The version of ``leaderboard.json``'s layout."""
+
+Key = tuple[str, str, str, int, int, int, int, str]
+"""(env, policy, split, k, episodes, seed, max_turns, sampling settings as sorted JSON)."""
+
+
+@dataclass
+class Job:
+    """One (environment, policy) run: what identifies its record, and how it was made."""
+
+    env_id: str
+    """The environment id (a table row)."""
+    policy: str
+    """The policy's label (a table column): ``random``, ``oracle``, ``tiny-sft``, ``hf:PATH``..."""
+    split: str
+    """The task split."""
+    k: int
+    """Episodes per task, and the k of pass@k."""
+    episodes: int
+    """Episodes asked for (``episodes // k`` tasks, seeded)."""
+    seed: int
+    """Seed of the task choice and of the policy."""
+    max_turns: int
+    """The turn limit of the episodes."""
+    sampling: dict[str, Any]
+    """Generation settings of model policies (temperature, top_p, token budgets); {} otherwise."""
+    spec: str
+    """The policy spec (``policy_from_spec``; model paths as given)."""
+    env_version: str | None
+    """The environment's registered version at run time."""
+    model_path: str | None
+    """Local model folder (hf policies), as given."""
+    model_hash: str | None
+    """Short hash of the model's weight files at run time (hf policies)."""
+    command: str
+    """The command that made it."""
+
+    @property
+    def key(self) -> Key:
+        """What identifies the record: a rerun with the same key replaces it."""
+        sampling = json.dumps(self.sampling, sort_keys=True)
+        return (
+            self.env_id,
+            self.policy,
+            self.split,
+            self.k,
+            self.episodes,
+            self.seed,
+            self.max_turns,
+            sampling,
+        )
+
+
+@dataclass
+class Record(Job):
+    """One finished run, as stored in ``leaderboard.json``."""
+
+    policy_description: dict[str, Any]
+    """The policy's own description, with its label and spec."""
+    tasks: int
+    """Distinct tasks played."""
+    success_rate: float
+    """Episodes that succeeded."""
+    success_ci: list[float]
+    """95% Wilson interval of the success rate, ``[low, high]``."""
+    reward_mean: float
+    """Mean final reward."""
+    pass_at_k: float
+    """Unbiased pass@k, averaged over tasks."""
+    turns_mean: float
+    """Assistant turns per episode."""
+    tool_error_rate: float
+    """Tool errors per tool call."""
+    parse_failure_rate: float
+    """Episodes ended by an unparseable action."""
+    tokens_per_episode: float
+    """Tokens the policy sampled per episode (0 for scripted policies)."""
+    metrics: dict[str, float]
+    """Every number of :func:`~llm_gym.eval.metrics.summarize_episodes`."""
+    settings: dict[str, Any]
+    """The rollout settings ``run_and_report`` used."""
+    date: str
+    """When it ran (UTC, ISO 8601)."""
+    machine: str
+    """Where it ran."""
+    wall_time_s: float
+    """Seconds the run took."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Record:
+        """A record from its JSON form (every field required; extra keys are ignored)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise InvalidArgumentError(f"A leaderboard record lacks the fields {missing}.")
+        return cls(**{name: data[name] for name in names})
+
+
+# --- pure logic: merge, staleness, ranking ----------------------------------------------------
+
+
+def merge_records(existing: Iterable[Record], new: Iterable[Record]) -> list[Record]:
+    """``existing`` with ``new`` merged in: a new record replaces the one with its key. Sorted."""
+    merged = {r.key: r for r in existing}
+    merged.update({r.key: r for r in new})
+    return [merged[key] for key in sorted(merged)]
+
+
+def stale_reasons(
+    record: Job, env_versions: Mapping[str, str], model_hashes: Mapping[str, str | None]
+) -> list[str]:
+    """Why ``record`` no longer describes what is registered and on disk (empty: it is fresh).
+
+    ``env_versions``: env id -> registered version; ``model_hashes``: model path -> the hash of
+    its weights now. Unregistered envs and models that cannot be hashed are not judged.
+    """
+    reasons = []
+    current = env_versions.get(record.env_id)
+    if current is not None and current != record.env_version:
+        reasons.append(f"env version {record.env_version} -> {current}")
+    now = model_hashes.get(record.model_path) if record.model_path else None
+    if now is not None and now != record.model_hash:
+        reasons.append(f"model weights {record.model_hash} -> {now}")
+    return reasons
+
+
+def needs_run(existing: Record | None, stale: bool, *, force: bool, refresh_stale: bool) -> bool:
+    """Run a job when it has no record, when forced, or when its record is stale and asked to."""
+    return existing is None or force or (refresh_stale and stale)
+
+
+def cell_value(record: Record) -> float:
+    """The number a cell shows and ranks by: the success rate, or pass@k when k > 1."""
+    return record.pass_at_k if record.k > 1 else record.success_rate
+
+
+def best_per_row(
+    values: Mapping[str, float], stale: Iterable[str] = (), unranked: Iterable[str] = UNRANKED
+) -> set[str]:
+    """The policies holding a row's best value (ties all win). Stale cells and ``unranked``
+    policies are not ranked; a best of 0 marks nobody."""
+    skip = set(stale) | set(unranked)
+    ranked = {policy: v for policy, v in values.items() if policy not in skip}
+    top = max(ranked.values(), default=0.0)
+    return {policy for policy, v in ranked.items() if v >= top - 1e-12} if top > 0 else set()
+
+
+def pass_at_k_from_episodes(episodes: Sequence[Any], k: int, threshold: float = 1.0) -> float:
+    """Mean unbiased pass@k over the tasks of ``episodes`` (grouped by ``episode.group``)."""
+    groups: dict[int, list[bool]] = {}
+    for episode in episodes:
+        groups.setdefault(episode.group, []).append(is_success(episode, threshold))
+    return mean_pass_at_k([(len(g), sum(g)) for g in groups.values()], k)
+
+
+def select_cell(records: Iterable[Record], key: Key, any_turns: bool = False) -> Record | None:
+    """The record shown for ``key``: the exact one, else the newest that differs only in its
+    sampling settings (a policy run earlier with settings of its own). ``any_turns``: ignore
+    the turn limit too (an environment that is no longer registered)."""
+    width = 6 if any_turns else 7
+    candidates = [r for r in records if r.key[:width] == key[:width]]
+    pool = [r for r in candidates if r.key[7] == key[7]] or candidates
+    return max(pool, key=lambda r: r.date) if pool else None
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class View:
+    """The settings a table shows: one cell per env x policy."""
+
+    split: str
+    """The task split."""
+    k: int
+    """Episodes per task."""
+    episodes: int
+    """Episodes per cell."""
+    seed: int
+    """Seed of the task choice and of the policy."""
+    max_turns: int | None
+    """The turn limit; None: each environment's registered limit."""
+
+
+@dataclass
+class Registry:
+    """What is registered and on disk now, against which records are judged."""
+
+    env_versions: dict[str, str]
+    """Registered env id -> its version."""
+    env_turns: dict[str, int]
+    """Registered env id -> its turn limit."""
+    model_hashes: dict[str, str | None] = field(default_factory=dict)
+    """Local model path -> :func:`weights_hash` of its folder now (None: cannot be hashed)."""
+
+
+@dataclass
+class Cell:
+    """One table cell."""
+
+    record: Record
+    """The record shown."""
+    stale: list[str]
+    """Why it is stale (:func:`stale_reasons`; empty: fresh)."""
+    best: bool = False
+    """Whether it holds the row's best value."""
+
+
+Table = dict[str, dict[str, Cell]]
+"""``table[env][policy]``; a missing policy is a cell not run."""
+
+
+def build_table(
+    records: Sequence[Record],
+    env_ids: Sequence[str],
+    policies: Sequence[str],
+    view: View,
+    now: Registry,
+    sampling: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Table:
+    """The cells of ``view`` with their staleness and best-per-row marks. ``sampling``: the
+    settings a policy runs with now (preferred when a policy has records under several)."""
+    table: Table = {}
+    for env_id in env_ids:
+        turns = view.max_turns or now.env_turns.get(env_id)
+        row: dict[str, Cell] = {}
+        for policy in policies:
+            settings = json.dumps((sampling or {}).get(policy, {}), sort_keys=True)
+            key = (env_id, policy, view.split, view.k, view.episodes, view.seed, turns or 0)
+            record = select_cell(records, (*key, settings), any_turns=turns is None)
+            if record is not None:
+                row[policy] = Cell(
+                    record, stale_reasons(record, now.env_versions, now.model_hashes)
+                )
+        values = {p: cell_value(c.record) for p, c in row.items()}
+        for policy in best_per_row(values, [p for p, c in row.items() if c.stale]):
+            row[policy].best = True
+        table[env_id] = row
+    return table
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def load_records(path: Path) -> list[Record]:
+    """The records of ``leaderboard.json`` (none when it does not exist)."""
+    if not path.exists():
+        return []
+    return [Record.from_dict(r) for r in json.loads(path.read_text()).get("records", [])]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_records(path: Path, records: Sequence[Record]) -> None:
+    """Write ``records`` (sorted, one per key) as ``leaderboard.json``, atomically."""
+    records = merge_records(records, [])
+    payload = {"schema": SCHEMA, "records": [dataclasses.asdict(r) for r in records]}
+    write_atomic(path, json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+
+
+def weights_hash(folder: Path) -> str | None:
+    """A short sha256 of a model folder's weight files (None: no folder, or no weights)."""
+    if not folder.is_dir():
+        return None
+    names = sorted(p.name for p in folder.iterdir())
+    weights = [n for n in names if n.endswith(".safetensors") or n.startswith("pytorch_model")]
+    if not weights:
+        return None
+    digest = hashlib.sha256()
+    for name in weights:
+        digest.update(name.encode())
+        with (folder / name).open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
