@@ -166,11 +166,37 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
 def _cmd_new_env(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.scaffold import new_env, scaffold_names
 
-    path = new_env(args.name, args.dir)
+    path = new_env(args.name, args.dir, style=args.style)
     names = scaffold_names(args.name)
     print(f"created {path} ({names.class_name}, registers as {names.env_id})", file=out)
     print(f"next: python -m pytest {path}; then read {path / 'README.md'}", file=out)
     return 0
+
+
+def _add_new_env(sub: argparse._SubParsersAction) -> None:
+    """``llm-gym new-env NAME [--style STYLE | --multi-turn] [--dir DIR]``."""
+    from llm_gym.scaffold import DEFAULT_STYLE, SCAFFOLD_STYLES
+
+    p = sub.add_parser(
+        "new-env",
+        help="scaffold a starter environment package with its tests",
+        description="Write a runnable environment package NAME/ whose tests pass as generated. "
+        "Styles: "
+        + "; ".join(f"{s.name}: {s.description}" for s in SCAFFOLD_STYLES.values())
+        + ".",
+    )
+    p.add_argument("name", help="the package name: lowercase letters, digits, _ (e.g. my_task)")
+    p.add_argument("--dir", default=".", help="where to create it (default: the current folder)")
+    style = p.add_mutually_exclusive_group()
+    style.add_argument(
+        "--style", choices=list(SCAFFOLD_STYLES), default=DEFAULT_STYLE,
+        help=f"the kind of starter (default: {DEFAULT_STYLE})",
+    )  # fmt: skip
+    style.add_argument(
+        "--multi-turn", dest="style", action="store_const", const="multi-turn",
+        help="document 002's EnvironmentMultiTurn starter (its env setup --multi-turn)",
+    )  # fmt: skip
+    p.set_defaults(func=_cmd_new_env)
 
 
 def _cmd_leaderboard(args: argparse.Namespace, out: TextIO) -> int:
@@ -252,12 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no log line per request")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser(
-        "new-env", help="scaffold a starter multi-turn environment package with its tests"
-    )
-    p.add_argument("name", help="the package name: lowercase letters, digits, _ (e.g. my_task)")
-    p.add_argument("--dir", default=".", help="where to create it (default: the current folder)")
-    p.set_defaults(func=_cmd_new_env)
+    _add_new_env(sub)
 
     p = sub.add_parser("show-task", help="print one task as JSON")
     p.add_argument("env_id")

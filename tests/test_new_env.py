@@ -1,10 +1,13 @@
 """``llm-gym new-env NAME``: the scaffold writes a runnable package whose own tests pass untouched
-(run here in a subprocess), validates NAME, and never overwrites."""
+(run here in a subprocess), validates NAME, and never overwrites. Both styles: the native
+``ToolEnv`` starter (the default) and document 002's ``--multi-turn`` starter."""
 
 from __future__ import annotations
 
 import doctest
 import io
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +16,17 @@ import pytest
 
 import llm_gym.scaffold
 from llm_gym.cli import main
-from llm_gym.errors import InvalidArgumentError
-from llm_gym.scaffold import new_env, scaffold_names
+from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.scaffold import SCAFFOLD_STYLES, new_env, scaffold_names
+
+NATIVE_FILES = {
+    "README.md",
+    "__init__.py",
+    "__main__.py",
+    "env.py",
+    "tests/__init__.py",
+    "tests/test_convert_units.py",
+}
 
 EXPECTED_FILES = {
     "README.md",
@@ -32,19 +44,70 @@ def files_under(path: Path) -> set[str]:
     return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
 
 
-def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest FOLDER`` from the folder's parent, as a user would run it."""
+def run_python(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` from the folder's parent, as a user would run it, with this checkout's
+    llm_gym first on the path."""
+    checkout = str(Path(llm_gym.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, folder.name],
+        [sys.executable, *args],
         cwd=folder.parent,
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=120,
     )
 
 
+def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest FOLDER`` from the folder's parent, as a user would run it."""
+    return run_python(folder, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, folder.name)
+
+
+def break_code(path: Path, old: str, new: str) -> None:
+    """Replace ``old`` (which must be there) by ``new`` in the file at ``path``."""
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new))
+
+
+def test_native_tests_pass_untouched_and_can_fail(tmp_path: Path) -> None:
+    package = new_env("convert_units", tmp_path)
+    assert package == tmp_path / "convert_units"
+    assert files_under(package) == NATIVE_FILES
+    for path in package.rglob("*"):
+        assert path.is_dir() or "{{" not in path.read_text(), path  # every placeholder filled
+    text = (package / "env.py").read_text()
+    assert "class ConvertUnitsEnv(ToolEnv):" in text and "@tool\ndef convert(" in text
+    for name in ("generate_tasks", "get_tasks", "oracle_action", "register"):
+        assert f"def {name}(" in text
+    assert 'ENV_ID = "ConvertUnits-v0"' in text and 'env=f"{__name__}:ConvertUnitsEnv"' in text
+    readme = (package / "README.md").read_text()
+    assert "## Make it your own task" in readme and "convert_units.register()" in readme
+
+    result = run_pytest(package)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "13 passed" in result.stdout
+
+    # the entry point registers the env and runs llm-gym's commands on it
+    result = run_python(package, "-m", "convert_units", "show-task", "--index", "0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["id"] == "convert_units/val/0000"
+
+    # the generated tests are not vacuous: a reward that pays everything fails them ...
+    env_py = package / "env.py"
+    break_code(env_py, "abs_tol=0.0) else 0.0", "abs_tol=0.0) else 1.0")
+    result = run_pytest(package, "-k", "reward_on_hand_made or random_policy")
+    assert result.returncode == 1 and "2 failed" in result.stdout, result.stdout
+    # ... and so does an oracle that reads the target it is scored against
+    env_py.write_text(text)
+    break_code(env_py, "content=results[-1]", "content=str(task.target)")
+    result = run_pytest(package, "-k", "oracle_solves")
+    assert result.returncode == 1 and "1 failed" in result.stdout, result.stdout
+
+
 def test_generated_tests_pass_untouched_and_can_fail(tmp_path: Path) -> None:
-    package = new_env("guess_game", tmp_path)
+    package = new_env("guess_game", tmp_path, style="multi-turn")
     assert package == tmp_path / "guess_game"
     assert files_under(package) == EXPECTED_FILES
     for path in package.rglob("*"):
@@ -69,9 +132,31 @@ def test_generated_tests_pass_untouched_and_can_fail(tmp_path: Path) -> None:
     assert result.returncode == 1 and "1 failed" in result.stdout
 
 
+def test_cli_new_env_native_by_default(tmp_path: Path) -> None:
+    out = io.StringIO()
+    assert main(["new-env", "refund_desk", "--dir", str(tmp_path)], out=out) == 0
+    package = tmp_path / "refund_desk"
+    assert files_under(package) == {p.replace("convert_units", "refund_desk") for p in NATIVE_FILES}
+    assert "class RefundDeskEnv(ToolEnv):" in (package / "env.py").read_text()
+    assert out.getvalue().splitlines()[0] == (
+        f"created {package} (RefundDeskEnv, registers as RefundDesk-v0)"
+    )
+
+
+def test_unknown_style_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    assert set(SCAFFOLD_STYLES) == {"tool", "multi-turn"}
+    with pytest.raises(UnknownNameError, match="one of.*actual value: 'multiturn'.*'multi-turn'"):
+        new_env("guess_game", tmp_path, style="multiturn")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        main(["new-env", "guess_game", "--style", "multi-turn", "--multi-turn"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_cli_new_env(tmp_path: Path) -> None:
     out = io.StringIO()
-    assert main(["new-env", "refund_desk", "--dir", str(tmp_path / "envs")], out=out) == 0
+    argv = ["new-env", "refund_desk", "--dir", str(tmp_path / "envs"), "--multi-turn"]
+    assert main(argv, out=out) == 0
     package = tmp_path / "envs" / "refund_desk"
     assert (package / "tests" / "test_refund_desk.py").is_file()
     assert "class RefundDeskEnv(" in (package / "environment.py").read_text()
@@ -136,7 +221,7 @@ def test_never_overwrites(tmp_path: Path, capsys) -> None:
         new_env("a_file", tmp_path)
     # an empty folder is fine
     (tmp_path / "empty_env").mkdir()
-    assert (new_env("empty_env", tmp_path) / "environment.py").is_file()
+    assert (new_env("empty_env", tmp_path, style="multi-turn") / "environment.py").is_file()
 
 
 def test_docstring_examples() -> None:

@@ -1,30 +1,48 @@
 """``llm-gym new-env NAME``: scaffold a runnable starter environment package with its tests.
 
-Document 002's ``env setup --multi-turn``: the starter is a "guess the secret number"
-:class:`~llm_gym.environments.EnvironmentMultiTurn` with ``start_episode``, ``step_episode``,
-``max_episode_turns`` and ``score_episode`` wired end to end, a ``load_environment(split=...)``,
-a small dataset, a README on turning it into your own task, and pytest tests that run it through
-llm_gym's adapter, ``register_multi_turn_env`` and ``run_and_report``. The generated tests pass
-untouched.
+Two styles, one folder of templates each (:data:`SCAFFOLD_STYLES`):
 
-The templates live in ``llm_gym/scaffold/templates`` (shipped in the wheel): files ending in
-``.tmpl`` are rendered (``{{package}}``, ``{{class_name}}``, ``{{env_id}}`` replaced, in names
-too) and lose the suffix; other files are copied as they are.
+- ``tool`` (the default): a native environment, the way llm_gym's own are written. A
+  :class:`~llm_gym.ToolEnv` subclass with an ``@tool`` function (unit conversion with a
+  ``convert`` tool), a seeded task generator with disjoint splits, ``get_tasks(split)``, an oracle
+  that never reads the target, ``register()``, a ``python -m NAME play|eval|show-task`` entry, a
+  README, and tests: ``check_env``, same-seed determinism, pickling, the oracle's ceiling and the
+  random floor through ``run_and_report``, hostile actions.
+- ``multi-turn`` (``--multi-turn``, document 002's ``env setup --multi-turn``): a "guess the
+  secret number" :class:`~llm_gym.environments.EnvironmentMultiTurn` with ``start_episode``,
+  ``step_episode``, ``max_episode_turns`` and ``score_episode`` wired end to end, a
+  ``load_environment(split=...)``, a small dataset, a README, and tests that run it through
+  llm_gym's adapter, ``register_multi_turn_env`` and ``run_and_report``.
+
+The generated tests pass untouched. The templates live in ``llm_gym/scaffold/templates/<style>``
+(shipped in the wheel): files ending in ``.tmpl`` are rendered (``{{package}}``,
+``{{class_name}}``, ``{{env_id}}`` replaced, in names too) and lose the suffix; other files are
+copied as they are.
 """
 
 from __future__ import annotations
 
+import difflib
 import keyword
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, UnknownNameError
 
-__all__ = ["Scaffold", "new_env", "scaffold_names"]
+__all__ = [
+    "DEFAULT_STYLE",
+    "SCAFFOLD_STYLES",
+    "Scaffold",
+    "ScaffoldStyle",
+    "new_env",
+    "scaffold_names",
+    "scaffold_style",
+]
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _RESERVED = frozenset({"llm_gym", "trainers", "gymnasium", "gym", "pytest", "tests", "test"})
@@ -83,8 +101,57 @@ def scaffold_names(name: str) -> Scaffold:
     return Scaffold(package=name, class_name=f"{base}Env", env_id=f"{base}-v0")
 
 
-def _templates() -> Traversable:
-    return resources.files(__name__) / "templates"
+@dataclass(frozen=True)
+class ScaffoldStyle:
+    """One kind of starter ``new_env`` can write."""
+
+    name: str
+    """What ``--style`` takes, e.g. ``"tool"``."""
+    templates: str
+    """Its folder under ``llm_gym/scaffold/templates``."""
+    description: str
+    """One line for ``llm-gym new-env --help``."""
+
+
+SCAFFOLD_STYLES: Mapping[str, ScaffoldStyle] = {
+    style.name: style
+    for style in (
+        ScaffoldStyle(
+            "tool",
+            "tool",
+            "a native ToolEnv with an @tool function and a seeded task generator",
+        ),
+        ScaffoldStyle(
+            "multi-turn",
+            "multi_turn",
+            "document 002's EnvironmentMultiTurn with a JSONL dataset (env setup --multi-turn)",
+        ),
+    )
+}
+"""The styles, by name; a new style is one row here and one folder of templates."""
+DEFAULT_STYLE = "tool"
+"""The style ``llm-gym new-env NAME`` writes without ``--style``."""
+
+
+def scaffold_style(name: str) -> ScaffoldStyle:
+    """The style called ``name``, or a clear error naming the styles there are.
+
+    Example:
+        >>> scaffold_style("multi-turn").templates
+        'multi_turn'
+    """
+    if name in SCAFFOLD_STYLES:
+        return SCAFFOLD_STYLES[name]
+    close = difflib.get_close_matches(str(name), list(SCAFFOLD_STYLES), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownNameError(
+        f"Expected a scaffold style, one of {sorted(SCAFFOLD_STYLES)}, actual value: "
+        f"{name!r}.{hint}"
+    )
+
+
+def _templates(style: ScaffoldStyle) -> Traversable:
+    return resources.files(__name__) / "templates" / style.templates
 
 
 def _walk(folder: Traversable, prefix: tuple[str, ...] = ()):
@@ -97,18 +164,22 @@ def _walk(folder: Traversable, prefix: tuple[str, ...] = ()):
             yield (*prefix, entry.name), entry
 
 
-def new_env(name: str, directory: str | Path = ".") -> Path:
+def new_env(name: str, directory: str | Path = ".", style: str = DEFAULT_STYLE) -> Path:
     """Write the starter environment package ``directory/name`` and return its path.
 
     Args:
         name: The package name (see :func:`scaffold_names`).
         directory: Where the package folder goes (created when missing).
+        style: A key of :data:`SCAFFOLD_STYLES`: ``"tool"`` (a native ``ToolEnv``, the
+            default) or ``"multi-turn"`` (document 002's ``EnvironmentMultiTurn``).
 
     Raises:
         InvalidArgumentError: ``name`` is not allowed, or ``directory/name`` exists and is not
             an empty folder (nothing is overwritten).
+        UnknownNameError: ``style`` is not a known style.
     """
     names = scaffold_names(name)
+    templates = _templates(scaffold_style(style))
     target = Path(directory).expanduser() / names.package
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InvalidArgumentError(
@@ -116,7 +187,7 @@ def new_env(name: str, directory: str | Path = ".") -> Path:
             "another NAME or --dir, or remove it."
         )
     files = []
-    for parts, entry in _walk(_templates()):
+    for parts, entry in _walk(templates):
         relative = Path(*(names.render(p) for p in parts))
         if relative.name.endswith(TEMPLATE_SUFFIX):
             relative = relative.with_name(relative.name[: -len(TEMPLATE_SUFFIX)])
