@@ -14,7 +14,7 @@ Reported per probe: each tree's median over rounds and the median of the per-rou
 after/before with their range (a ratio above 1 is a slowdown for µs, a speed-up for per-second
 numbers).
 
-    python -m benchmarks.before_after --base fb2ff2c --rounds 5 --model outputs/tool_use_game_tiny/sft
+    python -m benchmarks.before_after --base BASE --rounds 5 --model outputs/tool_use_game_tiny/sft
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def _run_probe(tree: Path, code: str, argv: list[str]) -> dict[str, float]:
 def _probe_all(tree: Path, args: Args) -> dict[str, float]:
     out = _run_probe(tree, _ENV_STEP_PROBE, [",".join(args.envs), str(args.episodes)])
     if args.model:
-        out.update(_run_probe(tree, _ROLLOUT_PROBE, [str(Path(args.model).resolve()), str(args.tasks)]))
+        model = str(Path(args.model).resolve())
+        out.update(_run_probe(tree, _ROLLOUT_PROBE, [model, str(args.tasks)]))
     return out
 
 

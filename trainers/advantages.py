@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import difflib
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from llm_gym.core.env import TruncationCause
 from llm_gym.errors import InvalidArgumentError, UnknownNameError
@@ -23,6 +24,7 @@ __all__ = [
     "per_turn_group_advantages",
     "is_zero_variance",
     "GroupPool",
+    "refill_tasks",
     "EpisodeOutcome",
     # estimators, by the name of the config's credit_assignment
     "Advantages",
@@ -33,6 +35,8 @@ __all__ = [
     "per_episode_credit",
     "per_turn_credit",
 ]
+
+T = TypeVar("T")
 
 ScaleRewards = str
 """``"group"`` (divide by the group's std), ``"batch"`` (by the batch's std) or ``"none"``."""
@@ -125,6 +129,18 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 def is_zero_variance(rewards_G: Sequence[float], tolerance: float = 1e-9) -> bool:
     """True when every episode of a group got the same reward (no learning signal)."""
     return max(rewards_G) - min(rewards_G) <= tolerance
+
+
+def refill_tasks(tasks: Sequence[T], count: int, seed: tuple[int, ...]) -> list[T]:
+    """``count`` tasks drawn with replacement for a dynamic-sampling refill, seeded by ``seed``
+    (the run's task seed, step, attempt and rank: a resumed run draws the same ones).
+
+    Example:
+        >>> refill_tasks(["a", "b", "c"], 4, (0, 1, 0, 0)) == refill_tasks("abc", 4, (0, 1, 0, 0))
+        True
+    """
+    rng = random.Random(hash(seed))
+    return [tasks[rng.randrange(len(tasks))] for _ in range(count)]
 
 
 @dataclass

@@ -24,6 +24,7 @@ from trl import GRPOConfig as _TRLGRPOConfig
 from llm_gym.actions import ACTION_FORMATS
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.registry import registered_policies
+from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -276,6 +277,15 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             )
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
+
+    def rollout_settings(self, max_turns: int) -> RolloutSettings:
+        """How a collection with ``max_turns`` turns per episode runs its episodes."""
+        return RolloutSettings(
+            max_turns=max_turns,
+            max_model_length=self.max_model_length,
+            max_new_tokens=self.max_tokens_per_turn,
+            failed_parse_reward=self.failed_parse_reward,
+        )
 
     def lora_config(self) -> Any:
         """PEFT's ``LoraConfig`` from the ``lora_*`` fields when ``use_lora``, else None."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "shared_prefix_applies",
     "SharedPrefixPlan",
     "cache_keyword",
     "output_cache",
@@ -53,6 +54,29 @@ class SharedPrefixPlan:
     column is padding)."""
     completion_mask: Any
     """(B, C): True on real completion tokens (bool)."""
+
+
+def shared_prefix_applies(
+    *,
+    enabled: bool,
+    wrapped: bool,
+    sharded: bool,
+    gradient_checkpointing: bool,
+    extra_inputs: bool,
+) -> bool:
+    """Whether GRPO may score the rows' shared prefix once (else TRL's full forward runs).
+
+    Not for a model under a wrapper (DDP, DeepSpeed) or sharded (FSDP, ZeRO-3): those may gather
+    parameters per forward, so every process must run the same passes. Not under gradient
+    checkpointing, which turns the prefix's KV cache off. Not with multimodal inputs or MoE's
+    auxiliary loss, which the prefix pass does not carry.
+
+    Example:
+        >>> shared_prefix_applies(enabled=True, wrapped=False, sharded=False,
+        ...                       gradient_checkpointing=False, extra_inputs=False)
+        True
+    """
+    return enabled and not (wrapped or sharded or gradient_checkpointing or extra_inputs)
 
 
 def plan_shared_prefix(

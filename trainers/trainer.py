@@ -13,7 +13,6 @@ and :mod:`trainers.checkpoints` (atomic saves).
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,20 +23,30 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from llm_gym.aio import run_sync
 from llm_gym.core.factories import Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.metrics import summarize_episodes
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.rollout.episode import Episode
-from llm_gym.rollout.loop import collect_groups_async
-from trainers.advantages import EpisodeOutcome, GroupPool, advantage_estimator, shaped_reward
+from trainers.advantages import (
+    EpisodeOutcome,
+    GroupPool,
+    advantage_estimator,
+    refill_tasks,
+    shaped_reward,
+)
 from trainers.batch import group_rows, importance_sampling_ratio, rows_to_tensors
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
 from trainers.rollout_metrics import RolloutPart, rollout_metrics, validation_metrics
-from trainers.shared_prefix import cache_keyword, plan_shared_prefix, score_shared_prefix
+from trainers.rollouts import collect_episode_groups
+from trainers.shared_prefix import (
+    cache_keyword,
+    plan_shared_prefix,
+    score_shared_prefix,
+    shared_prefix_applies,
+)
 
 __all__ = ["MultiTurnGRPOTrainer"]
 
@@ -128,6 +137,27 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     def _episode_tokenizer(self) -> Any:
         return getattr(self.processing_class, "tokenizer", self.processing_class)
 
+    def _run_collection(
+        self,
+        policy: Policy,
+        tasks: Sequence[Task],
+        episodes_per_task: int,
+        max_turns: int,
+        sequential: bool,
+    ) -> list[list[Episode]]:
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        return collect_episode_groups(
+            self.env_factory,
+            tasks,
+            policy,
+            args.rollout_settings(max_turns),
+            episodes_per_task=episodes_per_task,
+            action_format=args.action_format,
+            oracle=self.oracle,
+            tokenizer=self._episode_tokenizer,
+            sequential=sequential,
+        )
+
     def _collect(
         self,
         tasks: Sequence[Task],
@@ -175,41 +205,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             finally:
                 unwrapped.train(was_training)
 
-    def _run_collection(
-        self,
-        policy: Policy,
-        tasks: Sequence[Task],
-        episodes_per_task: int,
-        max_turns: int,
-        sequential: bool,
-    ) -> list[list[Episode]]:
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-
-        async def collect(chunk: Sequence[Task]) -> list[list[Episode]]:
-            return await collect_groups_async(
-                self.env_factory,
-                chunk,
-                policy,
-                episodes_per_task=episodes_per_task,
-                max_turns=max_turns,
-                max_model_length=args.max_model_length,
-                max_new_tokens=args.max_tokens_per_turn,
-                action_format=args.action_format,
-                failed_parse_reward=args.failed_parse_reward,
-                oracle=self.oracle,
-                tokenizer=self._episode_tokenizer,
-            )
-
-        if not sequential:
-            return run_sync(collect(tasks))
-        groups: list[list[Episode]] = []
-        for task in tasks:  # one episode at a time
-            group = []
-            for _ in range(episodes_per_task):
-                group.extend(run_sync(collect([task]))[0][:1])
-            groups.append(group)
-        return groups
-
     # --- rewards and advantages ------------------------------------------------------------
 
     def _shaped(self, episode: Episode) -> float:
@@ -221,25 +216,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             overlong_buffer=args.overlong_buffer,
             overlong_penalty_factor=args.overlong_penalty_factor,
         )
-
-    def _advantages(
-        self, groups: Sequence[Sequence[Episode]], rewards: Sequence[Sequence[float]]
-    ) -> tuple[list[list[float]], list[list[list[float] | None]]]:
-        """Per-episode advantages and per-turn ones (or None), by the configured estimator."""
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        estimator = advantage_estimator(args.credit_assignment)
-        turn_rewards = [[e.per_turn_rewards for e in group] for group in groups]
-        advantages = estimator(rewards, turn_rewards, args.scale_rewards)
-        return advantages.episode, advantages.turns
-
-    def _sample_refill(self, count: int, attempt: int) -> list[Task]:
-        """Tasks for a dynamic-sampling refill: seeded by step, attempt and rank (resumable)."""
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        seed = hash(
-            (args.task_seed, self.state.global_step, attempt, self.accelerator.process_index)
-        )
-        rng = random.Random(seed)
-        return [self.tasks[rng.randrange(len(self.tasks))] for _ in range(count)]
 
     # --- the override ------------------------------------------------------------------------
 
@@ -264,7 +240,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,
                 # FSDP, vLLM server); one whose batch is already full refills a single group.
-                tasks = self._sample_refill(max(1, pool.deficit), attempt)
+                rank = self.accelerator.process_index
+                seed = (args.task_seed, self.state.global_step, attempt, rank)
+                tasks = refill_tasks(self.tasks, max(1, pool.deficit), seed)
             groups = self._collect(
                 tasks,
                 episodes_per_task=size,
@@ -281,14 +259,17 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         groups, rewards = pool.batch()
         rollout_seconds = time.perf_counter() - start
 
-        episode_adv, turn_adv = self._advantages(groups, rewards)
+        turn_rewards = [[e.per_turn_rewards for e in group] for group in groups]
+        advantages = advantage_estimator(args.credit_assignment)(
+            rewards, turn_rewards, args.scale_rewards
+        )
         pad_id = self._episode_tokenizer.pad_token_id
         if pad_id is None:
             pad_id = self._episode_tokenizer.eos_token_id
         rows, dropped = group_rows(
             groups,
-            episode_adv,
-            turn_adv,
+            advantages.episode,
+            advantages.turns,
             overlong_masking=args.overlong_masking,
             max_rows=args.max_samples_per_episode,
             pad_id=pad_id,
@@ -306,7 +287,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             zero_variance=pool.zero_variance,
             dropped=dropped,
         )
-        self._log_rollout(mode, part, rollout_seconds, train_seconds)
+        metrics = rollout_metrics(gather_object([part]), rollout_seconds, train_seconds)
+        for key, value in metrics.items():  # gathered over processes
+            self._metrics[mode][key].append(value)
         self._last_collection_end = time.perf_counter()
         return batch
 
@@ -386,17 +369,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             )
 
         unwrapped = self.accelerator.unwrap_model(model)
-        if not (
-            args.shared_prefix
-            and not compute_aux_loss
-            and all(v is None for v in multimodal.values())
-            # A wrapper (DDP, DeepSpeed) or sharding (FSDP, ZeRO-3) may gather parameters per
-            # forward: every process must run the same passes, so no per-batch shortcut there.
-            and unwrapped is model
-            and not (self.is_fsdp_enabled or self.is_deepspeed_enabled)
-            # Gradient checkpointing turns the prefix's KV cache off.
-            and not args.gradient_checkpointing
-            and not getattr(unwrapped, "is_gradient_checkpointing", False)
+        if not shared_prefix_applies(
+            enabled=args.shared_prefix,
+            wrapped=unwrapped is not model,
+            sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
+            gradient_checkpointing=args.gradient_checkpointing
+            or getattr(unwrapped, "is_gradient_checkpointing", False),
+            extra_inputs=compute_aux_loss or any(v is not None for v in multimodal.values()),
         ):
             return trl_scoring()
         plan = plan_shared_prefix(
@@ -417,16 +396,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             return trl_scoring()
         logps, entropies = scored
         return logps, entropies, None
-
-    # --- metrics -----------------------------------------------------------------------------
-
-    def _log_rollout(
-        self, mode: str, part: RolloutPart, rollout_seconds: float, train_seconds: float
-    ) -> None:
-        """Log the step's rollout metrics, gathered over processes (:mod:`.rollout_metrics`)."""
-        metrics = rollout_metrics(gather_object([part]), rollout_seconds, train_seconds)
-        for key, value in metrics.items():
-            self._metrics[mode][key].append(value)
 
     # --- validation --------------------------------------------------------------------------
 

@@ -141,8 +141,7 @@ class EpisodeDriver:
         if self._plain:
             self._step_sync: Callable[[Message], StepResult] = env.step_sync  # type: ignore[attr-defined]
         else:
-            eager = env.synchronous
-            self._step_sync = lambda action: self._run(env.step(action), eager)
+            self._step_sync = self._step_on_runner
         self.messages = list(opening)
         self.task, self.turn, self.ending = task, 0, None
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
@@ -275,6 +274,10 @@ class EpisodeDriver:
             env.close_sync()  # type: ignore[attr-defined]
         else:
             self._run(env.close(), env.synchronous)
+
+    def _step_on_runner(self, action: Message) -> StepResult:
+        env = self.env
+        return self._run(env.step(action), env.synchronous)  # type: ignore[union-attr]
 
     def _run(self, coroutine: Any, eager: bool) -> Any:
         if self.runner is None:

@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llm_gym.envs.code._child import TRAMPOLINE
+from llm_gym.envs.code._child import CHILD_FILES, TRAMPOLINE
 from llm_gym.envs.code._host import interpreter, read_rules
 from llm_gym.envs.code._process import Streams, minimal_env, pump, remove_tree, stop
 from llm_gym.errors import InvalidArgumentError
@@ -90,7 +90,9 @@ __all__ = [
     "sandbox_layers",
 ]
 
-_CHILD_SOURCE = Path(__file__).with_name("_child.py").read_text(encoding="utf-8")
+_CHILD_SOURCE = "\n".join(
+    Path(__file__).with_name(name).read_text(encoding="utf-8") for name in CHILD_FILES
+)
 _MAX_RECORDS = 100_000
 _NOT_DEFINED = "the program ended before defining its function"
 

@@ -1,0 +1,62 @@
+"""Episode groups for a training or validation step, collected with the current policy.
+
+The trainer builds the generation policy (TRL's model unwrapped for generation, or its vLLM
+engine) and hands it here with the run's rollout settings; this module runs the groups through
+:func:`llm_gym.rollout.collect_groups_async`, all at once or, for sequential validation, one
+episode at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llm_gym.aio import run_sync
+from llm_gym.core.factories import EnvFactory, Oracle
+from llm_gym.core.task import Task
+from llm_gym.policies import Policy
+from llm_gym.rollout.episode import Episode
+from llm_gym.rollout.loop import RolloutSettings, collect_groups_async
+
+__all__ = ["collect_episode_groups"]
+
+
+def collect_episode_groups(
+    env_factory: EnvFactory,
+    tasks: Sequence[Task],
+    policy: Policy,
+    settings: RolloutSettings,
+    *,
+    episodes_per_task: int,
+    action_format: str,
+    oracle: Oracle | None,
+    tokenizer: Any,
+    sequential: bool = False,
+) -> list[list[Episode]]:
+    """``groups[i]``: ``episodes_per_task`` episodes of ``tasks[i]``.
+
+    With ``sequential`` every episode runs alone (the seeds' ``sequential_validation``: no
+    batching effects on the numbers), else every episode of every group runs concurrently.
+    """
+
+    async def collect(chunk: Sequence[Task], per_task: int) -> list[list[Episode]]:
+        return await collect_groups_async(
+            env_factory,
+            chunk,
+            policy,
+            episodes_per_task=per_task,
+            max_turns=settings.max_turns,
+            max_model_length=settings.max_model_length,
+            max_new_tokens=settings.max_new_tokens,
+            action_format=action_format,
+            failed_parse_reward=settings.failed_parse_reward,
+            oracle=oracle,
+            tokenizer=tokenizer,
+            chat_template_kwargs=settings.chat_template_kwargs,
+        )
+
+    if not sequential:
+        return run_sync(collect(tasks, episodes_per_task))
+    return [
+        [run_sync(collect([task], 1))[0][0] for _ in range(episodes_per_task)] for task in tasks
+    ]
