@@ -128,11 +128,12 @@ class TextEnv(gymnasium.Env[str, str]):
         self.render_mode = render_mode
         self.version = version
         self.observation_space = UnicodeText(max_observation_chars)
+        self._max_observation = self.observation_space.max_length
         self.action_space = UnicodeText(max_action_chars)
         self._specs_pickle: bytes | None = None
         self._rendered_specs: dict[str, str] = {}
         self._task_split = split
-        self._done = False
+        self._live = False  # an episode is running (reset() and no end yet)
         self._frozen_source: list[Message] = []
         self._frozen: list[Message] = []
 
@@ -177,16 +178,15 @@ class TextEnv(gymnasium.Env[str, str]):
         self._specs_pickle = None
         self._frozen_source, self._frozen = [], []
         self._task_split = split
-        self._done = False
         messages = driver.start_sync(task)
+        self._live = True
         return self._clip(self._opening_text(messages)), self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        driver = self._driver
-        if driver.env is None or self._done:
+        if not self._live:
             raise gymnasium.error.ResetNeeded(
                 "The episode has ended; call reset() before step() again."
-                if self._done
+                if self._driver.ending is not None
                 else "Call reset() before step()."
             )
         if type(action) is not str and not isinstance(action, str):
@@ -194,6 +194,7 @@ class TextEnv(gymnasium.Env[str, str]):
                 f"Expected the action as a str (the assistant's text), actual type: "
                 f"{type(action).__name__}."
             )
+        driver = self._driver
         ending = driver.act_sync(action)
         messages, start = driver.messages, driver.reply_start
         if len(messages) == start + 1 and messages[start].get("role") != "tool":
@@ -202,7 +203,7 @@ class TextEnv(gymnasium.Env[str, str]):
             observation = self._reply_text(messages[start:])
         if ending is not None:
             return self._end(ending, observation)
-        if len(observation) > self.observation_space.max_length:
+        if len(observation) > self._max_observation:
             observation = self._clip(observation)
         return observation, 0.0, False, False, self._info()
 
@@ -245,7 +246,7 @@ class TextEnv(gymnasium.Env[str, str]):
     def _end(
         self, ending: EpisodeEnd, observation: str
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        self._done = True
+        self._live = False
         info = self._info()
         info["metrics"] = dict(ending.metrics)
         if ending.parse_error is not None:
@@ -289,29 +290,16 @@ class TextEnv(gymnasium.Env[str, str]):
         return text if len(text) <= limit else text[: limit - 20] + "\n[observation cut]"
 
     def _info(self) -> dict[str, Any]:
+        """The info dict. ``messages`` is a new list of read-only copies of the conversation,
+        each message frozen only once: messages are append-only in the ``Env`` contract, and
+        when the known prefix no longer equals what was frozen (an env that rewrote history)
+        everything is frozen again (the check is a C-level list compare that short-cuts on
+        identity). One function on the step's hot path, on purpose."""
         driver = self._driver
         if self._specs_pickle is None and driver.env is not None:
             specs = driver.env.tool_specs
             self._specs_pickle = pickle.dumps(specs) if specs else b""
-        return {
-            "messages": self._messages_view(),
-            # A fresh copy each call (gymnasium's checker forbids sharing objects between infos);
-            # unpickling our own bytes is twice as fast as json.loads or copy.deepcopy.
-            "tool_specs": pickle.loads(self._specs_pickle) if self._specs_pickle else [],
-            "task": driver.task,
-            "split": self._task_split,
-            "turn": driver.turn,
-        }
-
-    def _messages_view(self) -> list[Message]:
-        """A new list of read-only copies of the conversation, each message frozen only once.
-
-        Messages are append-only in the ``Env`` contract; when the known prefix no longer
-        equals what was frozen (an env that rewrote history), everything is frozen again. The
-        comparison is a C-level list compare that short-cuts on identity, so it costs ~5 ns a
-        message.
-        """
-        messages, source, frozen = self._driver.messages, self._frozen_source, self._frozen
+        messages, source, frozen = driver.messages, self._frozen_source, self._frozen
         known = len(source)
         if known > len(messages) or source != messages[:known]:
             source.clear()
@@ -325,7 +313,15 @@ class TextEnv(gymnasium.Env[str, str]):
                 frozen.append(FrozenMessage(message))
             else:
                 frozen.append(freeze_message(message))
-        return list(frozen)
+        return {
+            "messages": list(frozen),
+            # A fresh copy each call (gymnasium's checker forbids sharing objects between infos);
+            # unpickling our own bytes is twice as fast as json.loads or copy.deepcopy.
+            "tool_specs": pickle.loads(self._specs_pickle) if self._specs_pickle else [],
+            "task": driver.task,
+            "split": self._task_split,
+            "turn": driver.turn,
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

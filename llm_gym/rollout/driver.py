@@ -133,6 +133,7 @@ class EpisodeDriver:
         self.ending: EpisodeEnd | None = None
         """How the episode ended, once it has."""
         self._plain = False
+        self._acting = False
 
     # --- starting -----------------------------------------------------------------------------
     def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
@@ -143,7 +144,7 @@ class EpisodeDriver:
         else:
             self._step_sync = self._step_on_runner
         self.messages = list(opening)
-        self.task, self.turn, self.ending = task, 0, None
+        self.task, self.turn, self.ending, self._acting = task, 0, None, True
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
         self.raw_text = bool(getattr(env, "raw_text_actions", False))
         cap = getattr(env, "max_turns", None)
@@ -151,7 +152,7 @@ class EpisodeDriver:
         return self.messages
 
     def _new_env(self, task: Task) -> Env:
-        self.ending = None
+        self.ending, self._acting = None, False
         self.env = env = self.env_factory(task)
         self._plain = isinstance(env, SyncEnv)  # plain methods: no coroutine, no event loop
         return env
@@ -175,7 +176,7 @@ class EpisodeDriver:
     # --- acting -------------------------------------------------------------------------------
     def _prepare(self, text: str) -> Message | None:
         """The assistant message for the env, or None when ``text`` ended the episode."""
-        if self.ending is not None or self.env is None:
+        if not self._acting:
             raise InvalidArgumentError(
                 "act() needs a started episode that has not ended; call start(task) first."
             )
@@ -191,11 +192,13 @@ class EpisodeDriver:
         if parsed.kind is ParseKind.PARSE_FAILURE:
             self.messages = [*self.messages, action]
             self.reply_start = len(self.messages)
-            self.ending = EpisodeEnd(
-                self.failed_parse_reward,
-                terminated=False,
-                truncation_cause=TruncationCause.PARSE_FAILURE,
-                parse_error=parsed.error,
+            self._finish(
+                EpisodeEnd(
+                    self.failed_parse_reward,
+                    terminated=False,
+                    truncation_cause=TruncationCause.PARSE_FAILURE,
+                    parse_error=parsed.error,
+                )
             )
             return None
         return action
@@ -209,21 +212,27 @@ class EpisodeDriver:
         ):
             self.reply_start = start + 1  # the env echoed the action: replies start after it
         if result.terminated or result.truncated:
-            self.ending = EpisodeEnd(
-                float(result.reward),
-                terminated=bool(result.terminated),
-                truncation_cause=None if result.terminated else TruncationCause.ENV,
-                metrics=dict(result.metrics),
+            return self._finish(
+                EpisodeEnd(
+                    float(result.reward),
+                    terminated=bool(result.terminated),
+                    truncation_cause=None if result.terminated else TruncationCause.ENV,
+                    metrics=dict(result.metrics),
+                )
             )
-        elif self.turn >= self.limit:
-            self.ending = EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS)
-        return self.ending
+        if self.turn >= self.limit:
+            return self._finish(EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS))
+        return None
 
     def _raised(self, action: Message) -> EpisodeEnd:
         self.messages = [*self.messages, action]
         self.reply_start = len(self.messages)
-        self.ending = EpisodeEnd(0.0, False, TruncationCause.ENV, error=traceback.format_exc())
-        return self.ending
+        error = traceback.format_exc()
+        return self._finish(EpisodeEnd(0.0, False, TruncationCause.ENV, error=error))
+
+    def _finish(self, ending: EpisodeEnd) -> EpisodeEnd:
+        self.ending, self._acting = ending, False
+        return ending
 
     async def act(self, text: str) -> EpisodeEnd | None:
         """Act with the assistant's ``text``: None while the episode goes on, else its end."""
@@ -250,8 +259,7 @@ class EpisodeDriver:
     def end(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:
         """End the episode from outside (``CONTEXT_OVERFLOW``, or ``ENV`` with the traceback of
         a failure around it): truncated, reward 0."""
-        self.ending = EpisodeEnd(0.0, False, cause, error=error)
-        return self.ending
+        return self._finish(EpisodeEnd(0.0, False, cause, error=error))
 
     def replies(self) -> list[Message]:
         """The messages the environment added after the last action (tool results, a user
@@ -261,13 +269,13 @@ class EpisodeDriver:
     # --- closing ------------------------------------------------------------------------------
     async def close(self) -> None:
         """Close the current environment (always call it; safe to call twice)."""
-        env, self.env = self.env, None
+        env, self.env, self._acting = self.env, None, False
         if env is not None:
             await env.close()
 
     def close_sync(self) -> None:
         """:meth:`close` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
-        env, self.env = self.env, None
+        env, self.env, self._acting = self.env, None, False
         if env is None:
             return
         if self._plain:
