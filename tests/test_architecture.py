@@ -6,6 +6,8 @@
   (deferred) as well as module-level ones. Importing ``a.b.c`` also runs the ``__init__`` of every
   package on the way that the importer is not already inside, so those count as edges too.
 * ``llm_gym`` imports neither ``trainers`` nor ``benchmarks``.
+* Packages import only from the layers above them (:data:`LAYERS`, as docs/architecture.md
+  draws them).
 * No source module is over :data:`MAX_LINES` lines, data tables aside.
 
 The checks are plain functions over a source tree, tested on small made-up trees first, so a
@@ -23,6 +25,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("llm_gym", "trainers")
 MAX_LINES = 450
+LAYERS = [
+    {"llm_gym.errors", "llm_gym.aio"},
+    {"llm_gym.core", "llm_gym.types"},
+    {"llm_gym.actions", "llm_gym.tools"},
+    {"llm_gym.policies"},
+    {"llm_gym.rollout"},
+    {"llm_gym.gym"},
+    {"llm_gym.environments", "llm_gym.datasets"},
+    {"llm_gym.envs"},
+    {"llm_gym.eval"},
+    {"llm_gym.models", "llm_gym.serving", "llm_gym.scaffold"},
+    # the root package imports the layers to re-export them; the start-up hook (installed as a
+    # top-level module, it imports llm_gym to register the envs) belongs with it
+    {"llm_gym.cli", "llm_gym", "llm_gym.gym.startup_hook"},
+    {"trainers"},
+]
+"""Top to bottom: a package may import from its own layer's modules and the layers above."""
 DATA_TABLES = {
     # module: why it may be longer (constants only, no logic to split)
     "llm_gym/envs/code/problems_lists.py": "problem definitions (a data table)",
@@ -154,6 +173,29 @@ def private_imports(modules: dict[str, Path], packages: tuple[str, ...]) -> list
     return found
 
 
+def layer_of(module: str, layers: list[set[str]]) -> int | None:
+    """The index of the layer that holds ``module`` (its longest listed prefix), or None."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        for index, layer in enumerate(layers):
+            if prefix in layer:
+                return index
+    return None
+
+
+def upward_imports(modules: dict[str, Path], layers: list[set[str]]) -> list[str]:
+    """Imports from a lower layer's package (one listed after the importer's)."""
+    found = []
+    for name, path in modules.items():
+        own = layer_of(name, layers)
+        for module, imported, line in imports_of(name, path):
+            target = layer_of(f"{module}.{imported}" if imported else module, layers)
+            if own is not None and target is not None and target > own:
+                found.append(f"{name}:{line} imports {module} (a lower layer)")
+    return found
+
+
 def forbidden_imports(
     modules: dict[str, Path], owner: str, forbidden: tuple[str, ...]
 ) -> list[str]:
@@ -231,6 +273,20 @@ def test_no_underscore_name_is_imported_from_another_module(modules: dict[str, P
 
 def test_the_import_graph_has_no_cycle(modules: dict[str, Path]) -> None:
     assert find_cycles(import_graph(modules)) == []
+
+
+def test_the_checker_finds_an_upward_import(tmp_path: Path) -> None:
+    modules = _tree(
+        tmp_path,
+        {"pkg/__init__.py": "", "pkg/low.py": "from pkg.high import x\n", "pkg/high.py": "x = 1\n"},
+    )
+    assert upward_imports(modules, [{"pkg.high"}, {"pkg.low"}]) == []
+    found = upward_imports(modules, [{"pkg.low"}, {"pkg.high"}])
+    assert found == ["pkg.low:1 imports pkg.high (a lower layer)"]
+
+
+def test_packages_import_only_from_the_layers_above(modules: dict[str, Path]) -> None:
+    assert upward_imports(modules, LAYERS) == []
 
 
 def test_llm_gym_imports_neither_trainers_nor_benchmarks(modules: dict[str, Path]) -> None:

@@ -248,7 +248,7 @@ class TextEnv(gymnasium.Env[str, str]):
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._live = False
         info = self._info()
-        info["metrics"] = dict(ending.metrics)
+        info["metrics"] = ending.metrics  # the driver's own copy of the env's metrics
         if ending.parse_error is not None:
             info["parse_error"] = ending.parse_error
         if ending.error is not None:
