@@ -98,6 +98,7 @@ class EpisodeDriver:
     # Slots: the attributes of the step's hot path are read and written several times a step.
     __slots__ = (
         "_acting",
+        "_eager",
         "_plain",
         "_step_sync",
         "action",
@@ -143,7 +144,9 @@ class EpisodeDriver:
         self.task: Task | None = None
         """The current episode's task."""
         self.messages: list[Message] = []
-        """The conversation so far (a parse failure's message included)."""
+        """The conversation so far (a parse failure's message included): the list the env's last
+        step returned, never changed in place by the driver. Copy it to keep it past the next
+        act (an env may return, and later extend, its own list)."""
         self.turn = 0
         """Assistant turns taken this episode."""
         self.limit = max_turns
@@ -168,6 +171,9 @@ class EpisodeDriver:
         if self._plain:
             self._step_sync: Callable[[Message], StepResult] = env.step_sync  # type: ignore[attr-defined]
         else:
+            self._eager = env.synchronous
+            if self.runner is None:
+                self.runner = LoopRunner()
             self._step_sync = self._step_on_runner
         self.messages = list(opening)
         self.task, self.turn, self.ending, self._acting = task, 0, None, True
@@ -231,7 +237,12 @@ class EpisodeDriver:
 
     def _absorb(self, result: StepResult) -> EpisodeEnd | None:
         """Take the environment's step result; the ending, if this step ended the episode."""
-        self.messages = messages = list(result.messages)
+        # No copy per step: the driver never edits the list, and every consumer that keeps it
+        # past the next act copies it (the loop's records, TextEnv's info).
+        messages = result.messages
+        if type(messages) is not list:
+            messages = list(messages)
+        self.messages = messages
         start = self.reply_start
         if len(messages) > start and (
             messages[start] is self.action or messages[start].get("role") == "assistant"
@@ -310,8 +321,7 @@ class EpisodeDriver:
             self._run(env.close(), env.synchronous)
 
     def _step_on_runner(self, action: Message) -> StepResult:
-        env = self.env
-        return self._run(env.step(action), env.synchronous)  # type: ignore[union-attr]
+        return self.runner.run(self.env.step(action), self._eager)  # type: ignore[union-attr]
 
     def _run(self, coroutine: Any, eager: bool) -> Any:
         if self.runner is None:

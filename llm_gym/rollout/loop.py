@@ -249,7 +249,7 @@ async def _run_episode(
         except Exception:
             episode.error = traceback.format_exc()
         waves.episode_done((group, index))
-    episode.messages = driver.messages
+    episode.messages = list(driver.messages)
     episode.reward = ending.reward
     episode.terminated, episode.truncated = ending.terminated, ending.truncated
     episode.truncation_cause = ending.truncation_cause
