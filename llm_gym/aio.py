@@ -65,7 +65,7 @@ async def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
 
 
 class LoopRunner:
-    """Runs coroutines on one private, reused event loop (cheap per call: about 10 µs)."""
+    """Runs coroutines on one private, reused event loop (no new loop per call)."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -103,12 +103,12 @@ def _cmd_play(
 
 def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.eval import run_and_report
+    from llm_gym.policies import policy_backend, policy_from_spec
 
-    policy = args.policy
-    if args.temperature is not None and not args.policy.startswith(("oracle", "random")):
-        from llm_gym.policies import policy_from_spec
-
-        policy = policy_from_spec(args.policy, seed=args.seed, temperature=args.temperature)
+    options: dict[str, object] = {"seed": args.seed}
+    if args.temperature is not None and not policy_backend(args.policy.partition(":")[0]).scripted:
+        options["temperature"] = args.temperature  # sampling settings are a model's
+    policy = policy_from_spec(args.policy, **options)
     report = run_and_report(
         args.env_id,
         policy,

@@ -8,6 +8,10 @@ import importlib
 import pytest
 
 MODULES = [
+    "llm_gym.core.factories",
+    "llm_gym.core.registry",
+    "llm_gym.policies.registry",
+    "llm_gym.rollout.driver",
     "llm_gym.eval.metrics",
     "llm_gym.core.tool",
     "llm_gym.gym.spaces",

@@ -17,6 +17,9 @@ MODULES = [
     "llm_gym.gym",
     "llm_gym.tools",
     "llm_gym.rollout",
+    "llm_gym.policies",
+    "llm_gym.serving",
+    "llm_gym.models",
     "llm_gym.errors",
     "llm_gym.envs.tool_use_game",
     "llm_gym.environments",
@@ -38,7 +41,8 @@ def test_all_names_exist(module_name: str) -> None:
 
 def test_import_pulls_no_heavy_dependency() -> None:
     code = (
-        "import sys, llm_gym, llm_gym.rollout, llm_gym.envs.tool_use_game\n"
+        "import sys, llm_gym, llm_gym.rollout, llm_gym.policies, llm_gym.serving, llm_gym.eval\n"
+        "import llm_gym.envs.tool_use_game, llm_gym.environments, llm_gym.cli\n"
         "heavy = [m for m in ('torch', 'transformers', 'trl', 'accelerate') if m in sys.modules]\n"
         "print(heavy)\n"
     )

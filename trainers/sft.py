@@ -312,14 +312,13 @@ def sft_warm_start(
             template (also the newline before and after each assistant turn).
         use_cpu: Train on the CPU (default: when CUDA is not available).
         bf16: bf16 autocast (the weights stay fp32 and are saved fp32). Off by default; on a
-            CPU with AMX it is about 1.5x faster per step without ``shared_prefix``, no faster
-            with it.
+            CPU with AMX it speeds up steps without ``shared_prefix``, not those with it.
         shared_prefix: Run the token prefix that every conversation of a batch shares (the system
-            prompt with the tool specs: 413 of ~520 tokens on ToolUseGame) once per batch and
+            prompt with the tool specs: most of a ToolUseGame transcript) once per batch and
             reuse its keys and values for every row: the same loss and gradients (to float
-            rounding), ~3.5x faster at batch 32. Applies when that prefix holds no trained
-            token and is at least ``min_shared_prefix`` tokens long; otherwise the batch runs
-            as usual.
+            rounding), several times faster at large batches. Applies when that prefix holds no
+            trained token and is at least ``min_shared_prefix`` tokens long; otherwise the
+            batch runs as usual.
         progress: Show transformers' progress bar.
         **config_kwargs: More ``SFTConfig`` fields.
 

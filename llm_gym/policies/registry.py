@@ -13,11 +13,12 @@ builds it (the default passes the options to the constructor and takes no argume
 Example:
     >>> policy_from_spec("random:3").seed
     3
-    >>> policy_from_spec("randm")
-    Traceback (most recent call last):
-    ...
-    llm_gym.errors.UnknownNameError: Unknown policy kind 'randm' in spec 'randm'. Did you mean 'random'? Registered: hf:PATH, oracle, openai:MODEL@URL, random[:SEED], vllm.
-"""  # noqa: E501
+    >>> try:
+    ...     policy_from_spec("randm")
+    ... except KeyError as error:
+    ...     print(str(error).split(" Registered")[0])
+    Unknown policy kind 'randm' in spec 'randm'. Did you mean 'random'?
+"""
 
 from __future__ import annotations
 

@@ -48,8 +48,9 @@ DEFAULT_FAILED_PARSE_REWARD = -0.1
 class EpisodeEnd:
     """How an episode ended: what the act (or :meth:`EpisodeDriver.end`) that ended it says.
 
-    A record to read (not frozen only because a frozen dataclass costs ~0.5 µs more to build,
-    and one is built at the end of every episode: a sizeable part of a short episode's steps).
+    A record to read. Not frozen on purpose: a frozen dataclass takes several times longer to
+    build, and one is built at the end of every episode (a sizeable share of a short episode's
+    steps, ``benchmarks/before_after.py``).
 
     Example:
         >>> EpisodeEnd(0.0, terminated=False, truncation_cause=TruncationCause.MAX_TURNS).truncated
