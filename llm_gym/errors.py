@@ -7,7 +7,11 @@ Messages say what was expected, what came, and how to fix it.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
+    "did_you_mean",
     "CalculatorError",
     "InvalidArgumentError",
     "LlmGymError",
@@ -37,3 +41,15 @@ class UnknownNameError(LlmGymError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
         return str(self.args[0]) if self.args else ""
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """``" Did you mean 'x'?"`` for the choice closest to ``name``, or ``""`` when none is close:
+    the hint every registry lookup appends to its error.
+
+    Example:
+        >>> did_you_mean("randm", ["random", "oracle"]), did_you_mean("zzz", ["random"])
+        (" Did you mean 'random'?", '')
+    """
+    close = difflib.get_close_matches(str(name), list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "llm_gym.errors",
     "llm_gym.core.factories",
     "llm_gym.core.registry",
     "llm_gym.policies.registry",

@@ -6,7 +6,6 @@ Conventions: a *group* is the ``episodes_per_task`` episodes of one task. Shapes
 
 from __future__ import annotations
 
-import difflib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
 from llm_gym.core.env import TruncationCause
-from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
 
 __all__ = [
     "ScaleRewards",
@@ -342,9 +341,8 @@ def advantage_estimator(name: str) -> AdvantageEstimator:
     """The estimator registered as ``name``; an unknown name suggests the closest one."""
     if name in ADVANTAGE_ESTIMATORS:
         return ADVANTAGE_ESTIMATORS[name]
-    close = difflib.get_close_matches(str(name), list(ADVANTAGE_ESTIMATORS), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownNameError(
         f"credit_assignment must be one of {sorted(ADVANTAGE_ESTIMATORS)}, actual value: "
-        f"{name!r}.{hint} Add one with trainers.advantages.register_advantage_estimator."
+        f"{name!r}.{did_you_mean(name, ADVANTAGE_ESTIMATORS)} Add one with "
+        "trainers.advantages.register_advantage_estimator."
     )

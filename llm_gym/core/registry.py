@@ -8,7 +8,6 @@ takes an env id (the evaluator, the trainer's pipeline, the tiny model's corpus,
 
 from __future__ import annotations
 
-import difflib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from llm_gym.core.factories import (
     resolve,
 )
 from llm_gym.core.task import Task
-from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
 
 __all__ = [
     "EnvEntry",
@@ -175,8 +174,7 @@ def env_entry(env_id: str) -> EnvEntry:
     """
     if env_id in _CATALOGUE:
         return _CATALOGUE[env_id]
-    close = difflib.get_close_matches(env_id, list(_CATALOGUE), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownNameError(
-        f"No llm_gym environment {env_id!r}.{hint} Registered: {sorted(_CATALOGUE)}."
+        f"No llm_gym environment {env_id!r}.{did_you_mean(env_id, _CATALOGUE)} "
+        f"Registered: {sorted(_CATALOGUE)}."
     )

@@ -13,7 +13,6 @@ tool whose result asks to stop ends the episode.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from llm_gym.core.env import Env, StepResult
 from llm_gym.core.task import Task
 from llm_gym.core.tool import Tool, run_tool, tool_to_spec
 from llm_gym.core.types import Message, ToolSpec
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, did_you_mean
 
 __all__ = ["MAX_TOOL_RESULT_CHARS", "ToolEnv", "answers_match", "extract_answer"]
 
@@ -146,8 +145,7 @@ class ToolEnv(Env):
         found = self._tools.get(name)
         if found is None:
             self._tool_errors += 1
-            close = difflib.get_close_matches(str(name), list(self._tools), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(name, self._tools)
             return (
                 f"tool_error: unknown tool {str(name)[:80]!r}; available tools: "
                 f"{sorted(self._tools)}.{hint}",

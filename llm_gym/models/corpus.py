@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, did_you_mean
 from llm_gym.models.tokenizer import EOS_TOKEN, IM_START
 
 if TYPE_CHECKING:
@@ -125,10 +125,7 @@ def selected_envs(envs: Sequence[str] | None) -> list[Any]:
     known = {entry.id: entry for entry in entries}
     unknown = [e for e in envs if e not in known]
     if unknown:
-        import difflib
-
-        close = difflib.get_close_matches(unknown[0], list(known), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(unknown[0], known)
         raise InvalidArgumentError(
             f"envs must be registered environment ids, actual value: {unknown!r}.{hint} "
             f"Registered: {sorted(known)}."

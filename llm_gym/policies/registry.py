@@ -22,13 +22,12 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.core.factories import resolve
-from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
 from llm_gym.policies.base import Policy
 
 __all__ = [
@@ -120,8 +119,7 @@ def policy_backend(kind: str) -> PolicyBackend:
     """The backend registered as ``kind``; an unknown kind suggests the closest one."""
     if kind in _BACKENDS:
         return _BACKENDS[kind]
-    close = difflib.get_close_matches(kind, list(_BACKENDS), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(kind, _BACKENDS)
     raise UnknownNameError(f"Unknown policy kind {kind!r}.{hint} Registered: {_known()}.")
 
 
@@ -142,8 +140,7 @@ def policy_from_spec(spec: str | Policy, **options: Any) -> Policy:
         )
     kind, _, argument = spec.partition(":")
     if kind not in _BACKENDS:
-        close = difflib.get_close_matches(kind, list(_BACKENDS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(kind, _BACKENDS)
         raise UnknownNameError(
             f"Unknown policy kind {kind!r} in spec {spec!r}.{hint} Registered: {_known()}."
         )

@@ -22,7 +22,6 @@ copied as they are.
 
 from __future__ import annotations
 
-import difflib
 import keyword
 import re
 import sys
@@ -32,7 +31,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
 
 __all__ = [
     "DEFAULT_STYLE",
@@ -142,11 +141,9 @@ def scaffold_style(name: str) -> ScaffoldStyle:
     """
     if name in SCAFFOLD_STYLES:
         return SCAFFOLD_STYLES[name]
-    close = difflib.get_close_matches(str(name), list(SCAFFOLD_STYLES), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownNameError(
         f"Expected a scaffold style, one of {sorted(SCAFFOLD_STYLES)}, actual value: "
-        f"{name!r}.{hint}"
+        f"{name!r}.{did_you_mean(name, SCAFFOLD_STYLES)}"
     )
 
 
