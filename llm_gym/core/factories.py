@@ -38,6 +38,7 @@ __all__ = [
     "as_task_source",
     "register_env_adapter",
     "resolve",
+    "unregister_env_adapter",
 ]
 
 T = TypeVar("T")
@@ -82,8 +83,13 @@ def register_env_adapter(base: type, to_factory: Callable[[Any], EnvFactory]) ->
     """Let :func:`as_env_factory` accept instances and subclasses of ``base``, another style of
     environment, through ``to_factory(obj) -> EnvFactory``. Registering ``base`` again replaces
     its adapter."""
-    _ADAPTERS[:] = [(b, f) for b, f in _ADAPTERS if b is not base]
+    unregister_env_adapter(base)
     _ADAPTERS.append((base, to_factory))
+
+
+def unregister_env_adapter(base: type) -> None:
+    """Forget the adapter of ``base`` (no error when there is none)."""
+    _ADAPTERS[:] = [(b, f) for b, f in _ADAPTERS if b is not base]
 
 
 class SameEnv:
