@@ -10,6 +10,7 @@ import pytest
 
 from llm_gym import TruncationCause
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies import HFPolicy
 
 pytest.importorskip("torch")
 pytest.importorskip("trl")
@@ -336,3 +337,47 @@ def test_lora_reference_logps_with_kl(small_model_dir) -> None:
         trainer._add_reference_logps(batch)
         logps.append(batch["ref_per_token_logps"])
     assert torch.allclose(logps[0], logps[1], atol=1e-5)
+
+
+class CountingPolicy(HFPolicy):
+    """The HF backend, counting its collections (a backend registered only in this test)."""
+
+    calls = 0
+
+    def open_stream(self):
+        CountingPolicy.calls += 1
+        return super().open_stream()
+
+
+def test_the_trainer_generates_through_the_registered_backend(small_model_dir, tmp_path) -> None:
+    from llm_gym.policies import register_policy
+    from llm_gym.policies.registry import unregister_policy
+
+    register_policy("counting", "tests.test_trainer_math:CountingPolicy")
+    try:
+        trainer = _small_trainer(
+            small_model_dir, str(tmp_path), generation_backend="counting", max_steps=1
+        )
+        CountingPolicy.calls = 0
+        groups = trainer._collect(
+            trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2
+        )
+        assert CountingPolicy.calls >= 1 and [len(g) for g in groups] == [2]
+    finally:
+        unregister_policy("counting")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("credit_assignment", "per_tunr", "advantage estimators"),
+        ("action_format", "hermez", "one of"),
+        ("generation_backend", "nope", "None or one of"),
+        ("generation_backend", "vllm", "exactly when use_vllm"),
+    ],
+)
+def test_choices_are_checked_against_their_registries(field, value, message, tmp_path) -> None:
+    from trainers import GRPOConfig
+
+    with pytest.raises(InvalidArgumentError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), max_turns=2, use_cpu=True, **{field: value})

@@ -36,6 +36,7 @@ __all__ = [
     "policy_from_spec",
     "register_policy",
     "registered_policies",
+    "unregister_policy",
 ]
 
 
@@ -104,6 +105,11 @@ def register_policy(
         )
     _BACKENDS[kind] = backend
     return backend
+
+
+def unregister_policy(kind: str) -> None:
+    """Forget the backend registered as ``kind`` (no error when there is none)."""
+    _BACKENDS.pop(kind, None)
 
 
 def registered_policies() -> list[PolicyBackend]:
