@@ -52,7 +52,7 @@ class Args:
     """torch intra-op threads for every contender (None: torch's default)."""
 
 
-def _warm_model(args: Args) -> str:
+def warm_model(args: Args) -> str:
     if args.model:
         return args.model
     from llm_gym.models import build_tiny_model
@@ -155,7 +155,7 @@ def run_limit(model, tokenizer, tasks, args: Args, tokens_per_episode: int) -> d
     }
 
 
-def _trl_environment():
+def trl_environment():
     from llm_gym.envs.tool_use_game.env import list_fact_keys, lookup
     from llm_gym.tools.arithmetic import format_number, safe_eval
 
@@ -241,7 +241,7 @@ def run_trl(model_path: str, tasks, args: Args) -> dict[str, float]:
         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
         args=config,
         train_dataset=Dataset.from_list(rows),
-        environment_factory=_trl_environment(),
+        environment_factory=trl_environment(),
     )
     inputs = [row for row in rows for _ in range(args.episodes_per_task)]
     start = time.perf_counter()
@@ -273,7 +273,7 @@ def main(args: Args) -> dict[str, dict[str, float]]:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_path = _warm_model(args)
+    model_path = warm_model(args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
     tasks = list(get_tasks("val"))[: args.tasks]

@@ -121,7 +121,7 @@ def run_trl(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from benchmarks.rollout_throughput import _trl_environment
+    from benchmarks.rollout_throughput import trl_environment
     from llm_gym.core.tool_env import answers_match, extract_answer
     from llm_gym.envs.tool_use_game import SYSTEM_PROMPT
 
@@ -176,7 +176,7 @@ def run_trl(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
         reward_funcs=[answer_reward],
         args=config,
         train_dataset=Dataset.from_list(rows),
-        environment_factory=_trl_environment(),
+        environment_factory=trl_environment(),
         callbacks=[_step_clock(times)],
     )
     trainer.train()
@@ -221,13 +221,13 @@ def main(args: Args) -> dict[str, Any]:
     import torch
 
     from benchmarks.rollout_throughput import Args as RolloutArgs
-    from benchmarks.rollout_throughput import _warm_model
+    from benchmarks.rollout_throughput import warm_model
     from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS
     from trainers.pipeline_eval import paired_gain
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    model_path = _warm_model(RolloutArgs(model=args.model, sft_seconds=args.sft_seconds))
+    model_path = warm_model(RolloutArgs(model=args.model, sft_seconds=args.sft_seconds))
     tasks = list(TOOL_USE_GAME_TASKS)
     with tempfile.TemporaryDirectory(prefix="llm_gym_train_step_") as tmp:
         out = Path(tmp)

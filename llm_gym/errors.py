@@ -10,8 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = [
-    "did_you_mean",
+__all__ = [  # the exception classes; did_you_mean (below) is the registries' shared hint
     "CalculatorError",
     "InvalidArgumentError",
     "LlmGymError",

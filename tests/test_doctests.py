@@ -31,8 +31,6 @@ MODULES = [
     "llm_gym.envs.refund.world",
     "llm_gym.envs.sql.database",
     "llm_gym.scaffold",
-    "trainers.pipeline_config",
-    "trainers.pipeline_eval",
 ]
 # Not here: the registration modules' examples register ids as a side effect.
 

@@ -210,3 +210,55 @@ def test_text_env_and_the_loop_reach_the_same_end(texts: list[str]) -> None:
     assert episode.metrics == info["metrics"] and episode.num_turns == info["turn"]
     with pytest.raises(gymnasium.error.ResetNeeded):
         env.step("done")
+
+
+class SilentEcho(PingEnv):
+    """Like PingEnv, but its history never holds the assistant's messages (no echo)."""
+
+    async def step(self, message) -> StepResult:
+        result = await super().step(message)
+        kept = [m for m in result.messages if m.get("role") != "assistant"]
+        return StepResult(result.terminated, result.truncated, kept, result.reward, result.metrics)
+
+
+def test_replies_are_found_whether_or_not_the_env_echoes_the_action(mode: str) -> None:
+    for factory in (PingEnv, SilentEcho):
+        driver = EpisodeDriver(as_env_factory(factory))
+        play(driver, [CALL], mode)
+        assert driver.replies() == [{"role": "tool", "name": "ping", "content": "pong"}]
+    env = TextEnv(SilentEcho, [TASK])
+    env.reset(seed=0)
+    observation = env.step(CALL)[0]
+    assert "pong" in observation and "<tool_response>" in observation
+
+
+class BrokenReset(PingEnv):
+    async def reset(self, task: Task) -> list:
+        if task.prompt == "break":
+            raise RuntimeError("reset failed")
+        return await super().reset(task)
+
+
+def test_a_failed_reset_leaves_the_text_env_needing_a_reset() -> None:
+    env = TextEnv(BrokenReset, [TASK])
+    env.reset(seed=0)
+    env.step(CALL)
+    with pytest.raises(RuntimeError, match="reset failed"):
+        env.reset(options={"task": "break"})
+    with pytest.raises(gymnasium.error.ResetNeeded):
+        env.step(CALL)
+    env.unwrapped.max_turns = 1  # settable, and it reaches the driver
+    env.reset(seed=0)
+    assert env.step(CALL)[3] is True  # truncated at the new limit
+
+
+def test_a_pickled_driver_keeps_playing_an_async_env() -> None:
+    import pickle
+
+    driver = EpisodeDriver(as_env_factory(PingEnv))
+    driver.start_sync(TASK)
+    assert driver.act_sync(CALL) is None
+    copy = pickle.loads(pickle.dumps(driver))
+    assert copy.runner is None and copy.act_sync("done") == EpisodeEnd(
+        1.0, True, metrics={"answered": 1}
+    )

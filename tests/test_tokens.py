@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from llm_gym import Env, StepResult, Task  # noqa: E402
+from llm_gym import Env, StepResult, Task, TruncationCause  # noqa: E402
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action  # noqa: E402
 from llm_gym.policies import Generation, OraclePolicy, Policy, PolicyRequest  # noqa: E402
 from llm_gym.policies.chat import render_chat  # noqa: E402
@@ -232,3 +232,21 @@ def test_oracle_transcripts_become_sft_samples(small_model) -> None:
     assert trained.count("<|im_end|>") == episode.num_turns
     assert json.dumps(task.metadata["keys"][0])[1:-1] in trained
     assert trained.endswith(str(task.target) + "<|im_end|>")
+
+
+def test_a_capped_episode_keeps_the_last_reply_in_its_sample(small_model) -> None:
+    """At the turn cap the env's last reply is context the sample keeps (mask 0), as
+    episode_to_samples rebuilds it; an episode the env ended keeps no reply after the end."""
+    _, tokenizer = small_model
+    task = Task("Say something.")
+    texts = ["one", "two", "three"]
+    (capped,) = collect_groups(Chatty, [task], ScriptedTokens(tokenizer, texts), max_turns=2)[0]
+    assert capped.truncation_cause is TruncationCause.MAX_TURNS
+    (sample,) = capped.samples
+    reply = tokenizer.encode("Tell me more about 42.", add_special_tokens=False)
+    tail = [i for i, m in zip(sample.completion_ids, sample.env_mask, strict=True) if not m]
+    assert any(tail[i : i + len(reply)] == reply for i in range(len(tail) - len(reply) + 1))
+    assert sample.env_mask[-1] == 0  # the sample ends in the environment's reply
+    capped.samples = []
+    (rebuilt,) = episode_to_samples(capped, tokenizer)
+    assert rebuilt.completion_ids == sample.completion_ids and rebuilt.env_mask == sample.env_mask

@@ -372,7 +372,8 @@ def test_the_trainer_generates_through_the_registered_backend(small_model_dir, t
     [
         ("credit_assignment", "per_tunr", "advantage estimators"),
         ("action_format", "hermez", "one of"),
-        ("generation_backend", "nope", "None or one of"),
+        ("generation_backend", "nope", "None or a model backend"),
+        ("generation_backend", "oracle", "None or a model backend"),
         ("generation_backend", "vllm", "exactly when use_vllm"),
     ],
 )

@@ -329,11 +329,17 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 
 
 def register_advantage_estimator(name: str, estimator: AdvantageEstimator) -> None:
-    """Make ``estimator`` selectable as ``credit_assignment=name``."""
+    """Make ``estimator`` selectable as ``credit_assignment=name``. The same name again with
+    the same function is a no-op; with another function it raises (pick a new name)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise InvalidArgumentError(f"Expected an identifier as the name, actual value: {name!r}.")
     if not callable(estimator):
         raise InvalidArgumentError(f"Expected a callable estimator, actual value: {estimator!r}.")
+    previous = ADVANTAGE_ESTIMATORS.get(name)
+    if previous is not None and previous is not estimator:
+        raise InvalidArgumentError(
+            f"credit_assignment {name!r} is already {previous.__qualname__}; pick another name."
+        )
     ADVANTAGE_ESTIMATORS[name] = estimator
 
 

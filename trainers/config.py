@@ -24,6 +24,7 @@ from trl import GRPOConfig as _TRLGRPOConfig
 from llm_gym.actions import ACTION_FORMATS
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.registry import registered_policies
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
 
@@ -72,7 +73,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     batch_size: int = field(default=4, metadata={"help": "Tasks per optimizer step."})
     num_steps: int = field(default=100, metadata={"help": "Optimizer steps (TRL's max_steps)."})
     failed_parse_reward: float = field(
-        default=-0.1,
+        default=DEFAULT_FAILED_PARSE_REWARD,
         metadata={"help": "Reward of an episode whose last action could not be parsed."},
     )
     val_max_turns: int | None = field(
@@ -141,9 +142,10 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     generation_backend: str | None = field(
         default=None,
         metadata={
-            "help": "The policy backend that generates episodes (a kind of llm_gym.policies' "
-            "registry). None: vllm when use_vllm, else hf. A backend other than vllm is built "
-            "with the trainer's model and tokenizer (model=, tokenizer=)."
+            "help": "The policy backend that generates episodes: a model backend of "
+            "llm_gym.policies' registry. None: vllm when use_vllm, else hf. vllm gets the "
+            "trainer (trainer=, temperature=); any other is built in process with model=, "
+            "tokenizer=, temperature=, top_p=, max_new_tokens=, seed= and max_batch_size=."
         },
     )
     use_lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (PEFT)."})
@@ -257,10 +259,14 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             )
         if self.action_format not in ACTION_FORMATS:
             refuse("action_format", self.action_format, f"one of {sorted(ACTION_FORMATS)}")
-        backends = [b.kind for b in registered_policies()]
+        backends = [b.kind for b in registered_policies() if not b.scripted]
         if self.generation_backend is not None and self.generation_backend not in backends:
-            refuse("generation_backend", self.generation_backend, f"None or one of {backends}")
-        if (self.generation_backend == "vllm") != self.use_vllm and self.generation_backend:
+            refuse(
+                "generation_backend",
+                self.generation_backend,
+                f"None or a model backend, one of {backends}",
+            )
+        if self.generation_backend and (self.generation_backend == "vllm") != self.use_vllm:
             refuse(
                 "generation_backend",
                 self.generation_backend,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llm_gym.core.factories import as_task
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from trainers.config import MultiTurnGRPOConfig
@@ -40,7 +41,7 @@ def load_tasks(tasks: Any) -> list[Task]:
     if hasattr(tasks, "column_names") and hasattr(tasks, "__getitem__"):  # datasets.Dataset
         return [Task.from_dict(dict(row)) for row in tasks]
     if isinstance(tasks, Sequence):
-        return [t if isinstance(t, Task) else Task.from_dict(t) for t in tasks]
+        return [as_task(t, f"tasks[{i}]") for i, t in enumerate(tasks)]
     raise InvalidArgumentError(
         "tasks must be a list of Task, a datasets.Dataset or a JSONL path, "
         f"actual type: {type(tasks).__name__}."

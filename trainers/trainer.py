@@ -169,15 +169,15 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     ) -> list[list[Episode]]:
         """Run groups of episodes with the current weights."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        if args.rollout_backend == "vllm":
+        if self.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
             if self.state.global_step != self._last_loaded_step:
                 self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
-            policy = policy_from_spec("vllm", trainer=self, temperature=temperature)
+            policy = policy_from_spec(args.rollout_backend, trainer=self, temperature=temperature)
             try:
                 return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
             finally:
-                policy.drain()  # type: ignore[attr-defined]
+                policy.finish()
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
@@ -203,6 +203,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             try:
                 return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
             finally:
+                policy.finish()
                 unwrapped.train(was_training)
 
     # --- rewards and advantages ------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.core.factories import (
@@ -47,18 +47,18 @@ class EnvEntry:
     """The environment as registered: an Env class, a factory, or ``"module:attr"``."""
     tasks_spec: Any
     """The task source as registered (``"module:attr"`` of ``split -> tasks``, or the tasks)."""
-    version: str
+    version: str | None
     """The environment's version; every record written about it carries it."""
     oracle_spec: str | Callable[..., Any] | None
     """The scripted expert as registered, if any."""
     make_kwargs: dict[str, Any]
     """The keyword arguments ``gym.make`` passes to ``TextEnv``."""
-    _resolved: dict[str, Any] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _lock: threading.RLock = field(
-        default_factory=threading.RLock, init=False, repr=False, compare=False
-    )
+
+    def __post_init__(self) -> None:
+        # What the entry resolved, kept beside its fields (not one: equality, asdict and repr
+        # see only what was registered).
+        object.__setattr__(self, "_resolved", {})
+        object.__setattr__(self, "_lock", threading.RLock())
 
     @property
     def max_turns(self) -> int:
@@ -101,13 +101,11 @@ class EnvEntry:
         return list(self._once(f"tasks/{split}", lambda: tuple(self.task_source()(split))))
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_resolved"], state["_lock"] = {}, None
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_resolved", "_lock")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state["_lock"] = threading.RLock()
         self.__dict__.update(state)
+        self.__post_init__()
 
 
 _CATALOGUE: dict[str, EnvEntry] = {}
@@ -159,7 +157,7 @@ def as_env_entry(env: Any) -> EnvEntry:
         description="",
         env_spec=env,
         tasks_spec=None,
-        version=getattr(env, "version", None),  # type: ignore[arg-type]
+        version=getattr(env, "version", None),
         oracle_spec=None,
         make_kwargs={"max_turns": 8, "action_format": "hermes"},
     )

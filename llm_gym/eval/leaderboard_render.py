@@ -33,6 +33,8 @@ def describe_policy(record: Record) -> str:
         return f"random well-formed tool calls or short replies, seed {d.get('seed')} (the floor)"
     if record.policy == "oracle":
         return "each environment's scripted expert; it reads the task's answer (the ceiling)"
+    if not s:  # another scripted backend: no model, no sampling settings
+        return f"the scripted policy `{record.policy}`"
     decoding = "greedy" if s.get("temperature") == 0 else f"temperature {s.get('temperature')}"
     how = f"{decoding}, {s.get('max_new_tokens')} new tokens per turn"
     if record.model_path is not None:

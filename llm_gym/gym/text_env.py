@@ -30,7 +30,12 @@ from llm_gym.core.task import Task
 from llm_gym.core.types import FrozenMessage, Message, freeze_message
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym.spaces import UnicodeText
-from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, EpisodeEnd
+from llm_gym.rollout.driver import (
+    DEFAULT_FAILED_PARSE_REWARD,
+    EpisodeDriver,
+    EpisodeEnd,
+    require_turn_limit,
+)
 
 __all__ = ["TextEnv", "render_transcript"]
 
@@ -122,9 +127,7 @@ class TextEnv(gymnasium.Env[str, str]):
         self._task_source = as_task_source(tasks)
         self.action_format = self._driver.action_format
         self._oracle = resolve(oracle) if oracle is not None else None
-        self.max_turns = max_turns
         self.split = split
-        self.failed_parse_reward = self._driver.failed_parse_reward
         self.render_mode = render_mode
         self.version = version
         self.observation_space = UnicodeText(max_observation_chars)
@@ -136,6 +139,24 @@ class TextEnv(gymnasium.Env[str, str]):
         self._live = False  # an episode is running (reset() and no end yet)
         self._frozen_source: list[Message] = []
         self._frozen: list[Message] = []
+
+    @property
+    def max_turns(self) -> int:
+        """Assistant turns before ``MAX_TURNS`` (the episode driver's; settable)."""
+        return self._driver.max_turns
+
+    @max_turns.setter
+    def max_turns(self, value: int) -> None:
+        self._driver.max_turns = require_turn_limit(value)
+
+    @property
+    def failed_parse_reward(self) -> float:
+        """The reward of an episode that ends on an unparseable action (settable)."""
+        return self._driver.failed_parse_reward
+
+    @failed_parse_reward.setter
+    def failed_parse_reward(self, value: float) -> None:
+        self._driver.failed_parse_reward = float(value)
 
     # --- tasks -------------------------------------------------------------------------------
     def tasks(self, split: str | None = None) -> Sequence[Task]:
@@ -174,6 +195,7 @@ class TextEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         task, split = self._pick_task(options or {})
         driver = self._driver
+        self._live = False  # until the new episode has started (a failing reset ends it here)
         driver.close_sync()
         self._frozen_source, self._frozen = [], []
         self._task_split = split

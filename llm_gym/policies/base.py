@@ -94,6 +94,10 @@ class Policy(abc.ABC):
             )
         return cls(**options)
 
+    def finish(self) -> None:  # noqa: B027 - optional hook with an empty default
+        """A collection that used this policy is over. A collective backend (vLLM's server
+        mode) answers the other processes' rounds here until every one is done."""
+
     def open_stream(self) -> PolicyStream | None:
         """A continuous-batching session for one collection, or None (the default): the loop
         then sends :meth:`act` one batch per wave of waiting episodes."""

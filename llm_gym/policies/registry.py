@@ -98,10 +98,12 @@ def register_policy(
         )
     backend = PolicyBackend(kind, target, usage or kind, description, scripted)
     previous = _BACKENDS.get(kind)
-    if previous is not None and previous.target != target:
+    if previous == backend:
+        return previous
+    if previous is not None:
         raise InvalidArgumentError(
-            f"Policy kind {kind!r} is already registered for {previous.target!r}; pick another "
-            "kind."
+            f"Policy kind {kind!r} is already registered ({previous}); pick another kind, or "
+            "unregister_policy it first."
         )
     _BACKENDS[kind] = backend
     return backend
@@ -129,15 +131,31 @@ def policy_backend(kind: str) -> PolicyBackend:
     raise UnknownNameError(f"Unknown policy kind {kind!r}.{hint} Registered: {_known()}.")
 
 
+def _signature(cls: type[Policy]) -> inspect.Signature:
+    """What a backend's spec takes: its ``from_spec``, or its constructor when it keeps the
+    default ``from_spec`` (which passes the options on)."""
+    if getattr(cls.from_spec, "__func__", None) is Policy.from_spec.__func__:
+        constructor = inspect.signature(cls)
+        argument = inspect.Parameter("argument", inspect.Parameter.POSITIONAL_ONLY, default="")
+        return constructor.replace(parameters=[argument, *constructor.parameters.values()])
+    return inspect.signature(cls.from_spec)
+
+
 def policy_from_spec(spec: str | Policy, **options: Any) -> Policy:
     """Build a policy from a spec (a :class:`Policy` passes through unchanged).
 
     Args:
         spec: ``KIND`` or ``KIND:ARGUMENT`` (see :func:`registered_policies`).
-        **options: Keyword arguments for the backend's ``from_spec`` (``seed``,
-            ``temperature``, ...); an option the backend does not take is refused by name.
+        **options: Keyword arguments for the backend (``temperature``, ...); an option it does
+            not take is refused by name. ``seed`` is offered to every backend and dropped for
+            one that takes none (it is deterministic, or seeds itself).
     """
     if isinstance(spec, Policy):
+        if options:
+            raise InvalidArgumentError(
+                f"Options {sorted(options)} apply to a spec, not to a policy object "
+                f"({type(spec).__name__}): set them when you build it."
+            )
         return spec
     if not isinstance(spec, str) or not spec:
         raise InvalidArgumentError(
@@ -151,15 +169,18 @@ def policy_from_spec(spec: str | Policy, **options: Any) -> Policy:
             f"Unknown policy kind {kind!r} in spec {spec!r}.{hint} Registered: {_known()}."
         )
     cls = _BACKENDS[kind].load()
-    build = cls.from_spec
+    signature = _signature(cls)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    if "seed" in options and "seed" not in signature.parameters and not takes_any:
+        options = {k: v for k, v in options.items() if k != "seed"}
     try:
-        inspect.signature(build).bind(argument, **options)
+        signature.bind(argument, **options)
     except TypeError as exc:
         raise InvalidArgumentError(
-            f"Policy {spec!r} ({cls.__name__}.from_spec) does not take these options: {exc}. "
-            f"Its signature: {inspect.signature(build)}."
+            f"Policy {spec!r} ({cls.__name__}) does not take these options: {exc}. What it "
+            f"takes: {signature}."
         ) from None
-    return build(argument, **options)
+    return cls.from_spec(argument, **options)
 
 
 # The built-in backends. Each line is the whole registration: a new backend adds one.

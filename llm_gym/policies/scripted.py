@@ -106,11 +106,9 @@ class OraclePolicy(Policy):
             generations.append(Generation(text=request.action_format.render_message(message)))
         return generations
 
-
-
     @classmethod
-    def from_spec(cls, argument: str = "", *, seed: int = 0) -> OraclePolicy:
-        """``oracle``: the episode's registered oracle (deterministic: ``seed`` is unused)."""
+    def from_spec(cls, argument: str = "") -> OraclePolicy:
+        """``oracle``: the episode's registered oracle (deterministic: it takes no seed)."""
         if argument:
             raise InvalidArgumentError(
                 f"'oracle' takes no argument, actual value: 'oracle:{argument}'."

@@ -97,6 +97,10 @@ class VLLMPolicy(Policy):
             )
         return out
 
+    def finish(self) -> None:
+        """:meth:`drain`: the collection is over here; serve the others' rounds."""
+        self.drain()
+
     def drain(self) -> None:
         """Keep answering the collective rounds with empty batches until every process is done."""
         while self._still_active(False):

@@ -38,10 +38,22 @@ from llm_gym.core.task import Task
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_FAILED_PARSE_REWARD", "EpisodeDriver", "EpisodeEnd"]
+__all__ = ["DEFAULT_FAILED_PARSE_REWARD", "EpisodeDriver", "EpisodeEnd", "require_turn_limit"]
 
 DEFAULT_FAILED_PARSE_REWARD = -0.1
 """The reward of an episode whose last action could not be parsed (the seeds' default)."""
+
+
+def require_turn_limit(value: object, name: str = "max_turns") -> int:
+    """``value`` when it is a turn limit (an int >= 1, not a bool), else a clear error.
+
+    Example:
+        >>> require_turn_limit(3)
+        3
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, actual value: {value!r}.")
+    return value
 
 
 @dataclass(slots=True)
@@ -130,13 +142,9 @@ class EpisodeDriver:
         record_parse: bool = False,
         runner: LoopRunner | None = None,
     ) -> None:
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise InvalidArgumentError(
-                f"max_turns must be an int >= 1, actual value: {max_turns!r}."
-            )
         self.env_factory = env_factory
         self.action_format = get_action_format(action_format)
-        self.max_turns = max_turns
+        self.max_turns = require_turn_limit(max_turns)
         self.failed_parse_reward = float(failed_parse_reward)
         self.record_parse = record_parse
         self.runner = runner
@@ -173,12 +181,11 @@ class EpisodeDriver:
             self._step_sync: Callable[[Message], StepResult] = env.step_sync  # type: ignore[attr-defined]
         else:
             self._eager = env.synchronous
-            if self.runner is None:
-                self.runner = LoopRunner()
             self._step_sync = self._step_on_runner
         self.messages = list(opening)
         self.task, self.turn, self.ending, self._acting = task, 0, None, True
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
+        # getattr: a factory may return an env-like object that does not subclass Env.
         self.raw_text = bool(getattr(env, "raw_text_actions", False))
         cap = getattr(env, "max_turns", None)
         self.limit = cap if isinstance(cap, int) and cap > 0 else self.max_turns
@@ -322,7 +329,7 @@ class EpisodeDriver:
             self._run(env.close(), env.synchronous)
 
     def _step_on_runner(self, action: Message) -> StepResult:
-        return self.runner.run(self.env.step(action), self._eager)  # type: ignore[union-attr]
+        return self._run(self.env.step(action), self._eager)  # type: ignore[union-attr]
 
     def _run(self, coroutine: Any, eager: bool) -> Any:
         if self.runner is None:

@@ -30,7 +30,7 @@ from llm_gym.core.task import Task
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
-from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, require_turn_limit
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.tokens import TokenTracker
 
@@ -59,10 +59,7 @@ class RolloutSettings:
     """Extra arguments for the chat template (``enable_thinking``, ...)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_turns, int) or self.max_turns < 1:
-            raise InvalidArgumentError(
-                f"max_turns must be an int >= 1, actual value: {self.max_turns!r}."
-            )
+        require_turn_limit(self.max_turns)
         if self.max_model_length is not None and self.max_model_length < 1:
             raise InvalidArgumentError(
                 f"max_model_length must be None or >= 1, actual value: {self.max_model_length!r}."
@@ -237,19 +234,22 @@ async def _run_episode(
                 tracker.add_generation(
                     generation.token_ids, generation.logprobs, generation.text, len(turns) - 1
                 )
-            if ending is None and tracker is not None and turns[-1].env_messages:
+            # The reply joins the token stream while the episode goes on, and when the turn cap
+            # ended it (a reply the policy would have read next), not when the env ended it.
+            capped = ending is None or ending.truncation_cause is TruncationCause.MAX_TURNS
+            if tracker is not None and turns[-1].env_messages and capped:
                 tracker.add_environment(turns[-1].env_messages)
     except (asyncio.CancelledError, PolicyError):
         raise
     except Exception:
         ending = driver.end(TruncationCause.ENV, error=traceback.format_exc())
     finally:
+        episode.messages = list(driver.messages)  # before close: the env may own that list
         try:
             await driver.close()
         except Exception:
             episode.error = traceback.format_exc()
         waves.episode_done((group, index))
-    episode.messages = list(driver.messages)
     episode.reward = ending.reward
     episode.terminated, episode.truncated = ending.terminated, ending.truncated
     episode.truncation_cause = ending.truncation_cause
