@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "llm_gym.errors",
+    "llm_gym.compat",
     "llm_gym.core.factories",
     "llm_gym.core.registry",
     "llm_gym.policies.registry",

@@ -627,8 +627,9 @@ def test_task_example_and_task_convert_both_ways() -> None:
     assert Task.from_dict(example.to_dict()) == task
     with pytest.raises(InvalidArgumentError, match="input"):
         TaskExample(input=3)  # type: ignore[arg-type]
-    # document 002's names live in the compatibility layer, not at the top level
-    assert llm_gym.datasets.TaskExample is TaskExample and not hasattr(llm_gym, "TaskExample")
+    assert (
+        llm_gym.TaskExample is TaskExample and llm_gym.EnvironmentMultiTurn is EnvironmentMultiTurn
+    )
 
 
 def test_reward_result_and_record_defaults() -> None:
