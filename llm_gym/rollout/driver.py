@@ -256,15 +256,10 @@ class EpisodeDriver:
             messages[start] is self.action or messages[start].get("role") == "assistant"
         ):
             self.reply_start = start + 1  # the env echoed the action: replies start after it
-        if result.terminated or result.truncated:
-            return self._finish(
-                EpisodeEnd(
-                    float(result.reward),
-                    terminated=bool(result.terminated),
-                    truncation_cause=None if result.terminated else TruncationCause.ENV,
-                    metrics=dict(result.metrics),
-                )
-            )
+        if result.terminated or result.truncated:  # positional arguments: it runs at every end
+            cause = None if result.terminated else TruncationCause.ENV
+            metrics = dict(result.metrics)
+            return self._finish(EpisodeEnd(float(result.reward), cause is None, cause, metrics))
         if self.turn >= self.limit:
             return self._finish(EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS))
         return None
