@@ -162,16 +162,17 @@ def _plot(rows: list[dict[str, object]], path: Path) -> None:
 
 
 def main(args: Args) -> list[dict[str, object]]:
-    base = subprocess.run(
-        ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
-        check=True,
-    ).stdout.strip()  # fmt: skip
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", *argv], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    base, head = git("rev-parse", "--short", args.base), git("rev-parse", "--short", "HEAD")
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    dirty = " with uncommitted changes" if changed else ""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(tree), base], cwd=ROOT, check=True,
-            capture_output=True,
-        )  # fmt: skip
+        git("worktree", "add", "--detach", str(tree), base)
         try:
             load_before = os.getloadavg()[0]
             rounds = []
@@ -187,15 +188,20 @@ def main(args: Args) -> list[dict[str, object]]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
     rows = compare(rounds)
     conditions = (
-        f"Machine: {machine_description()}. Base {base} vs the working tree, {args.rounds} rounds "
+        f"Machine: {machine_description()}. Base {base} vs {head}{dirty}, {args.rounds} rounds "
         f"alternating the order; each probe in a fresh interpreter; env_step: {args.episodes} "
         f"oracle episodes per env and round; rollout: 1 torch thread, {args.tasks} ToolUseGame val "
         f"tasks x 4 episodes, model `{args.model}`. Load average {load_before:.2f} before, "
         f"{load_after:.2f} after."
     )
-    lines = ["# Before and after: env steps and rollout throughput", "", conditions, "",
-             "| metric | before | after | after / before (median) | range over rounds |",
-             "| --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines = [
+        "# Before and after: env steps and rollout throughput",
+        "",
+        conditions,
+        "",
+        "| metric | before | after | after / before (median) | range over rounds |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
     for row in rows:
         low, high = row["ratio_range"]  # type: ignore[misc]
         lines.append(
@@ -206,7 +212,13 @@ def main(args: Args) -> list[dict[str, object]]:
     print(text)
     if args.write:
         write_markdown("before_after", text, args.out_dir)
-        record = {"base": base, "conditions": conditions, "rows": rows, "rounds": rounds}
+        record = {
+            "base": base,
+            "head": head,
+            "conditions": conditions,
+            "rows": rows,
+            "rounds": rounds,
+        }
         (args.out_dir / "before_after.json").write_text(json.dumps(record, indent=2) + "\n")
         _plot(rows, args.out_dir / "before_after.png")
     return rows

@@ -71,3 +71,26 @@ def test_grpo_overfit_smoke(small_model_dir, capsys) -> None:
     main(["--model", str(small_model_dir), "--tasks", "4", "--steps", "1", "--samples", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("before: sampled") and lines[-1].startswith("after:  sampled")
+
+
+def test_before_after_smoke(tmp_path) -> None:
+    import shutil
+
+    import pytest
+
+    from benchmarks import before_after
+
+    if shutil.which("git") is None or not (before_after.ROOT / ".git").exists():
+        pytest.skip("before_after compares two git revisions: it needs git and a checkout")
+    rows = before_after.main(
+        before_after.Args(
+            base="HEAD", rounds=1, envs=["GuessNumber-v0"], episodes=2, out_dir=tmp_path
+        )
+    )
+    assert [row["metric"] for row in rows] == ["env_step/GuessNumber-v0 (µs)"]
+    assert rows[0]["before"] > 0 and rows[0]["after"] > 0
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "before_after.md",
+        "before_after.json",
+        "before_after.png",
+    }

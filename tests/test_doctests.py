@@ -10,6 +10,7 @@ import pytest
 MODULES = [
     "llm_gym.errors",
     "llm_gym.compat",
+    "benchmarks.before_after",
     "llm_gym.core.factories",
     "llm_gym.core.registry",
     "llm_gym.policies.registry",
