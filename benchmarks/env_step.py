@@ -245,6 +245,17 @@ def main(args: Args) -> list[tuple[str, str, float, int]]:
     print(text)
     if args.write:
         write_markdown("env_step", text, args.out_dir)
+        record = {
+            "machine": machine_description(),
+            "command": f"python -m benchmarks.env_step --episodes {args.episodes} "
+            f"--repeats {args.repeats}",
+            "rows": [
+                {"env": env, "action": kind, "median_us": median, "steps": count}
+                for env, kind, median, count in rows
+            ],
+            "median_us_over_all_steps": {k: statistics.median(v) for k, v in every_step.items()},
+        }
+        (args.out_dir / "env_step.json").write_text(json.dumps(record, indent=2) + "\n")
         _plot(rows, args.out_dir / "env_step.png")
         print(f"wrote {args.out_dir / 'env_step.md'}")
     return rows

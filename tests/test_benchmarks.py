@@ -10,6 +10,7 @@ def test_env_step_smoke(tmp_path) -> None:
     kinds = {(env, kind) for env, kind, _, _ in rows}
     assert ("ToolUseGame-v0", "lookup") in kinds and ("ToolUseGame-v0", "final_answer") in kinds
     assert (tmp_path / "env_step.md").exists() and (tmp_path / "env_step.png").exists()
+    assert (tmp_path / "env_step.json").exists()
 
 
 def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
