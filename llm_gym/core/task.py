@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["Task", "cut_splits", "pick_split"]
+__all__ = ["Task", "cut_splits", "distinct_tasks", "pick_split"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,31 @@ class Task:
             metadata=dict(data.get("metadata") or {}),
             id=data.get("id"),
         )
+
+
+def distinct_tasks(draw: Callable[[], Task | None], n: int) -> list[Task]:
+    """``n`` tasks from ``draw()`` with no two sharing a prompt (``None`` draws are skipped), in
+    draw order; gives up after ``50 * n`` draws with a clear error.
+
+    Example:
+        >>> prompts = iter(["a", "b", "a", "c"])
+        >>> [t.prompt for t in distinct_tasks(lambda: Task(next(prompts)), 3)]
+        ['a', 'b', 'c']
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidArgumentError(f"n must be an int >= 0, actual value: {n!r}.")
+    seen: set[str] = set()
+    tasks: list[Task] = []
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 50 * n:
+            raise InvalidArgumentError(f"Could not draw {n} distinct tasks; asked for too many.")
+        task = draw()
+        if task is not None and task.prompt not in seen:
+            seen.add(task.prompt)
+            tasks.append(task)
+    return tasks
 
 
 def cut_splits(

@@ -19,10 +19,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from llm_gym.core.task import Task, cut_splits, pick_split
+from llm_gym.core.task import Task, cut_splits, distinct_tasks, pick_split
 from llm_gym.envs.code import problems_lists, problems_numbers, problems_text
 from llm_gym.envs.code.problem import Problem
-from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
     "SPLIT_SIZES",
@@ -120,21 +119,8 @@ def generate_tasks(seed: int, n: int) -> list[Task]:
     A pure function of its arguments: the same seed always gives the same list. Each task picks
     a template uniformly, then the template draws its parameters and inputs from the same rng.
     """
-    if not isinstance(n, int) or n < 0:
-        raise InvalidArgumentError(f"n must be an int >= 0, actual value: {n!r}.")
     rng = random.Random(seed)
-    seen: set[str] = set()
-    tasks: list[Task] = []
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 50 * n:
-            raise InvalidArgumentError(f"Could not draw {n} distinct tasks; asked for too many.")
-        task = _task(rng.choice(TEMPLATES)(rng))
-        if task.prompt not in seen:
-            seen.add(task.prompt)
-            tasks.append(task)
-    return tasks
+    return distinct_tasks(lambda: _task(rng.choice(TEMPLATES)(rng)), n)
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from llm_gym.core.task import Task, cut_splits, pick_split
+from llm_gym.core.task import Task, cut_splits, distinct_tasks, pick_split
 from llm_gym.core.tool_env import ToolEnv, answers_match
 from llm_gym.core.types import Message, ToolCall
 from llm_gym.errors import InvalidArgumentError
@@ -360,21 +360,8 @@ def generate_tasks(seed: int, n: int) -> list[Task]:
     ``metadata`` holds its ``type`` and ``family``, the arithmetic plan (``expression``, what the
     oracle sends to the calculator) and the canonical ``answer`` text.
     """
-    if not isinstance(n, int) or n < 0:
-        raise InvalidArgumentError(f"n must be an int >= 0, actual value: {n!r}.")
     rng = random.Random(seed)
-    seen: set[str] = set()
-    tasks: list[Task] = []
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 50 * n:
-            raise InvalidArgumentError(f"Could not draw {n} distinct tasks; asked for too many.")
-        task = _one_task(rng)
-        if task is not None and task.prompt not in seen:
-            seen.add(task.prompt)
-            tasks.append(task)
-    return tasks
+    return distinct_tasks(lambda: _one_task(rng), n)
 
 
 @functools.cache

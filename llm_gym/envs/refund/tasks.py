@@ -16,9 +16,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from llm_gym.core.task import Task, cut_splits, pick_split
+from llm_gym.core.task import Task, cut_splits, distinct_tasks, pick_split
 from llm_gym.envs.refund.world import Customer, Item, Order, format_cents
-from llm_gym.errors import InvalidArgumentError
 
 __all__ = ["CASES", "SPLIT_SIZES", "TASK_SEED", "generate_tasks", "get_tasks"]
 
@@ -326,17 +325,8 @@ def generate_tasks(seed: int, n: int) -> list[Task]:
         >>> generate_tasks(1, 2) == generate_tasks(1, 2)
         True
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InvalidArgumentError(f"n must be an int >= 0, actual value: {n!r}.")
     rng = random.Random(seed)
-    seen: set[str] = set()
-    tasks: list[Task] = []
-    while len(tasks) < n:
-        task = _draw_task(rng)
-        if task.prompt not in seen:
-            seen.add(task.prompt)
-            tasks.append(task)
-    return tasks
+    return distinct_tasks(lambda: _draw_task(rng), n)
 
 
 # --- the splits --------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from llm_gym.core.task import Task, cut_splits, pick_split
+from llm_gym.core.task import Task, cut_splits, distinct_tasks, pick_split
 from llm_gym.core.tool import tool
 from llm_gym.core.tool_env import ToolEnv
 from llm_gym.core.types import Message, ToolCall
-from llm_gym.errors import InvalidArgumentError, ToolArgumentError
+from llm_gym.errors import ToolArgumentError
 from llm_gym.tools.arithmetic import format_number, safe_eval
 from llm_gym.tools.calculator import CalculatorTool
 
@@ -192,18 +192,7 @@ def generate_tasks(seed: int, n: int) -> list[Task]:
     A pure function of its arguments: the same seed always gives the same list.
     """
     rng = random.Random(seed)
-    seen: set[str] = set()
-    tasks: list[Task] = []
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 50 * n:
-            raise InvalidArgumentError(f"Could not draw {n} distinct tasks; asked for too many.")
-        task = _one_task(rng)
-        if task.prompt not in seen:
-            seen.add(task.prompt)
-            tasks.append(task)
-    return tasks
+    return distinct_tasks(lambda: _one_task(rng), n)
 
 
 @functools.cache
