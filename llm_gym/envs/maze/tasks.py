@@ -12,7 +12,7 @@ import hashlib
 import random
 from collections.abc import Sequence
 
-from llm_gym.core.task import Task, pick_split
+from llm_gym.core.task import Task, cut_splits, pick_split
 from llm_gym.envs.maze.grid import Cell, distances_from, generate_maze
 from llm_gym.errors import InvalidArgumentError
 
@@ -92,16 +92,7 @@ def _splits() -> dict[str, tuple[Task, ...]]:
     # The few small layouts are drawn early and then run out: shuffle so that every split gets
     # its share of them.
     random.Random(TASK_SEED).shuffle(universe)
-    splits: dict[str, tuple[Task, ...]] = {}
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        chunk = universe[start : start + size]
-        splits[split] = tuple(
-            Task(t.prompt, t.target, t.metadata, id=f"maze/{split}/{i:04d}")
-            for i, t in enumerate(chunk)
-        )
-        start += size
-    return splits
+    return cut_splits(universe, SPLIT_SIZES, "maze")
 
 
 def get_tasks(split: str = "train") -> tuple[Task, ...]:

@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from llm_gym.core.task import Task, pick_split
+from llm_gym.core.task import Task, cut_splits, pick_split
 from llm_gym.envs.sql.database import ReadOnlyDatabase, Table
 from llm_gym.envs.sql.questions import QUESTION_TEMPLATES, Question, Rows
 from llm_gym.envs.sql.schemas import SCHEMA_DESCRIPTIONS, SCHEMAS, build_tables
@@ -129,16 +129,7 @@ def generate_tasks(seed: int, n: int) -> list[Task]:
 @functools.cache
 def _splits() -> dict[str, tuple[Task, ...]]:
     universe = generate_tasks(TASK_SEED, sum(SPLIT_SIZES.values()))
-    splits: dict[str, tuple[Task, ...]] = {}
-    start = 0
-    for split, size in SPLIT_SIZES.items():
-        chunk = universe[start : start + size]
-        splits[split] = tuple(
-            Task(t.prompt, t.target, t.metadata, id=f"sql/{split}/{i:04d}")
-            for i, t in enumerate(chunk)
-        )
-        start += size
-    return splits
+    return cut_splits(universe, SPLIT_SIZES, "sql")
 
 
 def get_tasks(split: str = "train") -> tuple[Task, ...]:
