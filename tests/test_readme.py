@@ -70,9 +70,7 @@ def test_the_python_blocks_run_in_order(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("command", llm_gym_commands())
-def test_the_commands_run(
-    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_commands_run(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if covering_test(command) is not None:
         pytest.skip(f"{covering_test(command)} runs it")
     monkeypatch.chdir(tmp_path)

@@ -5,6 +5,7 @@
 
 from trainers.config import MultiTurnGRPOConfig
 from trainers.train import load_tasks, train_multi_turn
+from trainers.weight_sync import WeightSyncType
 
 GRPOConfig = MultiTurnGRPOConfig
 
@@ -23,4 +24,5 @@ __all__ = [
     "MultiTurnGRPOTrainer",
     "train_multi_turn",
     "load_tasks",
+    "WeightSyncType",
 ]

@@ -16,8 +16,10 @@ __all__ = [
     "episode_rows",
     "group_rows",
     "importance_sampling_ratio",
+    "off_policy_weights",
     "padding_row",
     "rows_to_tensors",
+    "stale_token_mask",
 ]
 
 
@@ -35,6 +37,8 @@ class Row:
     """The sampler's logprobs (0.0 under environment tokens)."""
     advantages: list[float] = field(default_factory=list)
     """One advantage per completion token (0.0 where ``env_mask`` is 0)."""
+    policy_versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token (-1: environment token or unversioned)."""
 
 
 def episode_rows(
@@ -67,6 +71,8 @@ def episode_rows(
                 env_mask=mask,
                 logprobs=list(sample.logprobs),
                 advantages=advantages,
+                policy_versions=list(getattr(sample, "policy_versions", None) or [])
+                or [-1] * len(sample.completion_ids),
             )
         )
     return rows, max(0, len(samples) - max_rows)
@@ -75,7 +81,12 @@ def episode_rows(
 def padding_row(pad_id: int) -> Row:
     """A row that trains nothing, to keep every batch the same size."""
     return Row(
-        prompt_ids=[pad_id], completion_ids=[pad_id], env_mask=[0], logprobs=[0.0], advantages=[0.0]
+        prompt_ids=[pad_id],
+        completion_ids=[pad_id],
+        env_mask=[0],
+        logprobs=[0.0],
+        advantages=[0.0],
+        policy_versions=[-1],
     )
 
 
@@ -116,7 +127,8 @@ def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> di
     """Left-pad prompts, right-pad completions, and stack everything TRL's loss reads.
 
     Returns ``prompt_ids``/``prompt_mask`` (B, P), ``completion_ids``/``completion_mask``/
-    ``tool_mask`` (B, C), ``advantages`` (B, C) and ``sampling_per_token_logps`` (B, C).
+    ``tool_mask`` (B, C), ``advantages`` (B, C), ``sampling_per_token_logps`` (B, C) and
+    ``policy_versions`` (B, C; -1 where unknown).
     ``completion_mask`` is 1 on real tokens (sampled or environment), ``tool_mask`` is 1 only
     where the token trains, so their product is the loss mask.
     """
@@ -134,6 +146,7 @@ def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> di
     tool_mask = torch.zeros((batch, width_c), dtype=torch.long)
     advantages = torch.zeros((batch, width_c), dtype=torch.float32)
     logprobs = torch.zeros((batch, width_c), dtype=torch.float32)
+    versions = torch.full((batch, width_c), -1, dtype=torch.long)
     for i, row in enumerate(rows):
         p, c = len(row.prompt_ids), len(row.completion_ids)
         prompt_ids[i, width_p - p :] = torch.tensor(row.prompt_ids, dtype=torch.long)
@@ -143,6 +156,8 @@ def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> di
         tool_mask[i, :c] = torch.tensor(row.env_mask, dtype=torch.long)
         advantages[i, :c] = torch.tensor(row.advantages, dtype=torch.float32)
         logprobs[i, :c] = torch.tensor(row.logprobs, dtype=torch.float32)
+        if row.policy_versions:
+            versions[i, :c] = torch.tensor(row.policy_versions, dtype=torch.long)
     out = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -151,6 +166,7 @@ def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> di
         "tool_mask": tool_mask,
         "advantages": advantages,
         "sampling_per_token_logps": logprobs,
+        "policy_versions": versions,
     }
     return {k: v.to(device) for k, v in out.items()}
 
@@ -198,3 +214,59 @@ def importance_sampling_ratio(
     low = -math.inf if clip_min is None else clip_min
     high = math.inf if clip_max is None else clip_max
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def stale_token_mask(policy_versions: Any, current_version: int, mask: Any) -> Any:
+    """1 where a training token was sampled by weights older than ``current_version``.
+
+    Example:
+        >>> import torch
+        >>> versions = torch.tensor([[3, 2, -1, 2]])
+        >>> stale_token_mask(versions, 3, torch.tensor([[1, 1, 0, 0]])).tolist()
+        [[0, 1, 0, 0]]
+    """
+    return ((policy_versions >= 0) & (policy_versions < current_version)).long() * mask
+
+
+def off_policy_weights(
+    old_logps: Any,
+    sampling_logps: Any,
+    mask: Any,
+    stale: Any,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> Any:
+    """Async training's behaviour-policy correction: an importance weight per token.
+
+    The sampler's logprobs are the behaviour policy; ``old_logps`` (the trainer's weights at
+    the start of the step) the target. Tokens sampled by older weights (``stale``) get
+    :func:`importance_sampling_ratio` of the two under ``mode`` (``token_truncate`` is truncated
+    importance sampling, ``min(pi_old / pi_behaviour, clip_max)``); tokens sampled by the current
+    weights get exactly 1, and so does every token of a row with no stale token under the
+    ``sequence_*`` modes: with zero staleness the loss is lockstep's, bit for bit.
+
+    The trainer multiplies each token's advantage by its weight. Every GRPO loss variant TRL
+    offers is positively homogeneous in the advantage (``min(w a, w b) = w min(a, b)`` for
+    ``w >= 0``), so this is TRL's ``per_token_loss * importance_sampling_ratio`` without touching
+    TRL's loss.
+
+    Example:
+        >>> import torch
+        >>> old = torch.tensor([[-1.0, -1.0, -1.0]])
+        >>> behaviour = torch.tensor([[-2.0, -0.5, -3.0]])
+        >>> mask = torch.tensor([[1, 1, 1]])
+        >>> stale = torch.tensor([[1, 1, 0]])
+        >>> [round(w, 4) for w in off_policy_weights(
+        ...     old, behaviour, mask, stale, "token_truncate", None, 2.0)[0].tolist()]
+        [2.0, 0.6065, 1.0]
+    """
+    import torch
+
+    ratio = importance_sampling_ratio(
+        old_logps, sampling_logps, mask * stale, mode, clip_min, clip_max
+    )
+    if mode in ("sequence_mask", "sequence_truncate"):
+        any_stale = (mask * stale).sum(dim=-1, keepdim=True) > 0
+        return torch.where(any_stale, ratio, torch.ones_like(ratio))
+    return torch.where((mask * stale) > 0, ratio, torch.ones_like(ratio))

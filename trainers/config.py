@@ -27,6 +27,7 @@ from llm_gym.policies.registry import registered_policies
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
+from trainers.weight_sync import WeightSyncType
 
 __all__ = ["MultiTurnGRPOConfig"]
 
@@ -167,10 +168,41 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     )
     max_steps_off_policy: int | None = field(
         default=None,
-        metadata={"help": "Async collection (not available yet: must stay None, lockstep)."},
+        metadata={
+            "help": "Async collection. None: lockstep. An int turns on continuous rollout "
+            "workers and bounds a group's age in optimizer steps since its rollout started "
+            "(older groups are dropped as stale); 0 admits only groups started under the "
+            "current policy. Start with 1."
+        },
     )
     groups_in_flight: int | None = field(
-        default=None, metadata={"help": "Async collection (not available yet)."}
+        default=None,
+        metadata={"help": "Async: rollout groups collected concurrently (None: batch_size)."},
+    )
+    weight_sync_type: str = field(
+        default=WeightSyncType.SYNCHRONOUS.value,
+        metadata={
+            "help": "How new weights reach the generators after each step: "
+            "WEIGHT_SYNC_TYPE_SYNCHRONOUS (inline), WEIGHT_SYNC_TYPE_BACKGROUND_PUBLISH "
+            "(deferred; turns in flight finish under the old weights) or "
+            "WEIGHT_SYNC_TYPE_PIPELINE (deferred; turns in flight continue under the new "
+            "weights). The deferred modes need max_steps_off_policy; PIPELINE needs "
+            "use_lora=False."
+        },
+    )
+    num_generator_replicas: int = field(
+        default=1,
+        metadata={
+            "help": "Async: generator copies of the policy, each with its own engine (and "
+            "thread). Lockstep generates with the trainer's own model: 1."
+        },
+    )
+    generator_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "Async on CPU: torch threads of each generator replica (None: half the "
+            "process's threads, at least 1; the trainer keeps the rest)."
+        },
     )
     task_seed: int = field(
         default=0, metadata={"help": "Seed of the task order and of dynamic-sampling refills."}
@@ -276,13 +308,69 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse("max_samples_per_episode", self.max_samples_per_episode, "an int >= 1")
         if self.shared_prefix_min_length < 1:
             refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
-        if self.max_steps_off_policy is not None or self.groups_in_flight is not None:
-            raise InvalidArgumentError(
-                "max_steps_off_policy / groups_in_flight: async collection is not available in "
-                "this release; leave both None (lockstep collection)."
-            )
+        self._check_async(refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
+
+    def _check_async(self, refuse: Any) -> None:
+        off = self.max_steps_off_policy
+        if off is not None and (isinstance(off, bool) or not isinstance(off, int) or off < 0):
+            refuse("max_steps_off_policy", off, "None (lockstep) or an int >= 0")
+        flight = self.groups_in_flight
+        if flight is not None and (
+            isinstance(flight, bool) or not isinstance(flight, int) or flight < 1
+        ):
+            refuse("groups_in_flight", flight, "None (batch_size) or an int >= 1")
+        if flight is not None and off is None:
+            refuse("groups_in_flight", flight, "None in lockstep (set max_steps_off_policy)")
+        try:
+            mode = WeightSyncType(self.weight_sync_type)
+        except ValueError:
+            refuse(
+                "weight_sync_type",
+                self.weight_sync_type,
+                f"one of {[m.value for m in WeightSyncType]}",
+            )
+        self.weight_sync_type = mode.value
+        if mode is not WeightSyncType.SYNCHRONOUS and off is None:
+            refuse(
+                "weight_sync_type",
+                mode.value,
+                "WEIGHT_SYNC_TYPE_SYNCHRONOUS in lockstep: the deferred modes need "
+                "max_steps_off_policy, which bounds and measures the drift they allow",
+            )
+        if mode is WeightSyncType.PIPELINE and self.use_lora:
+            refuse(
+                "weight_sync_type",
+                mode.value,
+                "SYNCHRONOUS or BACKGROUND_PUBLISH with use_lora=True: PIPELINE needs "
+                "full-weight training",
+            )
+        replicas = self.num_generator_replicas
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            refuse("num_generator_replicas", replicas, "an int >= 1")
+        if replicas > 1 and (off is None or self.use_vllm):
+            refuse(
+                "num_generator_replicas",
+                replicas,
+                "1 in lockstep (the trainer's own model generates) and with vLLM (TRL's "
+                "server has its own data parallelism)",
+            )
+        threads = self.generator_threads
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            refuse("generator_threads", threads, "None or an int >= 1")
+
+    @property
+    def is_async(self) -> bool:
+        """Continuous rollout workers (``max_steps_off_policy`` set) instead of lockstep."""
+        return self.max_steps_off_policy is not None
+
+    @property
+    def resolved_groups_in_flight(self) -> int:
+        """``groups_in_flight``, None resolved to ``batch_size``."""
+        return self.groups_in_flight or self.batch_size
 
     def rollout_settings(self, max_turns: int) -> RolloutSettings:
         """How a collection with ``max_turns`` turns per episode runs its episodes."""

@@ -36,17 +36,13 @@ from trainers.advantages import (
     refill_tasks,
     shaped_reward,
 )
-from trainers.batch import group_rows, importance_sampling_ratio, rows_to_tensors
+from trainers.async_collect import AsyncCollector
+from trainers.batch import group_rows, rows_to_tensors
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
 from trainers.rollout_metrics import RolloutPart, rollout_metrics, validation_metrics
 from trainers.rollouts import collect_episode_groups
-from trainers.shared_prefix import (
-    cache_keyword,
-    plan_shared_prefix,
-    score_shared_prefix,
-    shared_prefix_applies,
-)
+from trainers.scoring import ScoringMixin
 
 __all__ = ["MultiTurnGRPOTrainer"]
 
@@ -63,12 +59,27 @@ class _ValidationCallback(TrainerCallback):
             self.trainer.validate()
 
 
+class _AsyncCallback(TrainerCallback):
+    """Async training: publish the weights right after each optimizer step, and let a
+    background publication finish reading them before the next step changes them."""
+
+    def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer._async is not None:
+            self.trainer._async.join()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._publish_weights()
+
+
 def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """TRL requires a reward function; episode rewards come from the environments instead."""
     return [0.0] * len(completions)
 
 
-class MultiTurnGRPOTrainer(GRPOTrainer):
+class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
     """Multi-turn GRPO on llm_gym environments.
 
     Args:
@@ -122,7 +133,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             train_dataset=dataset,
             processing_class=processing_class,
             peft_config=peft_config,
-            callbacks=[*(callbacks or []), _ValidationCallback(self)],
+            callbacks=[*(callbacks or []), _AsyncCallback(self), _ValidationCallback(self)],
         )
         self.env_factory = as_env_factory(env_factory)
         self.tasks = tasks
@@ -130,6 +141,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self.oracle = oracle
         self.validation_history: list[dict[str, Any]] = []
         self._last_collection_end: float | None = None
+        self._async: AsyncCollector | None = None
+        self._publish_seconds = 0.0
 
     # --- generation --------------------------------------------------------------------------
 
@@ -229,32 +242,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             else float("nan")
         )
         start = time.perf_counter()
-        size = args.episodes_per_task
         # TRL's sampler hands each process rows for max_samples_per_episode x the episodes:
         # run the tasks of the first 1 / max_samples_per_episode of them.
-        wanted = len(inputs) // (size * args.max_samples_per_episode)
-        task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
-        tasks = [self.tasks[i] for i in task_indices]
-
-        pool = GroupPool(wanted)
-        for attempt in range(args.max_sampling_attempts):
-            if attempt > 0:
-                # Every process collects in every round (generation may be collective: ZeRO-3,
-                # FSDP, vLLM server); one whose batch is already full refills a single group.
-                rank = self.accelerator.process_index
-                seed = (args.task_seed, self.state.global_step, attempt, rank)
-                tasks = refill_tasks(self.tasks, max(1, pool.deficit), seed)
-            groups = self._collect(
-                tasks,
-                episodes_per_task=size,
-                temperature=args.temperature,
-                max_turns=args.max_turns or 1,
-            )
-            for group in groups:
-                pool.add(group, [self._shaped(e) for e in group])
-            deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
-            if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
-                break
+        wanted = len(inputs) // (args.episodes_per_task * args.max_samples_per_episode)
+        async_metrics: dict[str, float] = {}
+        if args.is_async:
+            pool, async_metrics = self._async_pool(wanted)
+        else:
+            pool = self._lockstep_pool(inputs, wanted)
         # Fill the batch: signal-carrying groups first, then zero-variance ones (their
         # advantages are all zero, so they only keep the batch shape).
         groups, rewards = pool.batch()
@@ -279,7 +274,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         batch = rows_to_tensors(rows, pad_id, device)
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        self._add_reference_logps(batch)
+        async_metrics.update(self._add_reference_logps(batch))
         batch.pop("sampling_per_token_logps")
         part = RolloutPart(
             episodes=[e for g in groups for e in g],
@@ -289,114 +284,95 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             dropped=dropped,
         )
         metrics = rollout_metrics(gather_object([part]), rollout_seconds, train_seconds)
+        metrics.update(async_metrics)
         for key, value in metrics.items():  # gathered over processes
             self._metrics[mode][key].append(value)
         self._last_collection_end = time.perf_counter()
         return batch
 
-    def _add_reference_logps(self, batch: dict[str, Any]) -> None:
-        """``old_per_token_logps`` when off-policy, ``ref_per_token_logps`` when beta != 0."""
+    def _lockstep_pool(self, inputs: list[dict[str, Any]], wanted: int) -> GroupPool:
+        """Collect the batch's groups now, with the current weights (dynamic sampling refills
+        up to ``max_sampling_attempts`` rounds)."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        keep = batch["completion_ids"].size(1)
-        micro = args.per_device_train_batch_size
-        generate_every = args.steps_per_generation * self.num_iterations
-        correct = self.use_vllm and self.vllm_importance_sampling_correction
-        with torch.no_grad():
-            if args.gradient_accumulation_steps % generate_every != 0 or correct:
-                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention, keep, batch_size=micro
-                )
-            if correct:  # vLLM's sampler vs the trainer's logprobs, as TRL corrects it
-                batch["importance_sampling_ratio"] = importance_sampling_ratio(
-                    batch["old_per_token_logps"],
-                    batch["sampling_per_token_logps"],
-                    batch["completion_mask"] * batch["tool_mask"],
-                    self.vllm_importance_sampling_mode,
-                    self.vllm_importance_sampling_clip_min,
-                    self.vllm_importance_sampling_clip_max,
-                )
-            if self.beta != 0.0:
-                if self.ref_model is not None:
-                    ref_model = self.ref_model
-                    batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                        ref_model, input_ids, attention, keep, batch_size=micro
-                    )
-                else:
-                    from trl.trainer.utils import use_adapter
-
-                    unwrapped = self.accelerator.unwrap_model(self.model)
-                    name = "ref" if "ref" in getattr(unwrapped, "peft_config", {}) else None
-                    with use_adapter(unwrapped, adapter_name=name):
-                        batch["ref_per_token_logps"], _, _ = (
-                            self._get_per_token_logps_and_entropies(
-                                self.model, input_ids, attention, keep, batch_size=micro
-                            )
-                        )
-
-    # --- scoring ---------------------------------------------------------------------------
-
-    def _get_per_token_logps_and_entropies(
-        self,
-        model: Any,
-        input_ids: Any,
-        attention_mask: Any,
-        logits_to_keep: int,
-        batch_size: int | None = None,
-        compute_entropy: bool = False,
-        compute_aux_loss: bool = False,
-        **multimodal: Any,
-    ) -> tuple[Any, Any, Any]:
-        """TRL's scoring, with the rows' shared prefix run once (``args.shared_prefix``).
-
-        Same values and gradients as TRL's full forward (see :mod:`trainers.shared_prefix`);
-        TRL's path runs instead for multimodal or MoE-aux batches, for models wrapped or sharded
-        for distributed training (DDP, FSDP, DeepSpeed), under gradient checkpointing (in the
-        config or on the model) and when the shared prefix is short.
-        """
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-
-        def trl_scoring() -> tuple[Any, Any, Any]:
-            return super(MultiTurnGRPOTrainer, self)._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size=batch_size,
-                compute_entropy=compute_entropy,
-                compute_aux_loss=compute_aux_loss,
-                **multimodal,
+        size = args.episodes_per_task
+        task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
+        tasks = [self.tasks[i] for i in task_indices]
+        pool = GroupPool(wanted)
+        for attempt in range(args.max_sampling_attempts):
+            if attempt > 0:
+                # Every process collects in every round (generation may be collective: ZeRO-3,
+                # FSDP, vLLM server); one whose batch is already full refills a single group.
+                rank = self.accelerator.process_index
+                seed = (args.task_seed, self.state.global_step, attempt, rank)
+                tasks = refill_tasks(self.tasks, max(1, pool.deficit), seed)
+            groups = self._collect(
+                tasks,
+                episodes_per_task=size,
+                temperature=args.temperature,
+                max_turns=args.max_turns or 1,
             )
+            for group in groups:
+                pool.add(group, [self._shaped(e) for e in group])
+            deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
+            if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
+                break
+        return pool
 
-        unwrapped = self.accelerator.unwrap_model(model)
-        if not shared_prefix_applies(
-            enabled=args.shared_prefix,
-            wrapped=unwrapped is not model,
-            sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
-            gradient_checkpointing=args.gradient_checkpointing
-            or getattr(unwrapped, "is_gradient_checkpointing", False),
-            extra_inputs=compute_aux_loss or any(v is not None for v in multimodal.values()),
-        ):
-            return trl_scoring()
-        plan = plan_shared_prefix(
-            input_ids, attention_mask, logits_to_keep, args.shared_prefix_min_length
-        )
-        if plan is None:
-            return trl_scoring()
-        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
-        scored = score_shared_prefix(
-            model,
-            plan,
-            keyword=cache_keyword(base.forward),  # PEFT's forward takes it through **kwargs
-            batch_size=batch_size or input_ids.size(0),
-            compute_entropy=compute_entropy,
-            autocast=self.accelerator.autocast,
-        )
-        if scored is None:  # a model that returns no cache here: score it TRL's way
-            return trl_scoring()
-        logps, entropies = scored
-        return logps, entropies, None
+    def _async_pool(self, wanted: int) -> tuple[GroupPool, dict[str, float]]:
+        """Take the batch's groups from the rollout worker (started at the first step, from
+        the weights the run starts with); returns the pool and the ``async/...`` metrics,
+        gathered over processes."""
+        if self._async is None:
+            self._async = AsyncCollector(self, self.env_factory, self.oracle)
+        publish_s = self._async.publish(self.state.global_step)  # when the callback did not
+        self._publish_seconds += publish_s
+        taken = self._async.take(wanted, self._shaped)
+        idle_s, apply_s = self._async.generator_seconds()
+        ages = taken.ages or [0]
+        local = [
+            taken.wait_s,
+            float(taken.dropped_stale),
+            float(taken.taken),
+            float(sum(taken.ages)),
+            float(len(taken.ages)),
+            float(max(ages)),
+            idle_s,
+            apply_s,
+            self._publish_seconds,
+        ]
+        self._publish_seconds = 0.0
+        device = self.accelerator.device
+        rows = self.accelerator.gather(torch.tensor([local], device=device, dtype=torch.float64))
+        wait, dropped, total, age_sum, age_n, age_max, idle, apply, publish = rows.T.tolist()
+        metrics = {
+            "async/train_wait_s": max(wait),
+            "async/dropped_stale_groups": sum(dropped),
+            "async/dropped_stale_ratio": sum(dropped) / max(1.0, sum(total)),
+            "async/staleness_mean": sum(age_sum) / max(1.0, sum(age_n)),
+            "async/staleness_max": max(age_max),
+            "async/generator_idle_s": sum(idle),
+            "async/weight_apply_s": sum(apply),
+            "async/weight_sync_s": max(publish),
+        }
+        assert taken.pool is not None
+        return taken.pool, metrics
+
+    def _publish_weights(self) -> None:
+        """After an optimizer step (every process): the generators move to the new version."""
+        if self._async is not None:
+            self._publish_seconds += self._async.publish(self.state.global_step)
+
+    def _stop_async(self) -> None:
+        if self._async is not None:
+            collector, self._async = self._async, None
+            collector.close()
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's ``train``; async runs stop their rollout worker however it ends."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._stop_async()
 
     # --- validation --------------------------------------------------------------------------
 

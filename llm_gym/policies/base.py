@@ -66,6 +66,9 @@ class Generation:
     """The sampler's log-probability of each sampled token, aligned with ``token_ids``."""
     finish_reason: str = "stop"
     """``"stop"`` (end of turn) or ``"length"`` (hit the token budget)."""
+    policy_versions: list[int] | None = None
+    """The weight version that sampled each token, aligned with ``token_ids``, when the
+    backend's weights are versioned (async training); None otherwise."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Anything else a backend reports (latency, retries)."""
 

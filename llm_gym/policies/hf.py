@@ -19,25 +19,19 @@ line up in the importance ratio.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyRequest, PolicyStream
 from llm_gym.policies.chat import render_chat
+from llm_gym.policies.weights import VersionedWeights
 
 __all__ = ["HFPolicy"]
 
 DEFAULT_MAX_NEW_TOKENS = 256
 BATCHING_MODES = ("continuous", "waves")
-
-_ADMISSION_YIELDS = 16
-"""Event-loop turns the stream waits, after handing out finished turns, for those episodes to
-step their environments and come back before the next forward pass. Environments that do not
-await real I/O are back within a few, so batches (and seeded samples) are reproducible; slower
-ones rejoin a later step instead of holding the batch."""
 
 
 class HFPolicy(Policy):
@@ -56,6 +50,10 @@ class HFPolicy(Policy):
         batching: ``"continuous"`` (per-episode KV caches, a shared prompt prefix, continuous
             batching; falls back to waves for architectures the engine does not cover) or
             ``"waves"`` (one ``generate`` per wave of waiting episodes).
+        weights: Versioned weights (async training): ``model`` is ``weights.model``; staged
+            versions are swapped in between forward passes (see
+            :mod:`llm_gym.policies.weights`), and every generation records the version that
+            sampled each token (``Generation.policy_versions``).
     """
 
     name = "hf"
@@ -73,6 +71,7 @@ class HFPolicy(Policy):
         chat_template_kwargs: dict[str, Any] | None = None,
         name_or_path: str | None = None,
         batching: str = "continuous",
+        weights: VersionedWeights | None = None,
     ) -> None:
         if temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, actual value: {temperature}.")
@@ -88,7 +87,10 @@ class HFPolicy(Policy):
             )
         if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
             raise InvalidArgumentError("The tokenizer needs a pad or an eos token for batching.")
+        if weights is not None and weights.model is not model:
+            raise InvalidArgumentError("weights.model must be the policy's model.")
         self.model = model
+        self.weights = weights
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -107,6 +109,8 @@ class HFPolicy(Policy):
         episode's context adds to it (the environment's deltas; never a context it holds)."""
         self.shared_prefix_tokens = 0
         """Length of the prefix the last stream's episodes shared (prefilled once)."""
+        self.idle_seconds = 0.0
+        """Seconds the continuous engine waited with no turn to sample (closed streams)."""
         self._batches = 0
 
     @classmethod
@@ -171,7 +175,9 @@ class HFPolicy(Policy):
             )
             self.batching = "waves"
             return None
-        return _HFStream(self)
+        from llm_gym.policies.hf_stream import HFStream
+
+        return HFStream(self)
 
     def _prompt_ids(self, request: PolicyRequest) -> list[int]:
         if request.prompt_ids is not None:
@@ -259,13 +265,25 @@ class HFPolicy(Policy):
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
-    def _generation(self, ids: list[int], logprobs: list[float], finish: str) -> Generation:
+    def _generation(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        versions: list[int] | None = None,
+    ) -> Generation:
         eos_ids = self._eos_ids()
         text_ids = ids[:-1] if finish == "stop" and ids and ids[-1] in eos_ids else ids
         text = self.tokenizer.decode(
             text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
-        return Generation(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish)
+        return Generation(
+            text=text,
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            policy_versions=versions,
+        )
 
     def _eos_ids(self) -> list[int]:
         ids = []
@@ -282,114 +300,17 @@ class HFPolicy(Policy):
     def _generate(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
         prompts = [self._prompt_ids(r) for r in requests]
         budgets = [r.max_new_tokens or self.max_new_tokens for r in requests]
+        weights = self.weights
+        if weights is None:
+            return [
+                self._generation(ids, logprobs, finish)
+                for ids, logprobs, finish in self.generate_ids(prompts, budgets)
+            ]
+        with weights.in_use:  # a wave is a turn boundary for every episode in it
+            weights.apply()
+            version = weights.version
+            generated = self.generate_ids(prompts, budgets)
         return [
-            self._generation(ids, logprobs, finish)
-            for ids, logprobs, finish in self.generate_ids(prompts, budgets)
+            self._generation(ids, logprobs, finish, [version] * len(ids))
+            for ids, logprobs, finish in generated
         ]
-
-
-class _HFStream(PolicyStream):
-    """One collection's session on a :class:`~llm_gym.policies.hf_engine.DecodeEngine`.
-
-    A driver task runs engine steps in a worker thread (the event loop stays free for the
-    environments) and admits, before each step, every turn that arrived meanwhile.
-    """
-
-    def __init__(self, policy: HFPolicy) -> None:
-        import torch
-
-        from llm_gym.policies.hf_engine import DecodeEngine
-
-        self.policy = policy
-        device = next(policy.model.parameters()).device
-        generator = None
-        if policy.seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(policy.seed + policy._batches)
-        policy._batches += 1
-        self.engine = DecodeEngine(
-            policy.model,
-            eos_ids=policy._eos_ids(),
-            pad_id=policy._pad_id(),
-            temperature=policy.temperature,
-            top_p=policy.top_p,
-            generator=generator,
-            max_rows=policy.max_batch_size,
-        )
-        self.batch_sizes = self.engine.rows_per_pass
-        self._admits: list[tuple[Hashable, list[int], int]] = []
-        self._releases: list[Hashable] = []
-        self._futures: dict[Hashable, asyncio.Future[Generation]] = {}
-        self._out: set[Hashable] = set()  # handed a turn, not back yet
-        self._wake = asyncio.Event()
-        self._driver: asyncio.Task[None] | None = None
-        self._closed = False
-        self._error: BaseException | None = None
-
-    @property
-    def calls(self) -> int:  # type: ignore[override]
-        return self.engine.forward_passes
-
-    async def act(self, key: Hashable, request: PolicyRequest) -> Generation:
-        if self._error is not None:
-            raise self._error
-        if self._closed:
-            raise RuntimeError("The stream is closed.")
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._futures[key] = future
-        self._out.discard(key)
-        budget = request.max_new_tokens or self.policy.max_new_tokens
-        self._admits.append((key, self.policy._prompt_ids(request), budget))
-        self._wake.set()
-        if self._driver is None:
-            self._driver = asyncio.get_running_loop().create_task(self._drive())
-        return await future
-
-    def release(self, key: Hashable) -> None:
-        self._out.discard(key)
-        self._releases.append(key)
-        self._wake.set()
-
-    async def aclose(self) -> None:
-        self._closed = True
-        self._wake.set()
-        if self._driver is not None:
-            with contextlib.suppress(Exception):  # a failure already reached the episodes
-                await self._driver
-        self.policy.forward_passes += self.engine.forward_passes
-        self.policy.prefilled_tokens += self.engine.prefilled_tokens
-        self.policy.shared_prefix_tokens = len(self.engine.prefix_ids or [])
-
-    async def _drive(self) -> None:
-        engine = self.engine
-        try:
-            while True:
-                for _ in range(_ADMISSION_YIELDS):
-                    if not self._out:
-                        break
-                    await asyncio.sleep(0)
-                if not (self._admits or self._releases or engine.busy):
-                    if self._closed:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                admits, self._admits = self._admits, []
-                releases, self._releases = self._releases, []
-                finished = await asyncio.to_thread(engine.step, admits, releases)
-                for turn in finished:
-                    future = self._futures.pop(turn.key)
-                    self._out.add(turn.key)
-                    if not future.done():
-                        future.set_result(
-                            self.policy._generation(
-                                turn.token_ids, turn.logprobs, turn.finish_reason
-                            )
-                        )
-        except BaseException as exc:
-            self._error = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
-            for future in self._futures.values():
-                if not future.done():
-                    future.set_exception(self._error)
-            self._futures.clear()
-            raise

@@ -52,6 +52,8 @@ class FinishedTurn:
     """``log_softmax(logits / temperature)`` of each sampled id."""
     finish_reason: str
     """``"stop"`` or ``"length"``."""
+    versions: list[int] = field(default_factory=list)
+    """The engine's :attr:`~DecodeEngine.version` when each id was sampled."""
 
 
 @dataclass
@@ -69,6 +71,9 @@ class _Row:
     budget: int = 0
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    out_versions: list[int] = field(default_factory=list)
+    stale: bool = False
+    """Its cached keys and values came from older weights: rebuilt at its next turn."""
 
 
 class DecodeEngine:
@@ -131,6 +136,8 @@ class DecodeEngine:
         self.forward_passes = 0
         self.rows_per_pass: list[int] = []
         self.prefilled_tokens = 0
+        self.version = -1
+        """The weight version sampling now (set by the owner when it swaps weights in)."""
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -165,6 +172,11 @@ class DecodeEngine:
             self.slots.append(row)
             self.rows[key] = row
             self._rebuild(row, ids)
+        elif row.stale:  # the weights changed since its cache was filled: prefill it again
+            if row.pending:
+                raise RuntimeError(f"Episode {key!r} asked for a turn while its last one runs.")
+            row.stale = False
+            self._rebuild(row, ids)
         else:
             if row.pending:
                 raise RuntimeError(f"Episode {key!r} asked for a turn while its last one runs.")
@@ -181,7 +193,7 @@ class DecodeEngine:
             else:  # the context is not an extension (a template rewrote history): rebuild
                 self._rebuild(row, ids)
         row.budget = budget
-        row.out_ids, row.out_logprobs = [], []
+        row.out_ids, row.out_logprobs, row.out_versions = [], [], []
 
     def _release(self, key: Hashable) -> None:
         row = self.rows.pop(key, None)
@@ -208,14 +220,32 @@ class DecodeEngine:
                 i += 1
             n = i
         self.prefix_ids = list(first[:n])
+        self._prefill_prefix(len(prompts))
+
+    def _prefill_prefix(self, rows: int) -> None:
+        n = len(self.prefix_ids or [])
         if n:
             plan = StepPlan(self.cache)
             plan.prefix_mode = True
             ids = torch.tensor([self.prefix_ids], device=self.device)
             positions = torch.arange(n, device=self.device)[None]
             self._forward(plan, ids, positions, torch.tensor([n - 1], device=self.device))
-            self.rows_per_pass.append(len(prompts))
+            self.rows_per_pass.append(rows)
             self.prefilled_tokens += n
+
+    def invalidate(self) -> None:
+        """The model's weights changed: drop every cached key and value computed under the old
+        ones. The shared prefix is prefilled again now; a row sampling a turn feeds its whole
+        context again at the next step (its turn goes on, every later token sampled by the new
+        weights over a context they encoded); an idle row is rebuilt at its next turn."""
+        with torch.inference_mode():
+            self._prefill_prefix(len(self.slots))
+        for row in self.slots:
+            if row.pending:
+                row.pending = row.fed + row.pending
+                row.fed = []
+            else:
+                row.stale = True
 
     # --- one step --------------------------------------------------------------------------
 
@@ -314,13 +344,13 @@ class DecodeEngine:
             row.fed.extend(row.pending)
             row.out_ids.append(token)
             row.out_logprobs.append(logprob)
+            row.out_versions.append(self.version)
             stop = token in self.eos_ids
             if stop or len(row.out_ids) >= row.budget:
                 row.pending, row.last = [], token
+                reason = "stop" if stop else "length"
                 finished.append(
-                    FinishedTurn(
-                        row.key, row.out_ids, row.out_logprobs, "stop" if stop else "length"
-                    )
+                    FinishedTurn(row.key, row.out_ids, row.out_logprobs, reason, row.out_versions)
                 )
             else:
                 row.pending = [token]

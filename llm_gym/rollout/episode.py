@@ -37,6 +37,9 @@ class Turn:
     """The sampler's log-probabilities, aligned with ``token_ids``."""
     finish_reason: str = "stop"
     """``"stop"`` or ``"length"``."""
+    policy_versions: list[int] | None = None
+    """The weight version that sampled each token (async training), aligned with
+    ``token_ids``."""
     reward: float | None = None
     """This turn's own reward, when the environment grades turns (per-turn credit)."""
 

@@ -182,6 +182,7 @@ async def _run_episode(
     task: Task,
     group: int,
     index: int,
+    key: Hashable,
     waves: _Waves | _Streamed,
     settings: RolloutSettings,
     oracle: Oracle | None,
@@ -229,13 +230,17 @@ async def _run_episode(
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
             )
-            generation = await waves.act(request, (group, index))
+            generation = await waves.act(request, key)
             ending = await driver.act(generation.text)
             turns.append(_turn_record(driver, generation))
             _count_tokens(episode, generation, first=len(turns) == 1)
             if tracker is not None and generation.token_ids is not None:
                 tracker.add_generation(
-                    generation.token_ids, generation.logprobs, generation.text, len(turns) - 1
+                    generation.token_ids,
+                    generation.logprobs,
+                    generation.text,
+                    len(turns) - 1,
+                    generation.policy_versions,
                 )
             # The reply joins the token stream while the episode goes on, and when the turn cap
             # ended it (a reply the policy would have read next), not when the env ended it.
@@ -252,7 +257,7 @@ async def _run_episode(
             await driver.close()
         except Exception:
             episode.error = traceback.format_exc()
-        waves.episode_done((group, index))
+        waves.episode_done(key)
     episode.reward = ending.reward
     episode.terminated, episode.truncated = ending.terminated, ending.truncated
     episode.truncation_cause = ending.truncation_cause
@@ -281,6 +286,7 @@ def _turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
         token_ids=generation.token_ids,
         logprobs=generation.logprobs,
         finish_reason=generation.finish_reason,
+        policy_versions=generation.policy_versions,
     )
 
 
@@ -323,6 +329,8 @@ async def collect_groups_async(
     chat_template_kwargs: dict[str, Any] | None = None,
     progress: bool | str = False,
     stats: list[RolloutStats] | None = None,
+    stream: PolicyStream | None = None,
+    key_space: Hashable = None,
 ) -> list[list[Episode]]:
     """Run ``episodes_per_task`` episodes of every task, all concurrently; one group per task.
 
@@ -343,6 +351,11 @@ async def collect_groups_async(
         chat_template_kwargs: Extra chat template arguments.
         progress: Show a progress bar (a string sets its description).
         stats: When given, a :class:`RolloutStats` is appended to it.
+        stream: A stream of ``policy`` that outlives this collection (async training's rollout
+            worker runs many collections on one engine); it is left open. None: the policy
+            opens one for this collection, when it streams.
+        key_space: Tells this collection's episodes apart from others on a shared ``stream``
+            (episode keys become ``(key_space, group, index)``).
 
     Returns:
         ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
@@ -364,8 +377,10 @@ async def collect_groups_async(
         tokenizer = getattr(policy, "tokenizer", None)
     task_list = list(tasks)
     total = len(task_list) * episodes_per_task
-    open_stream = getattr(policy, "open_stream", None)
-    stream = open_stream() if open_stream is not None else None
+    own_stream = stream is None
+    if own_stream:
+        open_stream = getattr(policy, "open_stream", None)
+        stream = open_stream() if open_stream is not None else None
     waves: _Waves | _Streamed = (
         _Streamed(policy, stream) if stream is not None else _Waves(policy, total)
     )
@@ -388,7 +403,10 @@ async def collect_groups_async(
             failed_parse_reward=settings.failed_parse_reward,
             record_parse=True,
         )
-        episode = await _run_episode(driver, task, group, index, waves, settings, oracle, tokenizer)
+        key = (group, index) if key_space is None else (key_space, group, index)
+        episode = await _run_episode(
+            driver, task, group, index, key, waves, settings, oracle, tokenizer
+        )
         if bar is not None:
             bar.update(1)
         return episode
@@ -402,7 +420,7 @@ async def collect_groups_async(
     finally:
         if bar is not None:
             bar.close()
-        if stream is not None:
+        if stream is not None and own_stream:
             await stream.aclose()
     if stats is not None:
         stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))

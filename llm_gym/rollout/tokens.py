@@ -28,7 +28,8 @@ __all__ = ["TokenSample", "TokenTracker", "episode_to_samples"]
 class TokenSample:
     """One training sequence: a prompt and a completion with a loss mask.
 
-    Shapes: ``completion_ids``, ``env_mask``, ``logprobs`` and ``turn_index`` all have length T.
+    Shapes: ``completion_ids``, ``env_mask``, ``logprobs``, ``turn_index`` and
+    ``policy_versions`` all have length T.
     """
 
     prompt_ids: list[int]
@@ -41,6 +42,9 @@ class TokenSample:
     """The sampler's logprob of each sampled token; 0.0 under environment tokens."""
     turn_index: list[int] = field(default_factory=list)
     """The assistant turn each completion token belongs to; -1 under environment tokens."""
+    policy_versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token (async training); -1 under environment
+    tokens and where the policy's weights are not versioned."""
     reward: float = 0.0
     """The episode's reward."""
     per_turn_rewards: list[float] | None = None
@@ -104,9 +108,15 @@ class TokenTracker:
         return len(self.current.prompt_ids) + len(self.current.completion_ids)
 
     def add_generation(
-        self, token_ids: Sequence[int], logprobs: Sequence[float] | None, text: str, turn: int
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        text: str,
+        turn: int,
+        policy_versions: Sequence[int] | None = None,
     ) -> None:
-        """Append one assistant turn: the sampled ids (mask 1) and its raw text."""
+        """Append one assistant turn: the sampled ids (mask 1), their logprobs and weight
+        versions (when known), and its raw text."""
         sample = self.current
         sample.completion_ids.extend(int(t) for t in token_ids)
         sample.env_mask.extend([1] * len(token_ids))
@@ -115,8 +125,17 @@ class TokenTracker:
             raise ValueError(
                 f"Expected one logprob per sampled token, got {len(lp)} for {len(token_ids)}."
             )
+        versions = list(policy_versions) if policy_versions is not None else None
+        if versions is not None and len(versions) != len(token_ids):
+            raise ValueError(
+                f"Expected one policy version per sampled token, got {len(versions)} for "
+                f"{len(token_ids)}."
+            )
         sample.logprobs.extend(float(x) for x in lp)
         sample.turn_index.extend([turn] * len(token_ids))
+        sample.policy_versions.extend(
+            [-1] * len(token_ids) if versions is None else [int(v) for v in versions]
+        )
         self._text += self.tokenizer.decode(
             list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
@@ -133,6 +152,7 @@ class TokenTracker:
             sample.env_mask.extend([0] * len(delta))
             sample.logprobs.extend([0.0] * len(delta))
             sample.turn_index.extend([-1] * len(delta))
+            sample.policy_versions.extend([-1] * len(delta))
             self._text = full
             return False
         self._text = full
@@ -170,10 +190,11 @@ def episode_to_samples(
     tracker.start(opening)
     for index, turn in enumerate(episode.turns):
         if turn.token_ids is not None:
-            ids, logprobs = turn.token_ids, turn.logprobs
+            ids, logprobs, versions = turn.token_ids, turn.logprobs, turn.policy_versions
         else:
             ids, logprobs = _encode(tokenizer, turn.text) + _end_of_turn(tokenizer), None
-        tracker.add_generation(ids, logprobs, turn.text, index)
+            versions = None
+        tracker.add_generation(ids, logprobs, turn.text, index, versions)
         if turn.env_messages:
             tracker.add_environment(turn.env_messages)
     return tracker.finish(episode.reward, episode.per_turn_rewards)

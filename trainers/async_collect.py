@@ -1,0 +1,271 @@
+"""The trainer's side of async training: generator replicas, their worker, weight publication.
+
+:class:`AsyncCollector` is built by :class:`~trainers.trainer.MultiTurnGRPOTrainer` at its first
+rollout batch when ``max_steps_off_policy`` is set (so a resumed run starts from the weights it
+loaded). It
+
+- builds ``num_generator_replicas`` generators: a deep copy of the trainer's model behind the
+  continuous-batching ``HFPolicy`` engine, with :class:`~llm_gym.policies.weights.VersionedWeights`
+  (or, with ``use_vllm``, TRL's vLLM engine, whose weights move with ``sync_weights``);
+- starts a :class:`~trainers.async_rollout.RolloutWorker` that keeps ``groups_in_flight`` groups
+  running;
+- :meth:`~AsyncCollector.publish` es the trainer's weights after every optimizer step, in the
+  configured :class:`~trainers.weight_sync.WeightSyncType`;
+- :meth:`~AsyncCollector.take` s a batch: groups older than ``max_steps_off_policy`` are dropped
+  and counted, zero-variance groups are skipped as dynamic sampling skips them in lockstep
+  (``max_sampling_attempts`` x the batch's groups at most), and the async metrics are measured.
+
+On CPU the generators and the trainer split the process's torch threads (``generator_threads``
+each, the trainer the rest): on a 2-core machine each gets its own core.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+from llm_gym.core.factories import EnvFactory, Oracle
+from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies import Generation, Policy, PolicyRequest, policy_from_spec
+from llm_gym.policies.base import PolicyStream
+from llm_gym.policies.weights import VersionedWeights
+from llm_gym.rollout.episode import Episode
+from llm_gym.rollout.loop import collect_groups_async
+from trainers.advantages import GroupPool
+from trainers.async_rollout import RolloutWorker
+from trainers.config import MultiTurnGRPOConfig
+from trainers.weight_sync import CallbackPublisher, InProcessPublisher, WeightSyncType
+
+__all__ = ["AsyncBatch", "AsyncCollector"]
+
+
+def generator_copy(model: Any) -> Any:
+    """A generator's own copy of the trainer's model: frozen, in eval mode.
+
+    Accelerate wraps a prepared model's ``forward`` in an instance attribute (mixed precision's
+    output cast) whose closure holds the *original* model; a deep copy keeps that closure, so
+    the copy would run the trainer's weights. The copy drops the wrapper and runs its class's
+    ``forward`` (in the weights' own dtype).
+    """
+    clone = copy.deepcopy(model)
+    for name in ("forward", "_original_forward"):
+        clone.__dict__.pop(name, None)
+    return clone.eval().requires_grad_(False)
+
+
+class _Stamped(Policy):
+    """A policy whose generations carry no weight versions, stamped with the version its
+    generator held when the request was sent (vLLM: a lower bound under in-flight updates)."""
+
+    def __init__(self, policy: Policy, version: Callable[[], int]) -> None:
+        self.policy = policy
+        self.version = version
+        self.name = policy.name
+        self.tokenizer = getattr(policy, "tokenizer", None)
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        version = self.version()
+        generations = await self.policy.act(requests)
+        for generation in generations:
+            if generation.policy_versions is None and generation.token_ids is not None:
+                generation.policy_versions = [version] * len(generation.token_ids)
+        return generations
+
+    def describe(self) -> dict[str, Any]:
+        return self.policy.describe()
+
+
+class AsyncBatch:
+    """One step's groups from the worker, and what taking them measured."""
+
+    def __init__(self) -> None:
+        self.pool: GroupPool | None = None
+        self.taken = 0
+        self.dropped_stale = 0
+        self.wait_s = 0.0
+        self.ages: list[int] = []
+
+
+class AsyncCollector:
+    """Generators, worker and publisher of one async run (see the module docstring).
+
+    Args:
+        trainer: The :class:`~trainers.trainer.MultiTurnGRPOTrainer`.
+        env_factory: Builds each episode's environment.
+        oracle: The environment's expert (scripted policies only).
+    """
+
+    def __init__(self, trainer: Any, env_factory: EnvFactory, oracle: Oracle | None) -> None:
+        args: MultiTurnGRPOConfig = trainer.args
+        self.args = args
+        self.trainer = trainer
+        self.mode = WeightSyncType(args.weight_sync_type)
+        self.version = int(trainer.state.global_step)
+        world = trainer.accelerator.num_processes
+        self.batch_size = args.batch_size // world
+        tokenizer = trainer._episode_tokenizer
+        settings = args.rollout_settings(args.max_turns or 1)
+        self._restore_threads: int | None = None
+        threads = self._split_threads(trainer)
+
+        async def collect(
+            policy: Policy, stream: PolicyStream | None, task: Task, key: Hashable
+        ) -> list[Episode]:
+            groups = await collect_groups_async(
+                env_factory,
+                [task],
+                policy,
+                episodes_per_task=args.episodes_per_task,
+                max_turns=settings.max_turns,
+                max_model_length=settings.max_model_length,
+                max_new_tokens=settings.max_new_tokens,
+                action_format=args.action_format,
+                failed_parse_reward=settings.failed_parse_reward,
+                oracle=oracle,
+                tokenizer=tokenizer,
+                chat_template_kwargs=settings.chat_template_kwargs,
+                stream=stream,
+                key_space=key,
+            )
+            return groups[0]
+
+        if trainer.use_vllm:
+            if world > 1 and trainer.vllm_generation.mode == "server":
+                raise InvalidArgumentError(
+                    "max_steps_off_policy with use_vllm in server mode runs on one process: "
+                    "vLLM's server generates collectively across processes, which a rollout "
+                    f"thread cannot do beside the trainer's own collectives (got {world})."
+                )
+            publisher = CallbackPublisher(
+                trainer.vllm_generation.sync_weights, self.mode, version=self.version
+            )
+            publisher.sync()  # a resumed run's server still holds the initial weights
+            self.publisher: InProcessPublisher | CallbackPublisher = publisher
+            vllm = policy_from_spec("vllm", trainer=trainer, temperature=args.temperature)
+            policies: list[Policy] = [_Stamped(vllm, lambda: publisher.version)]
+            self.replicas: list[VersionedWeights] = []
+
+            def versions(replica: int) -> int:
+                return publisher.version
+        else:
+            source = trainer.accelerator.unwrap_model(trainer.model)
+            self.replicas = []
+            policies = []
+            for _ in range(args.num_generator_replicas):
+                model = generator_copy(source)
+                weights = VersionedWeights(model, version=self.version, swap=self.mode.swap)
+                self.replicas.append(weights)
+                policies.append(self._in_process_policy(model, tokenizer, weights))
+            self.publisher = InProcessPublisher(
+                source, self.replicas, self.mode, check=lambda: self.worker.check()
+            )
+
+            def versions(replica: int) -> int:
+                return self.replicas[replica].latest
+
+        self.worker = RolloutWorker(
+            policies,
+            collect,
+            trainer.tasks,
+            versions=versions,
+            groups_in_flight=max(1, args.resolved_groups_in_flight // world),
+            batch_size=self.batch_size,
+            max_steps_off_policy=args.max_steps_off_policy or 0,
+            seed=(args.task_seed, trainer.accelerator.process_index, self.version),
+            threads=threads,
+        )
+        self.worker.start()
+        self._idle_seen = 0.0
+        self._apply_seen = 0.0
+
+    def _in_process_policy(self, model: Any, tokenizer: Any, weights: VersionedWeights) -> Policy:
+        args = self.args
+        try:
+            return policy_from_spec(
+                args.rollout_backend,
+                model=model,
+                tokenizer=tokenizer,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                max_new_tokens=args.max_tokens_per_turn,
+                seed=None,
+                weights=weights,
+            )
+        except TypeError as exc:
+            raise InvalidArgumentError(
+                f"generation_backend {args.rollout_backend!r} cannot run async training: its "
+                f"constructor must take weights= (llm_gym.policies.weights.VersionedWeights), "
+                f"as HFPolicy does ({exc})."
+            ) from exc
+
+    def _split_threads(self, trainer: Any) -> int | None:
+        if trainer.accelerator.device.type != "cpu":
+            return None
+        total = torch.get_num_threads()
+        replicas = 1 if trainer.use_vllm else self.args.num_generator_replicas
+        generator = self.args.generator_threads or max(1, total // 2)
+        self._restore_threads = total
+        torch.set_num_threads(max(1, total - generator * replicas))
+        return generator
+
+    # --- every step ---------------------------------------------------------------------------
+
+    def publish(self, version: int) -> float:
+        """Send the trainer's weights as ``version`` (once per version); trainer seconds."""
+        if version <= self.version:
+            return 0.0
+        seconds = self.publisher.publish(version)
+        self.version = version
+        self.worker.new_version()
+        return seconds
+
+    def take(self, wanted: int, shaped: Callable[[Episode], float]) -> AsyncBatch:
+        """``wanted`` groups for the step at the current version (see the module docstring)."""
+        args = self.args
+        limit = args.max_steps_off_policy or 0
+        out = AsyncBatch()
+        pool = GroupPool(wanted)
+        budget = wanted * args.max_sampling_attempts
+        usable = 0
+        while True:
+            need = wanted - usable if usable < wanted else min(pool.deficit, budget - usable)
+            if need <= 0:
+                break
+            groups, waited = self.worker.take(need)
+            out.wait_s += waited
+            for group in groups:
+                out.taken += 1
+                age = self.version - group.start_version
+                if age > limit:
+                    out.dropped_stale += 1
+                    continue
+                out.ages.append(age)
+                usable += 1
+                pool.add(group.episodes, [shaped(e) for e in group.episodes])
+        out.pool = pool
+        return out
+
+    def generator_seconds(self) -> tuple[float, float]:
+        """Generator idle and weight-apply seconds since the last call (summed over replicas)."""
+        idle = self.worker.idle_seconds()
+        applied = sum(w.apply_seconds for w in self.replicas)
+        delta = (idle - self._idle_seen, applied - self._apply_seen)
+        self._idle_seen, self._apply_seen = idle, applied
+        return delta
+
+    def join(self) -> None:
+        """Before an optimizer step: a background publication must be done reading weights."""
+        self.publisher.join()
+
+    def close(self) -> None:
+        """Stop the worker (groups in flight are discarded) and give the threads back."""
+        try:
+            self.worker.stop()
+            self.publisher.join()
+        finally:
+            if self._restore_threads is not None:
+                torch.set_num_threads(self._restore_threads)

@@ -1,0 +1,170 @@
+"""The trainer's scoring: reference and behaviour logprobs, and scoring with a shared prefix.
+
+A mixin of :class:`trainers.trainer.MultiTurnGRPOTrainer` (before TRL's ``GRPOTrainer`` in its
+bases): :meth:`ScoringMixin._add_reference_logps` adds what TRL's loss reads besides the batch
+(``old_per_token_logps``, ``ref_per_token_logps``, vLLM's importance-sampling ratio) and applies
+async training's off-policy correction; :meth:`ScoringMixin._get_per_token_logps_and_entropies`
+runs the rows' shared prefix once (:mod:`trainers.shared_prefix`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainers.batch import importance_sampling_ratio, off_policy_weights, stale_token_mask
+from trainers.config import MultiTurnGRPOConfig
+from trainers.shared_prefix import (
+    cache_keyword,
+    plan_shared_prefix,
+    score_shared_prefix,
+    shared_prefix_applies,
+)
+
+__all__ = ["ScoringMixin"]
+
+
+class ScoringMixin:
+    """Scoring for :class:`~trainers.trainer.MultiTurnGRPOTrainer` (see the module docstring)."""
+
+    def _add_reference_logps(self, batch: dict[str, Any]) -> dict[str, float]:
+        """``old_per_token_logps`` when off-policy, ``ref_per_token_logps`` when beta != 0,
+        vLLM's importance-sampling ratio, and async training's off-policy correction (each
+        stale token's advantage times :func:`~trainers.batch.off_policy_weights`). Returns
+        the correction's metrics."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[attr-defined]
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        keep = batch["completion_ids"].size(1)
+        micro = args.per_device_train_batch_size
+        generate_every = args.steps_per_generation * self.num_iterations
+        correct = self.use_vllm and self.vllm_importance_sampling_correction
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        versions = batch.pop("policy_versions", None)
+        stale = None
+        if args.is_async and versions is not None:
+            stale = stale_token_mask(versions, self.state.global_step, loss_mask)
+        metrics: dict[str, float] = {}
+        if stale is not None:
+            metrics["async/stale_token_ratio"] = float(stale.sum() / loss_mask.sum().clamp(min=1))
+        # In-process generators: correct only the tokens older weights sampled (the current
+        # weights' tokens are the current policy's, bit for bit). vLLM: TRL's correction below
+        # covers every token (kernel mismatch and staleness alike).
+        fold = (
+            stale is not None
+            and not self.use_vllm
+            and self.vllm_importance_sampling_correction
+            and bool(stale.any())
+        )
+        with torch.no_grad():
+            old = None
+            if args.gradient_accumulation_steps % generate_every != 0 or correct or fold:
+                old, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, keep, batch_size=micro
+                )
+                if args.gradient_accumulation_steps % generate_every != 0 or correct:
+                    batch["old_per_token_logps"] = old
+            if fold:
+                weights = off_policy_weights(
+                    old,
+                    batch["sampling_per_token_logps"],
+                    loss_mask,
+                    stale,
+                    self.vllm_importance_sampling_mode,
+                    self.vllm_importance_sampling_clip_min,
+                    self.vllm_importance_sampling_clip_max,
+                )
+                batch["advantages"] = batch["advantages"] * weights
+                stale_weights = weights.expand_as(stale)[stale > 0]
+                metrics["async/off_policy_weight_mean"] = float(stale_weights.float().mean())
+            if correct:  # vLLM's sampler vs the trainer's logprobs, as TRL corrects it
+                batch["importance_sampling_ratio"] = importance_sampling_ratio(
+                    batch["old_per_token_logps"],
+                    batch["sampling_per_token_logps"],
+                    batch["completion_mask"] * batch["tool_mask"],
+                    self.vllm_importance_sampling_mode,
+                    self.vllm_importance_sampling_clip_min,
+                    self.vllm_importance_sampling_clip_max,
+                )
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    ref_model = self.ref_model
+                    batch["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                        ref_model, input_ids, attention, keep, batch_size=micro
+                    )
+                else:
+                    from trl.trainer.utils import use_adapter
+
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    name = "ref" if "ref" in getattr(unwrapped, "peft_config", {}) else None
+                    with use_adapter(unwrapped, adapter_name=name):
+                        batch["ref_per_token_logps"], _, _ = (
+                            self._get_per_token_logps_and_entropies(
+                                self.model, input_ids, attention, keep, batch_size=micro
+                            )
+                        )
+        return metrics
+
+    # --- scoring ---------------------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[Any, Any, Any]:
+        """TRL's scoring, with the rows' shared prefix run once (``args.shared_prefix``).
+
+        Same values and gradients as TRL's full forward (see :mod:`trainers.shared_prefix`);
+        TRL's path runs instead for multimodal or MoE-aux batches, for models wrapped or sharded
+        for distributed training (DDP, FSDP, DeepSpeed), under gradient checkpointing (in the
+        config or on the model) and when the shared prefix is short.
+        """
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[attr-defined]
+
+        def trl_scoring() -> tuple[Any, Any, Any]:
+            return super(ScoringMixin, self)._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **multimodal,
+            )
+
+        unwrapped = self.accelerator.unwrap_model(model)
+        if not shared_prefix_applies(
+            enabled=args.shared_prefix,
+            wrapped=unwrapped is not model,
+            sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
+            gradient_checkpointing=args.gradient_checkpointing
+            or getattr(unwrapped, "is_gradient_checkpointing", False),
+            extra_inputs=compute_aux_loss or any(v is not None for v in multimodal.values()),
+        ):
+            return trl_scoring()
+        plan = plan_shared_prefix(
+            input_ids, attention_mask, logits_to_keep, args.shared_prefix_min_length
+        )
+        if plan is None:
+            return trl_scoring()
+        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+        scored = score_shared_prefix(
+            model,
+            plan,
+            keyword=cache_keyword(base.forward),  # PEFT's forward takes it through **kwargs
+            batch_size=batch_size or input_ids.size(0),
+            compute_entropy=compute_entropy,
+            autocast=self.accelerator.autocast,
+        )
+        if scored is None:  # a model that returns no cache here: score it TRL's way
+            return trl_scoring()
+        logps, entropies = scored
+        return logps, entropies, None
