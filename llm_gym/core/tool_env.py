@@ -13,6 +13,7 @@ tool whose result asks to stop ends the episode.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Sequence
@@ -81,8 +82,24 @@ class ToolEnv(Env):
     """The tools the model may call."""
 
     def __init__(
-        self, tools: Sequence[Tool] | None = None, system_prompt: str | None = None
+        self,
+        tools: Sequence[Tool] | None = None,
+        system_prompt: str | None = None,
+        *,
+        tool_latency_s: float = 0.0,
     ) -> None:
+        if (
+            isinstance(tool_latency_s, bool)
+            or not isinstance(tool_latency_s, int | float)
+            or not 0 <= tool_latency_s <= 3600
+        ):
+            raise InvalidArgumentError(
+                f"tool_latency_s must be a number of seconds in [0, 3600], actual value: "
+                f"{tool_latency_s!r}."
+            )
+        self.tool_latency_s = float(tool_latency_s)
+        """Simulated latency of every tool call in seconds (0: none): each call awaits it
+        before running, as a remote service or sandbox would (episodes wait concurrently)."""
         tool_list = list(self.tools if tools is None else tools)
         self._tools: dict[str, Tool] = {}
         for t in tool_list:
@@ -151,6 +168,8 @@ class ToolEnv(Env):
                 f"{sorted(self._tools)}.{hint}",
                 False,
             )
+        if self.tool_latency_s:
+            await asyncio.sleep(self.tool_latency_s)
         try:
             result = await run_tool(found, arguments)
             content, stop = str(result.content), bool(result.should_stop)
@@ -188,8 +207,11 @@ class ToolEnv(Env):
 
     @property
     def synchronous(self) -> bool:
-        """True when every tool declares ``synchronous = True`` (``@tool`` on a plain function)."""
-        return all(getattr(t, "synchronous", False) for t in self._tools.values())
+        """True when every tool declares ``synchronous = True`` (``@tool`` on a plain function)
+        and no latency is simulated."""
+        return not self.tool_latency_s and all(
+            getattr(t, "synchronous", False) for t in self._tools.values()
+        )
 
     @property
     def tool_specs(self) -> list[ToolSpec]:

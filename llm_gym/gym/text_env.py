@@ -8,6 +8,7 @@ and returns the text of the environment's reply.
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from llm_gym.core.env import Env
 from llm_gym.core.factories import (
     SPLITS,
     EnvFactory,
+    NoArgFactory,
     as_env_factory,
     as_task,
     as_task_source,
@@ -101,7 +103,9 @@ class TextEnv(gymnasium.Env[str, str]):
     ``env`` (an Env, an Env class, a factory ``task -> Env``, or ``"module:attr"``), ``tasks``
     (sequence, mapping split -> tasks, callable ``split -> tasks`` or ``"module:attr"``),
     ``action_format`` (``"hermes"`` or ``"json"``), ``max_turns``, ``split``,
-    ``failed_parse_reward``, ``oracle`` (``(task, messages) -> Message``), ``render_mode``.
+    ``failed_parse_reward``, ``oracle`` (``(task, messages) -> Message``), ``render_mode``,
+    ``env_kwargs`` (keyword arguments of the Env class, e.g. ``{"tool_latency_s": 1.0}`` to
+    simulate slow tools).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -120,6 +124,7 @@ class TextEnv(gymnasium.Env[str, str]):
         max_observation_chars: int = MAX_OBSERVATION_CHARS,
         max_action_chars: int = MAX_ACTION_CHARS,
         version: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise InvalidArgumentError(
@@ -130,7 +135,7 @@ class TextEnv(gymnasium.Env[str, str]):
             raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {split!r}.")
         self._runner = LoopRunner()
         self._driver = EpisodeDriver(
-            as_env_factory(env),
+            _env_factory(env, env_kwargs),
             action_format=action_format,
             max_turns=max_turns,
             failed_parse_reward=failed_parse_reward,
@@ -365,3 +370,17 @@ class TextEnv(gymnasium.Env[str, str]):
         self.__dict__.update(state)
         self._runner = LoopRunner()
         self._driver.runner = self._runner
+
+
+def _env_factory(env: Any, env_kwargs: dict[str, Any] | None) -> EnvFactory:
+    """``env``'s factory; with ``env_kwargs`` each episode's env is ``EnvClass(**env_kwargs)``
+    (``gym.make("ToolUseGame-v0", env_kwargs={"tool_latency_s": 1.0})``)."""
+    if not env_kwargs:
+        return as_env_factory(env)
+    cls = resolve(env)
+    if not isinstance(cls, type) or not isinstance(env_kwargs, dict):
+        raise InvalidArgumentError(
+            f"env_kwargs needs an Env class (or its 'module:attr' name) and a dict, actual "
+            f"values: env={env!r}, env_kwargs={env_kwargs!r}."
+        )
+    return NoArgFactory(functools.partial(cls, **env_kwargs))
