@@ -197,6 +197,15 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "thread). Lockstep generates with the trainer's own model: 1."
         },
     )
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={
+            "help": "How the sampler's logprobs are corrected towards the trainer's: vLLM's "
+            "(TRL's correction) and, in async runs, tokens older weights sampled. "
+            "token_truncate (default here: truncated importance sampling, min(ratio, "
+            "vllm_importance_sampling_clip_max)), token_mask, sequence_truncate, sequence_mask."
+        },
+    )
     generator_threads: int | None = field(
         default=None,
         metadata={
