@@ -7,7 +7,6 @@ import asyncio
 import math
 import threading
 import time
-from types import SimpleNamespace as NS
 
 import pytest
 
@@ -208,7 +207,7 @@ def test_off_policy_weights_by_hand() -> None:
     assert torch.equal(none, torch.ones_like(old))
 
 
-# --- the engine under new weights ------------------------------------------------------------------
+# --- the engine under new weights ---------------------------------------------------------------
 
 
 def _logprob_of_next(model, ids: list[int], token: int) -> float:
@@ -238,7 +237,7 @@ def test_engine_invalidate_samples_from_the_new_weights_over_the_whole_context(s
     model, _ = small_model
     generator = copy.deepcopy(model).eval()
     new = _perturbed(model).eval()
-    prompts = {"a": list(range(5, 40)), "b": list(range(5, 30)) + [77, 78]}
+    prompts = {"a": list(range(5, 40)), "b": [*range(5, 30), 77, 78]}
     engine = DecodeEngine(generator, eos_ids=[], pad_id=0, temperature=1.0, top_p=1.0)
     engine.step([(key, ids, 6) for key, ids in prompts.items()])
     engine.step([])
