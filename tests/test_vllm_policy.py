@@ -113,3 +113,70 @@ def test_collective_rounds_only_in_server_mode_with_several_processes(monkeypatc
     policy.drain()
     assert policy.generation.calls == [([], 1.0, 1), ([], 1.0, 1)]
     assert others_active == []
+
+
+def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> None:
+    """Async training with use_vllm: the rollout worker drives the vLLM policy, each token is
+    stamped with the version the server held when its request went out, and the three sync
+    modes map onto TRL's one ``sync_weights`` call (inline, or on a thread joined before the
+    next optimizer step)."""
+    import threading
+    import time
+
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig, WeightSyncType
+    from trainers.async_collect import AsyncCollector
+
+    _, tokenizer = small_model
+    for mode in WeightSyncType:
+        generation = FakeGeneration("colocate")
+        synced: list[float] = []
+
+        def sync_weights(synced=synced) -> None:
+            time.sleep(0.2)
+            synced.append(time.perf_counter())
+
+        generation.sync_weights = sync_weights
+        args = GRPOConfig(
+            output_dir=str(tmp_path),
+            max_turns=2,
+            batch_size=2,
+            episodes_per_task=2,
+            max_tokens_per_turn=8,
+            use_cpu=True,
+            use_vllm=True,
+            max_steps_off_policy=1,
+            weight_sync_type=mode.value,
+        )
+        trainer = NS(
+            args=args,
+            state=NS(global_step=0),
+            accelerator=NS(num_processes=1, process_index=0, device=NS(type="cpu")),
+            _episode_tokenizer=tokenizer,
+            processing_class=tokenizer,
+            eos_token_ids=[EOS],
+            vllm_generation=generation,
+            use_vllm=True,
+            tasks=list(get_tasks("train")[:4]),
+        )
+        collector = AsyncCollector(trainer, ToolUseGameEnv, oracle=None)
+        try:
+            assert len(synced) == 1  # a resumed run's server gets the trainer's weights first
+            taken = collector.take(2, lambda episode: episode.reward)
+            assert taken.taken == 2 and taken.dropped_stale == 0 and taken.ages == [0, 0]
+            episodes = [e for g, _ in zip(*taken.pool.batch(), strict=True) for e in g]
+            versions = {v for e in episodes for t in e.turns for v in t.policy_versions}
+            assert versions == {0}
+            start = time.perf_counter()
+            collector.publish(1)
+            inline = time.perf_counter() - start
+            if mode is WeightSyncType.SYNCHRONOUS:
+                assert inline >= 0.15 and collector.publisher.version == 1
+            else:  # deferred: returns at once, done by the next optimizer step
+                assert inline < 0.15
+                collector.join()
+                assert collector.publisher.version == 1
+            assert len(synced) == 2
+        finally:
+            collector.close()
+        assert not any(t.name.startswith("llm-gym-") for t in threading.enumerate())

@@ -19,6 +19,7 @@ generation object (tests/test_vllm_policy.py).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ class VLLMPolicy(Policy):
         self.generation = trainer.vllm_generation
         self.tokenizer = trainer.processing_class
         self.temperature = temperature
+        self._lock = threading.Lock()  # one generate call at a time: it sets sampler fields
         accelerator = trainer.accelerator
         tensor_parallel = getattr(self.generation, "tensor_parallel_size", 1) or 1
         self.collective = accelerator.num_processes > 1 and (
@@ -63,6 +65,10 @@ class VLLMPolicy(Policy):
         return any(gather_object([active])) if self.collective else active
 
     def _generate(self, prompts: list[list[int]], budget: int) -> tuple[list, list]:
+        with self._lock:
+            return self._generate_locked(prompts, budget)
+
+    def _generate_locked(self, prompts: list[list[int]], budget: int) -> tuple[list, list]:
         generation = self.generation
         saved = generation.temperature, generation.max_completion_length
         generation.temperature = self.temperature if self.temperature > 0 else 1e-6
