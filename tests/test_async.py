@@ -401,21 +401,29 @@ def test_zero_staleness_gives_lockstep_loss_and_gradients_and_stale_tokens_are_c
         torch.equal(a, b) for a, b in zip(grads_l, grads_a, strict=True)
     )
 
-    # One step later the same tokens are stale: each advantage times min(pi/mu, 3).
+    # One step later the same tokens are stale: their advantages times min(pi/mu, 3) in the
+    # loss, pi from the loss's own forward pass (the trainer's weights at the step's start).
     async_run.state.global_step = 1
     stale = _rows_batch([0, 1])  # row 0 sampled by version 0, row 1 by version 1
-    advantages = stale["advantages"].clone()
     sampling = stale["sampling_per_token_logps"].clone()
     metrics = async_run._add_reference_logps(stale)
+    assert metrics == {"async/stale_token_ratio": pytest.approx(3 / 6)}
+    assert "old_per_token_logps" not in stale and stale["stale_mask"].sum() == 3
     ids = torch.cat([stale["prompt_ids"], stale["completion_ids"]], dim=1)
     mask = torch.cat([stale["prompt_mask"], stale["completion_mask"]], dim=1)
     with torch.no_grad():
-        logps, _, _ = async_run._get_per_token_logps_and_entropies(async_run.model, ids, mask, 4)
-    expected = advantages.clone()
+        logps, _, _ = lockstep._get_per_token_logps_and_entropies(lockstep.model, ids, mask, 4)
+    by_hand = _rows_batch([0, 0])
     for col in (0, 1, 3):  # row 0's training tokens
-        expected[0, col] *= min(math.exp(logps[0, col] - sampling[0, col]), 3.0)
-    assert torch.allclose(stale["advantages"], expected, atol=1e-6)
-    assert metrics["async/stale_token_ratio"] == pytest.approx(3 / 6)
+        by_hand["advantages"][0, col] *= min(math.exp(logps[0, col] - sampling[0, col]), 3.0)
+    assert not torch.equal(by_hand["advantages"], _rows_batch([0, 0])["advantages"])
+    lockstep._add_reference_logps(by_hand)
+    loss_a, grads_a = _loss_and_grads(async_run, stale)
+    loss_h, grads_h = _loss_and_grads(lockstep, by_hand)
+    assert loss_a == pytest.approx(loss_h, abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_h, strict=True))
+    logged = async_run._metrics["train"] if async_run.model.training else async_run._metrics["eval"]
+    assert logged["async/off_policy_weight_mean"]
 
 
 def _log_keys(trainer) -> set[str]:

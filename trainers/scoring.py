@@ -30,9 +30,9 @@ class ScoringMixin:
 
     def _add_reference_logps(self, batch: dict[str, Any]) -> dict[str, float]:
         """``old_per_token_logps`` when off-policy, ``ref_per_token_logps`` when beta != 0,
-        vLLM's importance-sampling ratio, and async training's off-policy correction (each
-        stale token's advantage times :func:`~trainers.batch.off_policy_weights`). Returns
-        the correction's metrics."""
+        vLLM's importance-sampling ratio, and, when older weights sampled some tokens of an
+        async batch, what :meth:`_compute_loss` needs to correct them (``behaviour_logps``,
+        ``stale_mask``). Returns the async metrics."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[attr-defined]
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -57,27 +57,14 @@ class ScoringMixin:
             and self.vllm_importance_sampling_correction
             and bool(stale.any())
         )
+        if fold:  # weighed in the loss, from the logprobs its own forward pass computes
+            batch["behaviour_logps"] = batch["sampling_per_token_logps"]
+            batch["stale_mask"] = stale
         with torch.no_grad():
-            old = None
-            if args.gradient_accumulation_steps % generate_every != 0 or correct or fold:
-                old, _, _ = self._get_per_token_logps_and_entropies(
+            if args.gradient_accumulation_steps % generate_every != 0 or correct:
+                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention, keep, batch_size=micro
                 )
-                if args.gradient_accumulation_steps % generate_every != 0 or correct:
-                    batch["old_per_token_logps"] = old
-            if fold:
-                weights = off_policy_weights(
-                    old,
-                    batch["sampling_per_token_logps"],
-                    loss_mask,
-                    stale,
-                    self.vllm_importance_sampling_mode,
-                    self.vllm_importance_sampling_clip_min,
-                    self.vllm_importance_sampling_clip_max,
-                )
-                batch["advantages"] = batch["advantages"] * weights
-                stale_weights = weights.expand_as(stale)[stale > 0]
-                metrics["async/off_policy_weight_mean"] = float(stale_weights.float().mean())
             if correct:  # vLLM's sampler vs the trainer's logprobs, as TRL corrects it
                 batch["importance_sampling_ratio"] = importance_sampling_ratio(
                     batch["old_per_token_logps"],
@@ -168,3 +155,48 @@ class ScoringMixin:
             return trl_scoring()
         logps, entropies = scored
         return logps, entropies, None
+
+    # --- the loss ------------------------------------------------------------------------------
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+        """TRL's loss; in a micro-batch with stale tokens, each of their advantages first times
+        :func:`~trainers.batch.off_policy_weights` of the policy's logprobs (TRL's own forward
+        pass, so no extra one: ``old_per_token_logps`` when TRL computed them, else the
+        detached current ones, the same values at the first iteration) over the sampler's.
+
+        Every GRPO loss TRL offers is positively homogeneous in the advantage, so this is
+        ``per_token_loss * weight``, as TRL applies vLLM's importance-sampling ratio.
+        """
+        if "behaviour_logps" not in inputs:
+            return super()._compute_loss(model, inputs)  # type: ignore[misc]
+        inputs = dict(inputs)
+        behaviour = inputs.pop("behaviour_logps")
+        stale = inputs.pop("stale_mask")
+        loss_mask = inputs["completion_mask"] * inputs["tool_mask"]
+        scoring = self._get_per_token_logps_and_entropies
+
+        def weighed_scoring(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+            logps, entropies, aux = scoring(*args, **kwargs)
+            target = inputs.get("old_per_token_logps")
+            target = logps.detach() if target is None else target
+            weights = off_policy_weights(
+                target,
+                behaviour,
+                loss_mask,
+                stale,
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
+            inputs["advantages"] = inputs["advantages"] * weights
+            if stale.any():
+                mode = "train" if self.model.training else "eval"
+                mean = weights.expand_as(stale)[stale > 0].float().mean()
+                self._metrics[mode]["async/off_policy_weight_mean"].append(float(mean))
+            return logps, entropies, aux
+
+        self._get_per_token_logps_and_entropies = weighed_scoring  # type: ignore[method-assign]
+        try:
+            return super()._compute_loss(model, inputs)  # type: ignore[misc]
+        finally:
+            del self._get_per_token_logps_and_entropies
