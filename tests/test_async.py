@@ -54,7 +54,7 @@ def _no_worker_threads() -> bool:
         ({"groups_in_flight": 8}, "groups_in_flight", "set max_steps_off_policy"),
         ({"num_generator_replicas": 0}, "num_generator_replicas", "int >= 1"),
         ({"num_generator_replicas": 2}, "num_generator_replicas", "1 in lockstep"),
-        ({"max_steps_off_policy": 1, "generator_threads": 0}, "generator_threads", "int >= 1"),
+        ({"generator_threads": 0}, "generator_threads", "int >= 1"),
     ],
 )
 def test_async_settings_are_refused_with_the_field_named(fields, named, allowed, tmp_path) -> None:
@@ -521,3 +521,37 @@ def test_an_env_that_raises_is_an_episode_outcome_not_a_crash(small_model_dir, t
     assert trainer.state.global_step == 2 and _no_worker_threads()
     episodes = [r for r in trainer.state.log_history if "episodes/env_truncated_ratio" in r]
     assert episodes and all(r["episodes/env_truncated_ratio"] == 1.0 for r in episodes)
+
+
+def test_async_with_lora_and_two_generator_replicas(small_model_dir, tmp_path) -> None:
+    """LoRA publishes only the adapter; two replicas share the groups in flight."""
+    trainer = _trainer(
+        small_model_dir,
+        tmp_path,
+        max_steps_off_policy=1,
+        groups_in_flight=4,
+        num_generator_replicas=2,
+        use_lora=True,
+        lora_r=4,
+        lora_alpha=8,
+        weight_sync_type=BACKGROUND,
+        num_steps=2,
+        logging_steps=1,
+    )
+    seen = {}
+    original = trainer._async_pool
+
+    def spy(wanted):
+        out = original(wanted)
+        collector = trainer._async
+        seen["replicas"] = len(collector.replicas)
+        seen["started"] = collector.worker.groups_started
+        seen["staged"] = sorted(
+            name for name in collector.replicas[0]._staged or {} if "lora" not in name
+        )
+        return out
+
+    trainer._async_pool = spy
+    trainer.train()
+    assert trainer.state.global_step == 2 and _no_worker_threads()
+    assert seen["replicas"] == 2 and seen["started"] >= 4 and seen["staged"] == []

@@ -209,8 +209,9 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     generator_threads: int | None = field(
         default=None,
         metadata={
-            "help": "Async on CPU: torch threads of each generator replica (None: half the "
-            "process's threads, at least 1; the trainer keeps the rest)."
+            "help": "Torch threads that generate on CPU. Async: each generator replica's "
+            "(None: half the process's threads, at least 1; the trainer keeps the rest). "
+            "Lockstep: while collecting (None: the process's threads)."
         },
     )
     task_seed: int = field(

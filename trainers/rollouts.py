@@ -8,7 +8,8 @@ episode at a time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from llm_gym.aio import run_sync
@@ -18,7 +19,27 @@ from llm_gym.policies import Policy
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import RolloutSettings, collect_groups_async
 
-__all__ = ["collect_episode_groups"]
+__all__ = ["collect_episode_groups", "torch_threads"]
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch intra-op threads (None: as they are), then restore.
+
+    Threads the block starts (the engine's worker threads) take the setting too. Small decode
+    steps on CPU often run faster on one thread than on several.
+    """
+    if threads is None:
+        yield
+        return
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def collect_episode_groups(

@@ -41,7 +41,7 @@ from trainers.batch import group_rows, rows_to_tensors
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
 from trainers.rollout_metrics import RolloutPart, rollout_metrics, validation_metrics
-from trainers.rollouts import collect_episode_groups
+from trainers.rollouts import collect_episode_groups, torch_threads
 from trainers.scoring import ScoringMixin
 
 __all__ = ["MultiTurnGRPOTrainer"]
@@ -200,6 +200,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
             ) as unwrapped,
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
+            torch_threads(
+                args.generator_threads if self.accelerator.device.type == "cpu" else None
+            ),
         ):
             was_training = unwrapped.training
             unwrapped.eval()

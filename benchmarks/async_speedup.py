@@ -1,0 +1,399 @@
+"""Async training against lockstep, side by side in one run: optimizer steps per hour.
+
+ToolUseGame-v0 with the main job's SFT model (tool-calling: ``outputs/tool_use_game_tiny/sft``, or
+the cache the benchmark builds it into). Contenders, interleaved round by round:
+
+- ``lockstep`` with generation on every torch thread, and ``lockstep-1t`` with generation on one
+  (small decode steps often run faster on one core); the faster of the two is the baseline;
+- ``async`` in each weight-sync mode (``SYNCHRONOUS``, ``BACKGROUND_PUBLISH``, ``PIPELINE``),
+  ``max_steps_off_policy=1``, ``groups_in_flight`` = 2 x ``batch_size`` (the seeds' example).
+
+Each at 0 s, 0.1 s and 1 s of simulated latency per tool call (``ToolUseGameEnv(tool_latency_s=)``,
+awaited: episodes wait concurrently). Every run trains the same model from the same weights for
+the same number of steps (same tasks, budgets, rewards, threads); the first two steps are a
+warm-up (async workers fill their pipeline meanwhile) and are not timed. Reported per contender
+and latency, medians over rounds with their range:
+optimizer steps per hour; trainer utilisation (1 - the share of a step spent waiting for
+rollouts); generator utilisation (async: 1 - engine idle time / wall time; lockstep: collection
+time / step time); staleness; dropped groups; and held-out sampled success after training (test
+split, 8 episodes per task at temperature 1, 95% interval over tasks).
+
+    python -m benchmarks.async_speedup --model outputs/tool_use_game_tiny/sft
+    python -m benchmarks.async_speedup --quick        # a smoke run (seconds; writes nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+
+MODES = ("SYNCHRONOUS", "BACKGROUND_PUBLISH", "PIPELINE")
+
+
+@dataclass
+class Args:
+    model: str | None = None
+    """The SFT model (None: the main job's, from outputs/ or the benchmark cache)."""
+    latencies: tuple[float, ...] = (0.0, 0.1, 1.0)
+    """Simulated seconds per tool call."""
+    rounds: int = 2
+    """Interleaved rounds (each runs every contender at every latency)."""
+    steps: int = 10
+    """Optimizer steps per run (the first two are a warm-up)."""
+    batch_size: int = 8
+    episodes_per_task: int = 8
+    max_turns: int = 6
+    max_tokens_per_turn: int = 64
+    max_model_length: int = 1024
+    learning_rate: float = 2e-4
+    eval_tasks: int = 50
+    """Test tasks of the held-out evaluation (8 sampled episodes each)."""
+    eval_samples: int = 8
+    out_dir: Path = RESULTS_DIR
+    write: bool = True
+
+
+@dataclass
+class Run:
+    contender: str
+    latency: float
+    round: int
+    step_seconds: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    success: float = float("nan")
+    success_interval: tuple[float, float] = (float("nan"), float("nan"))
+
+
+def default_model() -> str:
+    for candidate in (
+        Path("outputs/tool_use_game_tiny/sft"),
+        Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache/llm_gym")) / "main-job/sft",
+    ):
+        if (candidate / "config.json").exists():
+            return str(candidate)
+    raise SystemExit(
+        "No SFT model: run the main job (README, set-up command 1) or pass --model PATH "
+        "(a ToolUseGame tool-calling model, e.g. outputs/tool_use_game_tiny/sft)."
+    )
+
+
+def contender_config(name: str, args: Args) -> dict[str, Any]:
+    if name == "lockstep":
+        return {}
+    if name == "lockstep-1t":
+        return {"generator_threads": 1}
+    mode = name.removeprefix("async-")
+    return {
+        "max_steps_off_policy": 1,
+        "groups_in_flight": 2 * args.batch_size,
+        "weight_sync_type": f"WEIGHT_SYNC_TYPE_{mode}",
+    }
+
+
+def train_one(model: str, name: str, latency: float, args: Args, out: Path) -> tuple[Any, Run]:
+    import torch
+    from transformers import TrainerCallback
+
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    run = Run(contender=name, latency=latency, round=0)
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, a: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            stamps.append(time.perf_counter())
+
+    torch.manual_seed(0)
+    config = GRPOConfig(
+        output_dir=str(out),
+        model=model,
+        batch_size=args.batch_size,
+        episodes_per_task=args.episodes_per_task,
+        num_steps=args.steps,
+        max_turns=args.max_turns,
+        max_model_length=args.max_model_length,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        learning_rate=args.learning_rate,
+        loss_type="dapo",
+        beta=0.0,
+        scale_rewards="none",
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        **contender_config(name, args),
+    )
+    trainer = MultiTurnGRPOTrainer(
+        args=config,
+        env_factory=lambda task: ToolUseGameEnv(tool_latency_s=latency),
+        tasks=list(get_tasks("train")),
+        callbacks=[Clock()],
+    )
+    trainer.train()
+    run.step_seconds = [b - a for a, b in itertools.pairwise(stamps)][1:]  # 2 warm-up steps
+    logs = [r for r in trainer.state.log_history if "loss" in r][2:]  # the warm-up steps out
+    for key in (
+        "timing/rollout_seconds",
+        "timing/train_seconds",
+        "async/train_wait_s",
+        "async/generator_idle_s",
+        "async/staleness_mean",
+        "async/staleness_max",
+        "async/dropped_stale_groups",
+        "async/weight_sync_s",
+        "episodes/success_rate",
+    ):
+        values = [r[key] for r in logs if key in r]
+        if values:
+            run.metrics[key] = statistics.fmean(values)
+    dropped = sum(r.get("async/dropped_stale_groups", 0.0) for r in logs)
+    run.metrics["dropped_ratio"] = dropped / max(1.0, dropped + len(logs) * args.batch_size)
+    return trainer, run
+
+
+def evaluate(trainer: Any, args: Args) -> tuple[float, tuple[float, float]]:
+    """Sampled success on test tasks: per-task rates, their mean and a 95% interval over tasks."""
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from llm_gym.policies import HFPolicy
+    from llm_gym.rollout import collect_groups
+
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    policy = HFPolicy(
+        model,
+        trainer.processing_class,
+        temperature=1.0,
+        max_new_tokens=args.max_tokens_per_turn,
+        seed=1234,
+    )
+    tasks = list(get_tasks("test"))[: args.eval_tasks]
+    groups = collect_groups(
+        ToolUseGameEnv,
+        tasks,
+        policy,
+        episodes_per_task=args.eval_samples,
+        max_turns=args.max_turns,
+        max_model_length=args.max_model_length,
+        max_new_tokens=args.max_tokens_per_turn,
+    )
+    rates = [statistics.fmean(float(e.reward >= 1.0) for e in group) for group in groups]
+    mean = statistics.fmean(rates)
+    half = 1.959964 * statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else 0
+    return mean, (mean - half, mean + half)
+
+
+def utilisation(run: Run) -> tuple[float, float]:
+    """(trainer, generator) busy shares of a step."""
+    step = statistics.median(run.step_seconds) if run.step_seconds else float("nan")
+    if run.contender.startswith("async"):
+        wait = run.metrics.get("async/train_wait_s", 0.0)
+        idle = run.metrics.get("async/generator_idle_s", 0.0)
+        return 1 - wait / step, max(0.0, 1 - idle / step)
+    rollout = run.metrics.get("timing/rollout_seconds", 0.0)
+    return 1 - rollout / step, rollout / step
+
+
+def summarise(runs: list[Run], args: Args) -> dict[str, Any]:
+    entries = []
+    keys = sorted({(r.contender, r.latency) for r in runs}, key=lambda k: (k[1], k[0]))
+    for contender, latency in keys:
+        mine = [r for r in runs if r.contender == contender and r.latency == latency]
+        per_round = [3600 / statistics.median(r.step_seconds) for r in mine if r.step_seconds]
+        trainer_u, generator_u = zip(*(utilisation(r) for r in mine), strict=True)
+        entries.append(
+            {
+                "contender": contender,
+                "latency_s": latency,
+                "steps_per_hour": statistics.median(per_round),
+                "steps_per_hour_range": [min(per_round), max(per_round)],
+                "trainer_utilisation": statistics.median(trainer_u),
+                "generator_utilisation": statistics.median(generator_u),
+                "staleness_mean": statistics.median(
+                    r.metrics.get("async/staleness_mean", 0.0) for r in mine
+                ),
+                "staleness_max": max(r.metrics.get("async/staleness_max", 0.0) for r in mine),
+                "dropped_stale_ratio": statistics.median(r.metrics["dropped_ratio"] for r in mine),
+                "success": mine[0].success,  # evaluated in the first round
+                "success_interval": list(mine[0].success_interval),
+                "rounds": len(mine),
+            }
+        )
+
+    def best(prefix: str, latency: float) -> dict[str, Any]:
+        pool = [
+            e for e in entries if e["contender"].startswith(prefix) and e["latency_s"] == latency
+        ]
+        return max(pool, key=lambda e: e["steps_per_hour"])
+
+    speedups = {}
+    for latency in args.latencies:
+        speedups[str(latency)] = (
+            best("async", latency)["steps_per_hour"] / best("lockstep", latency)["steps_per_hour"]
+        )
+    top = max(args.latencies)
+    return {
+        "speedup_with_latency": speedups[str(top)],
+        "speedup_without_latency": speedups[str(min(args.latencies))],
+        "speedup_by_latency": speedups,
+        "latency_with_s": top,
+        "entries": entries,
+    }
+
+
+def render(summary: dict[str, Any], args: Args, model: str, seconds: float) -> str:
+    lines = [
+        "# Async training against lockstep (ToolUseGame-v0, CPU)",
+        "",
+        f"Machine: {machine_description()}. Command: `python -m benchmarks.async_speedup "
+        f"--model {model}`; {seconds / 60:.0f} min.",
+        "",
+        f"Each run: {args.steps} optimizer steps (the first two untimed) of {args.batch_size} "
+        f"tasks x {args.episodes_per_task} episodes, max {args.max_turns} turns, "
+        f"{args.max_tokens_per_turn} tokens a turn, dapo loss, lr {args.learning_rate}, "
+        "from the same SFT weights. "
+        f"{args.rounds} interleaved rounds; medians, [min, max] over rounds. Async: "
+        f"max_steps_off_policy=1, groups_in_flight={2 * args.batch_size}; generator and trainer "
+        "each get one of the two cores' torch threads. Held-out success: test split, "
+        f"{args.eval_tasks} tasks x {args.eval_samples} sampled episodes at temperature 1 after "
+        "training (first round), 95% interval over tasks.",
+        "",
+        "| latency per tool call | contender | steps / hour | trainer busy | generator busy "
+        "| staleness mean (max) | dropped stale | held-out success [95% CI] |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for e in summary["entries"]:
+        low, high = e["steps_per_hour_range"]
+        s_low, s_high = e["success_interval"]
+        lines.append(
+            f"| {e['latency_s']:g} s | {e['contender']} | {e['steps_per_hour']:.0f} "
+            f"[{low:.0f}, {high:.0f}] | {e['trainer_utilisation']:.0%} | "
+            f"{e['generator_utilisation']:.0%} | {e['staleness_mean']:.2f} "
+            f"({e['staleness_max']:.0f}) | {e['dropped_stale_ratio']:.1%} | "
+            f"{e['success']:.3f} [{s_low:.3f}, {s_high:.3f}] |"
+        )
+    lines += ["", "Best async mode over the faster lockstep, steps per hour:", ""]
+    for latency, ratio in summary["speedup_by_latency"].items():
+        lines.append(f"- {float(latency):g} s per tool call: **{ratio:.2f}x**")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = summary["entries"]
+    latencies = sorted({e["latency_s"] for e in entries})
+    contenders = list(dict.fromkeys(e["contender"] for e in entries))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(contenders)
+    for i, name in enumerate(contenders):
+        values = [
+            next(
+                e["steps_per_hour"]
+                for e in entries
+                if e["contender"] == name and e["latency_s"] == latency
+            )
+            for latency in latencies
+        ]
+        ax.bar([x + i * width for x in range(len(latencies))], values, width, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(latencies))])
+    ax.set_xticklabels([f"{latency:g} s / tool call" for latency in latencies])
+    ax.set_ylabel("optimizer steps per hour")
+    ax.set_title("Async vs lockstep, ToolUseGame-v0, tiny SFT model, 2 CPU cores")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args: Args) -> dict[str, Any]:
+    import tempfile
+
+    model = args.model or default_model()
+    contenders = ["lockstep", "lockstep-1t", *(f"async-{m}" for m in MODES)]
+    runs: list[Run] = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            for latency in args.latencies:
+                order = contenders if round_ % 2 == 0 else contenders[::-1]
+                for name in order:
+                    trainer, run = train_one(model, name, latency, args, Path(tmp) / name)
+                    run.round = round_
+                    if round_ == 0:
+                        run.success, run.success_interval = evaluate(trainer, args)
+                    del trainer
+                    step = statistics.median(run.step_seconds)
+                    print(
+                        f"round {round_} latency {latency:g}s {name:26s} {step:6.2f} s/step "
+                        f"success {run.success:.3f}",
+                        flush=True,
+                    )
+                    runs.append(run)
+    seconds = time.perf_counter() - start
+    summary = summarise(runs, args)
+    summary.update(
+        machine=machine_description(),
+        model=model,
+        settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+        runs=[asdict(r) for r in runs],
+        seconds=seconds,
+        threads=__import__("torch").get_num_threads(),
+    )
+    if args.write:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        write_markdown("async", render(summary, args, model, seconds), args.out_dir)
+        (args.out_dir / "async.json").write_text(json.dumps(summary, indent=2) + "\n")
+        plot(summary, args.out_dir / "async.png")
+    for latency, ratio in summary["speedup_by_latency"].items():
+        print(f"speedup at {latency} s per tool call: {ratio:.2f}x")
+    return summary
+
+
+def parse(argv: list[str] | None = None) -> Args:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--rounds", type=int, default=Args.rounds)
+    parser.add_argument("--steps", type=int, default=Args.steps)
+    parser.add_argument("--latencies", type=float, nargs="+", default=list(Args.latencies))
+    parser.add_argument("--eval-tasks", type=int, default=Args.eval_tasks)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: tiny sizes, one round, no files"
+    )
+    ns = parser.parse_args(argv)
+    args = Args(
+        model=ns.model,
+        rounds=ns.rounds,
+        steps=ns.steps,
+        latencies=tuple(ns.latencies),
+        eval_tasks=ns.eval_tasks,
+        out_dir=ns.out_dir,
+        write=not ns.no_write,
+    )
+    if ns.quick:
+        args.rounds, args.steps, args.batch_size, args.episodes_per_task = 1, 3, 2, 2
+        args.latencies, args.eval_tasks, args.eval_samples, args.write = (0.0, 0.05), 4, 2, False
+        args.max_tokens_per_turn = 16
+    return args
+
+
+if __name__ == "__main__":
+    main(parse())
