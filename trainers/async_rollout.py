@@ -23,6 +23,7 @@ import contextlib
 import random
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -187,15 +188,19 @@ class RolloutWorker:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the groups in flight (their environments close), close the streams and
-        join the thread. Safe to call twice."""
+        join the thread (a warning after ``timeout`` seconds). Safe to call twice."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         self._poke()
         if self._thread is not None:
             self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise RolloutWorkerError(f"The rollout worker did not stop within {timeout} s.")
+            if self._thread.is_alive():  # a daemon thread: it ends with the process
+                warnings.warn(
+                    f"The rollout worker did not stop within {timeout} s (an environment's "
+                    "close may hang); it is left to end with the process.",
+                    stacklevel=2,
+                )
 
     def _poke(self) -> None:
         loop, wake = self._loop, self._wake
