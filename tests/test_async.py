@@ -555,3 +555,26 @@ def test_async_with_lora_and_two_generator_replicas(small_model_dir, tmp_path) -
     trainer.train()
     assert trainer.state.global_step == 2 and _no_worker_threads()
     assert seen["replicas"] == 2 and seen["started"] >= 4 and seen["staged"] == []
+
+
+def test_async_per_turn_credit_on_guess_number(small_model_dir, tmp_path) -> None:
+    """Per-turn credit: each token's advantage is its turn's (GuessNumber grades turns); the
+    off-policy correction multiplies it like any other."""
+    from llm_gym.envs.guess_number.env import GuessNumberEnv, get_tasks
+
+    trainer = _trainer(
+        small_model_dir,
+        tmp_path,
+        env_factory=GuessNumberEnv,
+        tasks=list(get_tasks("train")[:6]),
+        max_steps_off_policy=1,
+        credit_assignment="per_turn",
+        action_format="hermes",
+        max_turns=3,
+        num_steps=2,
+        logging_steps=1,
+    )
+    trainer.val_tasks = []
+    trainer.train()
+    assert trainer.state.global_step == 2 and _no_worker_threads()
+    assert "async/staleness_mean" in _log_keys(trainer)
