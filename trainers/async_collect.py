@@ -134,23 +134,29 @@ class AsyncCollector:
             return groups[0]
 
         if trainer.use_vllm:
-            if world > 1 and trainer.vllm_generation.mode == "server":
+            vllm = policy_from_spec("vllm", trainer=trainer, temperature=args.temperature)
+            if getattr(vllm, "collective", False):
                 raise InvalidArgumentError(
-                    "max_steps_off_policy with use_vllm in server mode runs on one process: "
-                    "vLLM's server generates collectively across processes, which a rollout "
-                    f"thread cannot do beside the trainer's own collectives (got {world})."
+                    "max_steps_off_policy with use_vllm runs on one process (or colocate without "
+                    "tensor parallelism): vLLM then generates collectively across processes, "
+                    "which a rollout thread cannot do beside the trainer's own collectives "
+                    f"(got {world} processes, vLLM mode {trainer.vllm_generation.mode!r})."
                 )
-            publisher = CallbackPublisher(
-                trainer.vllm_generation.sync_weights, self.mode, version=self.version
-            )
+            generation = trainer.vllm_generation
+
+            def sync() -> None:  # never while a generate call runs (colocate shares the engine)
+                with vllm._lock:
+                    generation.sync_weights()
+
+            publisher = CallbackPublisher(sync, self.mode, version=self.version)
             publisher.sync()  # a resumed run's server still holds the initial weights
             self.publisher: InProcessPublisher | CallbackPublisher = publisher
-            vllm = policy_from_spec("vllm", trainer=trainer, temperature=args.temperature)
             policies: list[Policy] = [_Stamped(vllm, lambda: publisher.version)]
             self.replicas: list[VersionedWeights] = []
 
             def versions(replica: int) -> int:
                 return publisher.version
+
         else:
             source = trainer.accelerator.unwrap_model(trainer.model)
             self.replicas = []

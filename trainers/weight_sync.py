@@ -18,7 +18,9 @@ Two publishers:
   the weights it reads. vLLM applies an update between its engine steps, so requests in flight
   continue under the new weights under both deferred modes (PIPELINE's semantics); a
   BACKGROUND_PUBLISH that keeps in-flight requests on the old weights would need a second copy
-  of the weights on the server, which TRL's server does not keep.
+  of the weights on the server, which TRL's server does not keep. The async trainer runs the
+  sync under the vLLM policy's lock, so it never overlaps one of the rollout thread's
+  ``generate`` calls (colocate mode shares one engine between them).
 """
 
 from __future__ import annotations
