@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -22,6 +24,40 @@ def play_text_episode(
         observation, reward, terminated, truncated, info = env.step(act(env, observation, info))
         if terminated or truncated:
             return reward, info
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a training run in a subprocess: offline, this checkout first on the
+    path, one torch thread per process."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path),
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+class StopAfter:
+    """A ``TrainerCallback`` that stops training after N optimizer steps (the seeds' examples
+    ask for hundreds)."""
+
+    def __new__(cls, steps: int):
+        from transformers import TrainerCallback
+
+        class _Stop(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step >= steps:
+                    control.should_training_stop = True
+                return control
+
+        return _Stop()
 
 
 @pytest.fixture

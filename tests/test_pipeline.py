@@ -51,11 +51,53 @@ def test_eval_settings_refuse_bad_values(field: str, value: object) -> None:
         EvalSettings(**{field: value})
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
-def test_every_shipped_config_loads(name: str) -> None:
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+ASYNC_FIELDS = ("max_steps_off_policy", "groups_in_flight", "weight_sync_type")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_shipped_config_loads_and_builds_its_grpo_config(name: str, tmp_path) -> None:
+    pytest.importorskip("trl")
+    import dataclasses
+
+    from trainers.pipeline import build_grpo_config
+
     config = load_config(ROOT / "configs" / name)
     assert config.grpo["episodes_per_task"] >= 2
     assert isinstance(config.grpo["learning_rate"], float)
+    # train.py's own GRPOConfig, on CPU (bf16 GPU configs too); no model loads
+    config = dataclasses.replace(config, output_dir=str(tmp_path))
+    grpo = build_grpo_config(config, config.model, max_turns=None, use_cpu=True)
+    assert grpo.max_steps == config.grpo["num_steps"] and grpo.max_turns is not None
+    assert grpo.is_async == name.endswith("_async.yaml")
+    for field in ASYNC_FIELDS:  # passed through as written
+        if field in config.grpo:
+            assert getattr(grpo, field) == config.grpo[field]
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.endswith("_async.yaml")])
+def test_each_async_config_is_its_lockstep_config_plus_the_async_fields(name: str) -> None:
+    pytest.importorskip("trl")
+    from trainers import WeightSyncType
+
+    async_config = load_config(ROOT / "configs" / name)
+    lockstep = load_config(ROOT / "configs" / name.replace("_async", ""))
+    grpo = dict(async_config.grpo)
+    assert grpo["max_steps_off_policy"] == 1
+    assert grpo["groups_in_flight"] == 2 * grpo["batch_size"]
+    assert WeightSyncType(grpo["weight_sync_type"]) is WeightSyncType.PIPELINE
+    for field in ASYNC_FIELDS:
+        del grpo[field]
+    assert grpo == lockstep.grpo
+    assert async_config.output_dir == lockstep.output_dir + "_async"
+    rest = {"grpo", "output_dir"}
+    assert {k: v for k, v in vars(async_config).items() if k not in rest} == {
+        k: v for k, v in vars(lockstep).items() if k not in rest
+    }
+
+
+def test_there_is_an_async_recipe_for_the_main_job_and_the_qwen_gpu_config() -> None:
+    assert {"tool_use_game_tiny_async.yaml", "tool_use_game_qwen_async.yaml"} <= set(CONFIGS)
 
 
 def test_paired_gain_refuses_runs_without_a_common_task() -> None:

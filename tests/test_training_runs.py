@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,38 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import StopAfter, subprocess_env
+
 pytest.importorskip("trl")
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        WANDB_MODE="offline",
-        WANDB_DIR=str(tmp_path),
-        PYTHONPATH=str(ROOT),
-        OMP_NUM_THREADS="1",
-    )
-    return env
-
-
-class StopAfter:
-    """Stop training after N optimizer steps (the seeds' example asks for 200)."""
-
-    def __new__(cls, steps: int):
-        from transformers import TrainerCallback
-
-        class _Stop(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step >= steps:
-                    control.should_training_stop = True
-                return control
-
-        return _Stop()
 
 
 def test_the_seeds_example_runs_two_steps(small_model_dir, tmp_path, monkeypatch) -> None:
@@ -146,7 +119,7 @@ def test_two_processes_on_cpu(small_model_dir, tmp_path) -> None:
         ],
         capture_output=True,
         text=True,
-        env=_env(tmp_path),
+        env=subprocess_env(tmp_path),
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -184,7 +157,7 @@ def test_sigkill_mid_run_resumes_from_a_complete_checkpoint(small_model_dir, tmp
     script = tmp_path / "resume.py"
     script.write_text(RESUME_SCRIPT)
     out_dir = tmp_path / "run"
-    env = _env(tmp_path)
+    env = subprocess_env(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, str(script), str(out_dir), "1.0", str(small_model_dir), "fresh"],
         stdout=subprocess.PIPE,

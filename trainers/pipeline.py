@@ -24,6 +24,7 @@ from trainers.pipeline_config import (
 from trainers.pipeline_eval import evaluate_model, paired_gain, plot_reward_curve, task_success
 
 __all__ = [
+    "build_grpo_config",
     "run_pipeline",
     # re-exported: the config (trainers.pipeline_config) and the comparison (pipeline_eval)
     "EvalSettings",
@@ -42,7 +43,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from llm_gym.core.registry import env_entry
-    from trainers import GRPOConfig, train_multi_turn
+    from trainers import train_multi_turn
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,10 +125,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
     # 4. GRPO
     print("== 4/5 multi-turn GRPO", flush=True)
-    grpo_fields.setdefault("max_turns", max_turns)
-    grpo_fields.setdefault("seed", config.seed)
-    grpo_fields.setdefault("use_cpu", not _has_gpu())
-    grpo_config = GRPOConfig(output_dir=str(out / "grpo"), model=model_path, **grpo_fields)
+    grpo_config = build_grpo_config(config, model_path, max_turns=max_turns, use_cpu=not _has_gpu())
     t = time.perf_counter()
     val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
     trainer = train_multi_turn(
@@ -185,6 +183,22 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         f"and {out / 'reward_curve.png'}."
     )
     return summary
+
+
+def build_grpo_config(
+    config: PipelineConfig, model_path: str, *, max_turns: int | None, use_cpu: bool
+) -> Any:
+    """The run's :class:`~trainers.MultiTurnGRPOConfig`: the config's ``grpo`` fields as written
+    (async ones included), with ``max_turns`` (the environment's when the config has none),
+    ``seed`` and ``use_cpu`` as defaults; nothing is loaded."""
+    from trainers import GRPOConfig
+
+    fields = dict(config.grpo)
+    fields.setdefault("max_turns", max_turns)
+    fields.setdefault("seed", config.seed)
+    fields.setdefault("use_cpu", use_cpu)
+    output_dir = str(Path(config.output_dir) / "grpo")
+    return GRPOConfig(output_dir=output_dir, model=model_path, **fields)
 
 
 def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) -> str:
