@@ -418,7 +418,8 @@ def test_the_concurrency_limit_holds(endpoint: FakeEndpoint) -> None:
     endpoint.default_delay = 0.1
     generations = act(policy_for(endpoint, max_concurrency=2), *[request() for _ in range(6)])
     assert len(generations) == 6
-    assert endpoint.max_active == 2
+    # never more than the limit (exactly 2 on an idle machine; a loaded one may overlap less)
+    assert 1 <= endpoint.max_active <= 2
 
 
 def test_a_failure_fails_the_collection(endpoint: FakeEndpoint) -> None:

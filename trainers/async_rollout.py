@@ -276,6 +276,11 @@ class RolloutWorker:
                 if stream is not None:
                     with contextlib.suppress(Exception):
                         await stream.aclose()
+            # what the groups left behind (a policy call in flight): cancelled, not abandoned
+            leftovers = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in leftovers:
+                task.cancel()
+            await asyncio.gather(*leftovers, return_exceptions=True)
 
     async def _group(self, replica: int, index: int, key: int) -> None:
         start = time.perf_counter()
