@@ -294,10 +294,41 @@ def render(summary: dict[str, Any], args: Args, model: str, seconds: float) -> s
             f"({e['staleness_max']:.0f}) | {e['dropped_stale_ratio']:.1%} | "
             f"{e['success']:.3f} [{s_low:.3f}, {s_high:.3f}] |"
         )
-    lines += ["", "Best async mode over the faster lockstep, steps per hour:", ""]
+    lines += ["", "Best async contender over the faster lockstep, steps per hour:", ""]
     for latency, ratio in summary["speedup_by_latency"].items():
         lines.append(f"- {float(latency):g} s per tool call: **{ratio:.2f}x**")
+    lines += ["", "Targets:", ""] + [f"- {line}" for line in targets(summary)]
     return "\n".join(lines) + "\n"
+
+
+def targets(summary: dict[str, Any]) -> list[str]:
+    """The issue's targets, each with the numbers that decide it."""
+    entries = summary["entries"]
+    top = summary["latency_with_s"]
+
+    def at(latency: float, prefix: str) -> list[dict[str, Any]]:
+        return [
+            e for e in entries if e["latency_s"] == latency and e["contender"].startswith(prefix)
+        ]
+
+    best_async = max(at(top, "async"), key=lambda e: e["steps_per_hour"])
+    best_lock = max(at(top, "lockstep"), key=lambda e: e["steps_per_hour"])
+    intervals = [e["success_interval"][0] for e in at(top, "lockstep")]
+    held = best_async["success"] >= min(intervals)
+    with_latency = summary["speedup_with_latency"]
+    without = summary["speedup_without_latency"]
+    drops = [e["dropped_stale_ratio"] for e in entries if e["contender"].endswith("-off1")]
+    verdict = {True: "met", False: "NOT met"}
+    return [
+        f"speedup at {top:g} s per tool call >= 1.5: {with_latency:.2f}x "
+        f"({best_async['contender']} over {best_lock['contender']}), "
+        f"{verdict[with_latency >= 1.5]}; "
+        f"its held-out success {best_async['success']:.3f} against lockstep's intervals' lower "
+        f"ends {', '.join(f'{x:.3f}' for x in intervals)}: {verdict[held]}",
+        f"without latency >= 1.2x: {without:.2f}x, {verdict[without >= 1.2]}",
+        f"dropped stale groups at max_steps_off_policy=1 < 10%: at most {max(drops):.1%}, "
+        f"{verdict[max(drops) < 0.10]}",
+    ]
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
@@ -309,7 +340,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     entries = summary["entries"]
     latencies = sorted({e["latency_s"] for e in entries})
     contenders = list(dict.fromkeys(e["contender"] for e in entries))
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(contenders)
     for i, name in enumerate(contenders):
         values = [
@@ -325,7 +356,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax.set_xticklabels([f"{latency:g} s / tool call" for latency in latencies])
     ax.set_ylabel("optimizer steps per hour")
     ax.set_title("Async vs lockstep, ToolUseGame-v0, tiny SFT model, 2 CPU cores")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -95,3 +95,24 @@ def test_before_after_smoke(tmp_path) -> None:
         "before_after.json",
         "before_after.png",
     }
+
+
+def test_async_speedup_smoke(small_model_dir, tmp_path) -> None:
+    """Every contender trains and is evaluated; the summary holds the keys the issue names and
+    the files are written."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("trl")
+    from benchmarks import async_speedup
+
+    args = async_speedup.parse(["--quick", "--model", str(small_model_dir)])
+    args.write, args.out_dir, args.steps, args.latencies = True, tmp_path, 4, (0.0, 0.02)
+    summary = async_speedup.main(args)
+    assert {"speedup_with_latency", "speedup_without_latency"} <= set(summary)
+    entries = {(e["contender"], e["latency_s"]) for e in summary["entries"]}
+    assert ("lockstep", 0.02) in entries and ("async-PIPELINE-off1", 0.0) in entries
+    assert all(e["steps_per_hour"] > 0 for e in summary["entries"])
+    assert json.loads((tmp_path / "async.json").read_text())["latency_with_s"] == 0.02
+    assert (tmp_path / "async.md").exists() and (tmp_path / "async.png").exists()
