@@ -55,6 +55,8 @@ def _no_worker_threads() -> bool:
         ({"num_generator_replicas": 0}, "num_generator_replicas", "int >= 1"),
         ({"num_generator_replicas": 2}, "num_generator_replicas", "1 in lockstep"),
         ({"generator_threads": 0}, "generator_threads", "int >= 1"),
+        ({"max_steps_off_policy": 1, "num_iterations": 2}, "num_iterations", "1 with"),
+        ({"max_steps_off_policy": 1, "loss_type": "vespo"}, "loss_type", "not 'vespo'"),
     ],
 )
 def test_async_settings_are_refused_with_the_field_named(fields, named, allowed, tmp_path) -> None:
@@ -167,6 +169,25 @@ def test_callback_publisher_maps_the_modes_onto_one_sync_call() -> None:
     failing.publish(1)
     with pytest.raises(RuntimeError, match="server gone"):
         failing.join()
+
+
+def test_a_deferred_vllm_sync_lands_between_generate_calls() -> None:
+    """The sync holds the generation's lock, as every generate call does: while it holds it,
+    ``latest`` already names the new version, and a request never sees half an update."""
+    lock = threading.Lock()
+    seen = []
+
+    def sync() -> None:
+        seen.append(("sync", publisher.latest))
+        time.sleep(0.1)
+
+    publisher = CallbackPublisher(sync, WeightSyncType.BACKGROUND_PUBLISH, version=3, lock=lock)
+    with lock:  # a generate call in flight
+        publisher.publish(4)
+        time.sleep(0.05)
+        assert publisher.latest == 3 and seen == []  # the sync waits for the call
+    publisher.join()
+    assert seen == [("sync", 4)] and publisher.version == publisher.latest == 4
 
 
 # --- the off-policy correction, by hand -----------------------------------------------------------
@@ -519,8 +540,13 @@ def test_an_env_that_raises_is_an_episode_outcome_not_a_crash(small_model_dir, t
     )
     trainer.train()
     assert trainer.state.global_step == 2 and _no_worker_threads()
-    episodes = [r for r in trainer.state.log_history if "episodes/env_truncated_ratio" in r]
-    assert episodes and all(r["episodes/env_truncated_ratio"] == 1.0 for r in episodes)
+    steps = [r for r in trainer.state.log_history if "episodes/env_truncated_ratio" in r]
+    # every episode whose action parsed reached the raising step: ENV truncation, never a crash
+    assert steps and all(r["episodes/truncated_ratio"] == 1.0 for r in steps)
+    assert all(
+        r["episodes/env_truncated_ratio"] + r["episodes/parse_failure_ratio"] == 1.0 for r in steps
+    )
+    assert max(r["episodes/env_truncated_ratio"] for r in steps) > 0
 
 
 def test_async_with_lora_and_two_generator_replicas(small_model_dir, tmp_path) -> None:

@@ -151,7 +151,13 @@ def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> No
         trainer = NS(
             args=args,
             state=NS(global_step=0),
-            accelerator=NS(num_processes=1, process_index=0, device=NS(type="cpu")),
+            accelerator=NS(
+                num_processes=1,
+                process_index=0,
+                device=NS(type="cpu"),
+                unwrap_model=lambda model: model,
+            ),
+            model=NS(),
             _episode_tokenizer=tokenizer,
             processing_class=tokenizer,
             eos_token_ids=[EOS],
@@ -180,3 +186,16 @@ def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> No
         finally:
             collector.close()
         assert not any(t.name.startswith("llm-gym-") for t in threading.enumerate())
+
+
+def test_every_policy_on_one_generation_shares_its_lock() -> None:
+    """Validation's vLLM policy and the rollout worker's must not interleave generate calls
+    (each sets the sampler's fields)."""
+    generation = FakeGeneration()
+    first = VLLMPolicy(_trainer(generation), temperature=1.0)
+    second = VLLMPolicy(_trainer(generation), temperature=0.0)
+    assert first._lock is second._lock is vllm_policy.generation_lock(generation)
+    assert VLLMPolicy(_trainer(FakeGeneration()), temperature=1.0)._lock is not first._lock
+    stamped = VLLMPolicy(_trainer(generation), temperature=1.0, version=lambda: 7)
+    (out,) = asyncio.run(stamped.act([_request([5], 8)]))
+    assert out.policy_versions == [7] * len(out.token_ids)

@@ -22,7 +22,8 @@ each, the trainer the rest): on a 2-core machine each gets its own core.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Hashable, Sequence
+import warnings
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -30,8 +31,9 @@ import torch
 from llm_gym.core.factories import EnvFactory, Oracle
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.policies import Generation, Policy, PolicyRequest, policy_from_spec
+from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.base import PolicyStream
+from llm_gym.policies.vllm import generation_lock
 from llm_gym.policies.weights import VersionedWeights
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups_async
@@ -55,28 +57,6 @@ def generator_copy(model: Any) -> Any:
     for name in ("forward", "_original_forward"):
         clone.__dict__.pop(name, None)
     return clone.eval().requires_grad_(False)
-
-
-class _Stamped(Policy):
-    """A policy whose generations carry no weight versions, stamped with the version its
-    generator held when the request was sent (vLLM: a lower bound under in-flight updates)."""
-
-    def __init__(self, policy: Policy, version: Callable[[], int]) -> None:
-        self.policy = policy
-        self.version = version
-        self.name = policy.name
-        self.tokenizer = getattr(policy, "tokenizer", None)
-
-    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
-        version = self.version()
-        generations = await self.policy.act(requests)
-        for generation in generations:
-            if generation.policy_versions is None and generation.token_ids is not None:
-                generation.policy_versions = [version] * len(generation.token_ids)
-        return generations
-
-    def describe(self) -> dict[str, Any]:
-        return self.policy.describe()
 
 
 class AsyncBatch:
@@ -107,10 +87,47 @@ class AsyncCollector:
         self.version = int(trainer.state.global_step)
         world = trainer.accelerator.num_processes
         self.batch_size = args.batch_size // world
+        self._restore_threads: int | None = None
+        self._idle_seen = 0.0
+        self._apply_seen = 0.0
+        self._refuse_unsupported(trainer)
+        threads = self._split_threads(trainer)
+        try:
+            self._start(trainer, env_factory, oracle, threads)
+        except BaseException:
+            self._give_threads_back()
+            raise
+
+    def _refuse_unsupported(self, trainer: Any) -> None:
+        """What the config cannot see: the model's wrapping and adapters."""
+        if getattr(trainer, "is_fsdp_enabled", False) or getattr(
+            trainer, "is_deepspeed_enabled", False
+        ):
+            raise InvalidArgumentError(
+                "max_steps_off_policy does not run under FSDP or DeepSpeed: generators copy the "
+                "whole model, which those shard; use DDP (accelerate's multi-process default)."
+            )
+        peft = hasattr(trainer.accelerator.unwrap_model(trainer.model), "peft_config")
+        if peft and self.mode is WeightSyncType.PIPELINE:
+            raise InvalidArgumentError(
+                "weight_sync_type must be SYNCHRONOUS or BACKGROUND_PUBLISH with a PEFT adapter "
+                "(peft_config or use_lora): PIPELINE needs full-weight training."
+            )
+        if peft and trainer.use_vllm and self.mode is not WeightSyncType.SYNCHRONOUS:
+            raise InvalidArgumentError(
+                "weight_sync_type must be SYNCHRONOUS with use_vllm and a PEFT adapter: TRL's "
+                "sync merges the adapter into the trainer's own model while it reads the weights, "
+                "which must not overlap a training step."
+            )
+
+    def _start(
+        self, trainer: Any, env_factory: EnvFactory, oracle: Oracle | None, threads: int | None
+    ) -> None:
+        args = self.args
+        world = trainer.accelerator.num_processes
+        rank = trainer.accelerator.process_index
         tokenizer = trainer._episode_tokenizer
         settings = args.rollout_settings(args.max_turns or 1)
-        self._restore_threads: int | None = None
-        threads = self._split_threads(trainer)
 
         async def collect(
             policy: Policy, stream: PolicyStream | None, task: Task, key: Hashable
@@ -134,7 +151,18 @@ class AsyncCollector:
             return groups[0]
 
         if trainer.use_vllm:
-            vllm = policy_from_spec("vllm", trainer=trainer, temperature=args.temperature)
+            publisher = CallbackPublisher(
+                trainer.vllm_generation.sync_weights,
+                self.mode,
+                version=self.version,
+                lock=generation_lock(trainer.vllm_generation),
+            )
+            vllm = policy_from_spec(
+                "vllm",
+                trainer=trainer,
+                temperature=args.temperature,
+                version=lambda: publisher.version,  # read under the lock the sync holds
+            )
             if getattr(vllm, "collective", False):
                 raise InvalidArgumentError(
                     "max_steps_off_policy with use_vllm runs on one process (or colocate without "
@@ -142,30 +170,25 @@ class AsyncCollector:
                     "which a rollout thread cannot do beside the trainer's own collectives "
                     f"(got {world} processes, vLLM mode {trainer.vllm_generation.mode!r})."
                 )
-            generation = trainer.vllm_generation
-
-            def sync() -> None:  # never while a generate call runs (colocate shares the engine)
-                with vllm._lock:
-                    generation.sync_weights()
-
-            publisher = CallbackPublisher(sync, self.mode, version=self.version)
-            publisher.sync()  # a resumed run's server still holds the initial weights
+            publisher.publish(self.version)  # a resumed run's server holds the initial weights
+            publisher.join()
             self.publisher: InProcessPublisher | CallbackPublisher = publisher
-            policies: list[Policy] = [_Stamped(vllm, lambda: publisher.version)]
+            policies: list[Policy] = [vllm]
             self.replicas: list[VersionedWeights] = []
 
             def versions(replica: int) -> int:
-                return publisher.version
+                return publisher.latest
 
         else:
             source = trainer.accelerator.unwrap_model(trainer.model)
             self.replicas = []
             policies = []
-            for _ in range(args.num_generator_replicas):
+            for replica in range(args.num_generator_replicas):
                 model = generator_copy(source)
                 weights = VersionedWeights(model, version=self.version, swap=self.mode.swap)
                 self.replicas.append(weights)
-                policies.append(self._in_process_policy(model, tokenizer, weights))
+                seed = args.seed + 7919 * (rank * args.num_generator_replicas + replica + 1)
+                policies.append(self._in_process_policy(model, tokenizer, weights, seed))
             self.publisher = InProcessPublisher(
                 source, self.replicas, self.mode, check=lambda: self.worker.check()
             )
@@ -181,14 +204,16 @@ class AsyncCollector:
             groups_in_flight=max(1, args.resolved_groups_in_flight // world),
             batch_size=self.batch_size,
             max_steps_off_policy=args.max_steps_off_policy or 0,
-            seed=(args.task_seed, trainer.accelerator.process_index, self.version),
+            seed=(args.task_seed, self.version),
+            rank=rank,
+            world=world,
             threads=threads,
         )
         self.worker.start()
-        self._idle_seen = 0.0
-        self._apply_seen = 0.0
 
-    def _in_process_policy(self, model: Any, tokenizer: Any, weights: VersionedWeights) -> Policy:
+    def _in_process_policy(
+        self, model: Any, tokenizer: Any, weights: VersionedWeights, seed: int
+    ) -> Policy:
         args = self.args
         try:
             return policy_from_spec(
@@ -198,7 +223,7 @@ class AsyncCollector:
                 temperature=args.temperature,
                 top_p=args.top_p,
                 max_new_tokens=args.max_tokens_per_turn,
-                seed=None,
+                seed=seed,  # its own sampling generator: the trainer's RNG stays untouched
                 weights=weights,
             )
         except TypeError as exc:
@@ -268,10 +293,19 @@ class AsyncCollector:
         self.publisher.join()
 
     def close(self) -> None:
-        """Stop the worker (groups in flight are discarded) and give the threads back."""
+        """Stop the worker (groups in flight are discarded) and give the threads back. A
+        failed background publication is reported as a warning here: ``close`` runs while
+        training ends, maybe on another error that must not be masked."""
         try:
             self.worker.stop()
-            self.publisher.join()
+            try:
+                self.publisher.join()
+            except RuntimeError as exc:
+                warnings.warn(str(exc), stacklevel=2)
         finally:
-            if self._restore_threads is not None:
-                torch.set_num_threads(self._restore_threads)
+            self._give_threads_back()
+
+    def _give_threads_back(self) -> None:
+        if self._restore_threads is not None:
+            torch.set_num_threads(self._restore_threads)
+            self._restore_threads = None

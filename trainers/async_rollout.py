@@ -54,19 +54,23 @@ class RolloutGroup:
     """Wall time of its rollout."""
 
 
-def task_order(num_tasks: int, seed: Any) -> Iterator[int]:
-    """Task indices forever: a seeded shuffle of ``range(num_tasks)`` per epoch.
+def task_order(num_tasks: int, seed: Any, rank: int = 0, world: int = 1) -> Iterator[int]:
+    """Task indices forever: every epoch a seeded shuffle of ``range(num_tasks)``, the same on
+    every process, of which process ``rank`` takes every ``world``-th (disjoint shares).
 
     Example:
         >>> order = task_order(3, seed=0)
         >>> sorted(next(order) for _ in range(3))
         [0, 1, 2]
+        >>> first, second = task_order(4, seed=0, rank=0, world=2), task_order(4, 0, 1, 2)
+        >>> sorted([next(first), next(first), next(second), next(second)])
+        [0, 1, 2, 3]
     """
     rng = random.Random(str(seed))
     while True:
         indices = list(range(num_tasks))
         rng.shuffle(indices)
-        yield from indices
+        yield from indices[rank::world] or indices[:1]
 
 
 class RolloutWorkerError(RuntimeError):
@@ -85,6 +89,8 @@ class RolloutWorker:
         batch_size: Groups the trainer takes per optimizer step (this process's share).
         max_steps_off_policy: The staleness bound the admission rule keeps to.
         seed: Seeds the task order.
+        rank: This process's index (its share of the task order).
+        world: The number of processes.
         threads: Torch threads of the worker's compute threads (None: leave as is).
     """
 
@@ -99,6 +105,8 @@ class RolloutWorker:
         batch_size: int,
         max_steps_off_policy: int,
         seed: Any = 0,
+        rank: int = 0,
+        world: int = 1,
         threads: int | None = None,
     ) -> None:
         self.policies = list(policies)
@@ -109,7 +117,7 @@ class RolloutWorker:
         self.batch_size = batch_size
         self.max_steps_off_policy = max_steps_off_policy
         self.threads = threads
-        self._order = task_order(len(self.tasks), seed)
+        self._order = task_order(len(self.tasks), seed, rank, world)
         self._cond = threading.Condition()
         self._done: deque[RolloutGroup] = deque()
         self._error: BaseException | None = None
@@ -168,11 +176,15 @@ class RolloutWorker:
         self._poke()
 
     def check(self) -> None:
-        """Raise the worker's error, if it stopped on one."""
-        if self._error is not None:
-            raise RolloutWorkerError(f"The rollout worker stopped: {self._error!r}") from (
-                self._error
-            )
+        """Raise the worker's error, if it stopped on one (or a replica's engine did, even
+        between turns, when no group would notice)."""
+        error = self._error
+        for stream in self._streams:
+            error = error or getattr(stream, "_error", None)
+        if error is not None:
+            raise RolloutWorkerError(f"The rollout worker stopped: {error!r}") from error
+        if self._thread is not None and not self._thread.is_alive():
+            raise RolloutWorkerError("The rollout worker's thread ended.")
 
     @property
     def alive(self) -> bool:

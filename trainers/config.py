@@ -356,6 +356,21 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                 "SYNCHRONOUS or BACKGROUND_PUBLISH with use_lora=True: PIPELINE needs "
                 "full-weight training",
             )
+        if off is not None and self.num_iterations != 1:
+            refuse(
+                "num_iterations",
+                self.num_iterations,
+                "1 with max_steps_off_policy (the staleness bound counts optimizer steps, one "
+                "per rollout batch)",
+            )
+        if off is not None and self.loss_type == "vespo":
+            refuse(
+                "loss_type",
+                self.loss_type,
+                "not 'vespo' with max_steps_off_policy: its sequence weight takes the "
+                "importance ratio non-linearly, so the off-policy correction cannot weigh the "
+                "advantages",
+            )
         replicas = self.num_generator_replicas
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             refuse("num_generator_replicas", replicas, "an int >= 1")

@@ -183,7 +183,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
         """Run groups of episodes with the current weights."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
         if self.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
-            if self.state.global_step != self._last_loaded_step:
+            if self._async is not None:  # the async publisher keeps vLLM current
+                self._async.join()
+            elif self.state.global_step != self._last_loaded_step:
                 self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             policy = policy_from_spec(args.rollout_backend, trainer=self, temperature=temperature)

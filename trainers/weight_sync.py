@@ -15,12 +15,10 @@ Two publishers:
 - :class:`CallbackPublisher`: a backend that syncs with one call, TRL's
   ``vllm_generation.sync_weights()`` (server or colocate). SYNCHRONOUS calls it inline; the
   deferred modes call it on a background thread, joined before the next optimizer step changes
-  the weights it reads. vLLM applies an update between its engine steps, so requests in flight
-  continue under the new weights under both deferred modes (PIPELINE's semantics); a
-  BACKGROUND_PUBLISH that keeps in-flight requests on the old weights would need a second copy
-  of the weights on the server, which TRL's server does not keep. The async trainer runs the
-  sync under the vLLM policy's lock, so it never overlaps one of the rollout thread's
-  ``generate`` calls (colocate mode shares one engine between them).
+  the weights it reads. The sync holds the generation's lock, which every ``generate`` call
+  holds too (a call sets the sampler's fields, and colocate mode shares one engine), so an
+  update lands between requests: under vLLM both deferred modes behave as BACKGROUND_PUBLISH
+  (a request in flight finishes under the old weights), and every token's version is exact.
 """
 
 from __future__ import annotations
@@ -105,28 +103,52 @@ class CallbackPublisher:
         sync: Sends the trainer's current weights to the generator.
         mode: SYNCHRONOUS calls it inline; the deferred modes on a background thread.
         version: The version the generator holds at the start.
+        lock: Held around every sync; the generator holds it around every ``generate`` call,
+            so a sync lands between requests and a request's version is known exactly.
     """
 
-    def __init__(self, sync: Callable[[], None], mode: WeightSyncType, version: int = 0) -> None:
+    def __init__(
+        self,
+        sync: Callable[[], None],
+        mode: WeightSyncType,
+        version: int = 0,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self.sync = sync
         self.mode = mode
         self.version = version
+        self.lock = lock or threading.Lock()
+        self._pending: int | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    @property
+    def latest(self) -> int:
+        """The version the next request will be sampled with: a sync that holds the lock
+        finishes before any request starts."""
+        pending = self._pending
+        return self.version if pending is None else pending
+
+    def _sync_locked(self, version: int) -> None:
+        with self.lock:
+            self._pending = version
+            try:
+                self.sync()
+                self.version = version
+            finally:
+                self._pending = None
 
     def publish(self, version: int) -> float:
         """Publish the trainer's weights as ``version``; the seconds the trainer spent."""
         start = time.perf_counter()
         self.join()
         if self.mode is WeightSyncType.SYNCHRONOUS:
-            self.sync()
-            self.version = version
+            self._sync_locked(version)
             return time.perf_counter() - start
 
         def run() -> None:
             try:
-                self.sync()
-                self.version = version
+                self._sync_locked(version)
             except BaseException as exc:  # re-raised on the trainer's thread by join()
                 self._error = exc
 

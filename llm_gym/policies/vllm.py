@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from accelerate.utils import gather_object
@@ -28,7 +28,22 @@ from accelerate.utils import gather_object
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyRequest
 
-__all__ = ["VLLMPolicy"]
+__all__ = ["VLLMPolicy", "generation_lock"]
+
+
+def generation_lock(generation: Any) -> threading.Lock:
+    """The one lock of a TRL vLLM generation object: every ``generate`` call and every weight
+    sync through it takes it (a call sets the sampler's fields, and colocate mode shares one
+    engine), whichever policy or thread makes the call."""
+    with _LOCKS_LOCK:
+        lock = getattr(generation, "_llm_gym_lock", None)
+        if lock is None:
+            lock = threading.Lock()
+            generation._llm_gym_lock = lock
+        return lock
+
+
+_LOCKS_LOCK = threading.Lock()
 
 
 class VLLMPolicy(Policy):
@@ -36,12 +51,17 @@ class VLLMPolicy(Policy):
 
     name = "vllm"
 
-    def __init__(self, trainer: Any, *, temperature: float) -> None:
+    def __init__(
+        self, trainer: Any, *, temperature: float, version: Callable[[], int] | None = None
+    ) -> None:
         self.trainer = trainer
         self.generation = trainer.vllm_generation
         self.tokenizer = trainer.processing_class
         self.temperature = temperature
-        self._lock = threading.Lock()  # one generate call at a time: it sets sampler fields
+        self.version = version
+        """Async training: the weight version the engine holds, read inside the lock at each
+        call and stamped on every token it samples (``Generation.policy_versions``)."""
+        self._lock = generation_lock(self.generation)
         accelerator = trainer.accelerator
         tensor_parallel = getattr(self.generation, "tensor_parallel_size", 1) or 1
         self.collective = accelerator.num_processes > 1 and (
@@ -50,7 +70,12 @@ class VLLMPolicy(Policy):
 
     @classmethod
     def from_spec(
-        cls, argument: str = "", *, trainer: Any = None, temperature: float = 1.0
+        cls,
+        argument: str = "",
+        *,
+        trainer: Any = None,
+        temperature: float = 1.0,
+        version: Callable[[], int] | None = None,
     ) -> VLLMPolicy:
         """``vllm`` inside a trainer that set up TRL's vLLM generation (``use_vllm=True``)."""
         if argument or trainer is None or getattr(trainer, "vllm_generation", None) is None:
@@ -59,14 +84,15 @@ class VLLMPolicy(Policy):
                 "trainer=, whose vllm_generation generates); for a served vLLM model use "
                 "'openai:MODEL@URL'."
             )
-        return cls(trainer, temperature=temperature)
+        return cls(trainer, temperature=temperature, version=version)
 
     def _still_active(self, active: bool) -> bool:
         return any(gather_object([active])) if self.collective else active
 
-    def _generate(self, prompts: list[list[int]], budget: int) -> tuple[list, list]:
+    def _generate(self, prompts: list[list[int]], budget: int) -> tuple[list, list, int | None]:
         with self._lock:
-            return self._generate_locked(prompts, budget)
+            version = self.version() if self.version is not None else None
+            return (*self._generate_locked(prompts, budget), version)
 
     def _generate_locked(self, prompts: list[list[int]], budget: int) -> tuple[list, list]:
         generation = self.generation
@@ -85,7 +111,7 @@ class VLLMPolicy(Policy):
         self._still_active(True)
         prompts = [list(r.prompt_ids or []) for r in requests]
         budget = max((r.max_new_tokens or 256) for r in requests)
-        completion_ids, logprobs = await asyncio.to_thread(self._generate, prompts, budget)
+        completion_ids, logprobs, version = await asyncio.to_thread(self._generate, prompts, budget)
         eos = set(self.trainer.eos_token_ids)
         out = []
         for ids, lps in zip(completion_ids, logprobs, strict=True):
@@ -99,6 +125,7 @@ class VLLMPolicy(Policy):
                     token_ids=ids,
                     logprobs=[float(lp[0]) for lp in lps],
                     finish_reason=finish,
+                    policy_versions=None if version is None else [version] * len(ids),
                 )
             )
         return out

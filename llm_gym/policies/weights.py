@@ -95,17 +95,20 @@ class VersionedWeights:
         (a LoRA run stages only the adapter). A version staged before the previous one was
         applied replaces it: the generator always moves to the newest weights.
         """
+        pairs = list(tensors)
+        for name, tensor in pairs:  # all checked first: a bad one leaves nothing half-staged
+            target = self._params.get(name)
+            if target is None:
+                raise KeyError(f"The generator model has no parameter {name!r}.")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"Parameter {name!r}: staged shape {tuple(tensor.shape)} differs from "
+                    f"the generator's {tuple(target.shape)}."
+                )
         with self._lock:
             staged = self._staged if self._staged is not None else {}
-            for name, tensor in tensors:
-                target = self._params.get(name)
-                if target is None:
-                    raise KeyError(f"The generator model has no parameter {name!r}.")
-                if tuple(tensor.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"Parameter {name!r}: staged shape {tuple(tensor.shape)} differs from "
-                        f"the generator's {tuple(target.shape)}."
-                    )
+            for name, tensor in pairs:
+                target = self._params[name]
                 buffer = staged.get(name)
                 if buffer is None:
                     buffer = target.detach().clone()
