@@ -175,13 +175,12 @@ def _small_trainer(model_dir, output_dir: str, **config):
         model=str(model_dir),
         batch_size=1,
         episodes_per_task=2,
-        num_steps=1,
         max_turns=2,
         max_model_length=1024,
         max_tokens_per_turn=16,
         use_cpu=True,
         save_strategy="no",
-        **config,
+        **{"num_steps": 1, **config},
     )
     return MultiTurnGRPOTrainer(
         args=args, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
@@ -382,3 +381,41 @@ def test_choices_are_checked_against_their_registries(field, value, message, tmp
 
     with pytest.raises(InvalidArgumentError, match=message):
         GRPOConfig(output_dir=str(tmp_path), max_turns=2, use_cpu=True, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("tokens", "turn_budget", "buffer", "expected"),
+    [
+        (1800, 256, 128, 0.0),  # needed 2,056 > 2,048: the full factor (was no penalty at all)
+        (1700, 256, 512, 1.0 - 420 / 512),  # needed 1,956: (1,956 - 1,536) / 512 of the ramp
+        (1900, 0, 200, 1.0 - 0.26),  # no turn budget known: its own length, (1,900 - 1,848) / 200
+    ],
+)
+def test_context_overflow_is_penalised_at_the_length_it_needed(
+    tokens, turn_budget, buffer, expected
+) -> None:
+    outcome = EpisodeOutcome(1.0, TruncationCause.CONTEXT_OVERFLOW, total_tokens=tokens)
+    value = shaped_reward(
+        outcome,
+        max_model_length=2048,
+        max_turns=6,
+        overlong_buffer=buffer,
+        overlong_penalty_factor=1.0,
+        max_new_tokens=turn_budget,
+    )
+    assert value == pytest.approx(expected)
+
+
+def test_validation_runs_before_the_first_step_every_interval_and_after_the_last(
+    small_model_dir, tmp_path
+) -> None:
+    from llm_gym.envs.tool_use_game import get_tasks
+
+    trainer = _small_trainer(
+        small_model_dir, str(tmp_path), num_steps=3, validation_interval=2, logging_steps=1
+    )
+    trainer.val_tasks = list(get_tasks("val")[:2])
+    trainer.train()
+    assert [r["step"] for r in trainer.validation_history] == [0, 2, 3]
+    logged = [r for r in trainer.state.log_history if "val/success_rate" in r]
+    assert [r["step"] for r in logged] == [1, 2, 3]  # step 0's rides with step 1's record

@@ -96,14 +96,24 @@ def shaped_reward(
     max_turns: int,
     overlong_buffer: int | None,
     overlong_penalty_factor: float,
+    max_new_tokens: int = 0,
 ) -> float:
     """The reward that enters the advantage: the env's reward plus the soft overlong penalty.
 
     The penalty applies only to the two length-budget causes (``CONTEXT_OVERFLOW`` and
     ``MAX_TURNS``), never to ``ENV`` or ``PARSE_FAILURE``. ``CONTEXT_OVERFLOW`` is measured in
-    tokens against ``max_model_length`` with a buffer of ``overlong_buffer`` tokens; ``MAX_TURNS``
-    means the whole turn budget was used, the end of any buffer, so it gets the full
-    ``-overlong_penalty_factor``. ``overlong_buffer=None`` turns the penalty off.
+    tokens against ``max_model_length`` with a buffer of ``overlong_buffer`` tokens, at the length
+    the episode needed: its tokens plus the turn budget (``max_new_tokens``) that no longer fit.
+    So an overflow is penalised whatever the buffer is next to the turn budget (an overflow at
+    1,800 of 2,048 tokens with a 256-token turn budget needs 2,056: the full factor).
+    ``MAX_TURNS`` means the whole turn budget was used, the end of any buffer, so it gets the
+    full ``-overlong_penalty_factor``. ``overlong_buffer=None`` turns the penalty off.
+
+    Example:
+        >>> overflow = EpisodeOutcome(1.0, TruncationCause.CONTEXT_OVERFLOW, total_tokens=1800)
+        >>> shaped_reward(overflow, max_model_length=2048, max_turns=6, overlong_buffer=128,
+        ...               overlong_penalty_factor=1.0, max_new_tokens=256)
+        0.0
     """
     reward = float(outcome.reward)
     cause = outcome.truncation_cause
@@ -112,9 +122,8 @@ def shaped_reward(
     if cause is TruncationCause.MAX_TURNS or max_model_length is None:
         return reward - overlong_penalty_factor
     buffer = min(overlong_buffer, max_model_length)
-    return reward + soft_overlong_penalty(
-        outcome.total_tokens, max_model_length, buffer, overlong_penalty_factor
-    )
+    length = outcome.total_tokens + max_new_tokens
+    return reward + soft_overlong_penalty(length, max_model_length, buffer, overlong_penalty_factor)
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -48,15 +48,27 @@ __all__ = ["MultiTurnGRPOTrainer"]
 
 
 class _ValidationCallback(TrainerCallback):
-    """Validate after every ``validation_interval``-th optimizer step (on every process)."""
+    """With ``validation_interval`` set: validate before the first step, after every
+    ``validation_interval``-th step and after the last one (on every process)."""
 
     def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
         self.trainer = trainer
 
+    def _on(self, args: Any) -> bool:
+        return bool(self.trainer.val_tasks and getattr(args, "validation_interval", None))
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._on(args):
+            self.trainer.validate()  # logged with the first step's record
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        interval = getattr(args, "validation_interval", None)
-        if self.trainer.val_tasks and interval and state.global_step % interval == 0:
+        if self._on(args) and state.global_step % args.validation_interval == 0:
             self.trainer.validate()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._on(args) and state.global_step % args.validation_interval != 0:
+            self.trainer.validate()
+            self.trainer.log({})  # a record of its own: no step follows to carry it
 
 
 class _AsyncCallback(TrainerCallback):
@@ -234,6 +246,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
             max_turns=args.max_turns or 1,
             overlong_buffer=args.overlong_buffer,
             overlong_penalty_factor=args.overlong_penalty_factor,
+            max_new_tokens=args.max_tokens_per_turn,
         )
 
     # --- the override ------------------------------------------------------------------------
