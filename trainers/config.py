@@ -15,6 +15,7 @@ settings are refused here, before any model loads.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -319,6 +320,17 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         if self.shared_prefix_min_length < 1:
             refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
         self._check_async(refuse)
+        if isinstance(self.chat_template_kwargs, str):  # TRL's CLI passes a JSON object
+            try:
+                self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
+            except json.JSONDecodeError:
+                refuse("chat_template_kwargs", self.chat_template_kwargs, "a dict or a JSON object")
+        if self.chat_template_kwargs is not None and not isinstance(
+            self.chat_template_kwargs, dict
+        ):
+            refuse(
+                "chat_template_kwargs", self.chat_template_kwargs, "None, a dict or a JSON object"
+            )
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
 
@@ -398,12 +410,14 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         return self.groups_in_flight or self.batch_size
 
     def rollout_settings(self, max_turns: int) -> RolloutSettings:
-        """How a collection with ``max_turns`` turns per episode runs its episodes."""
+        """How a collection with ``max_turns`` turns per episode runs its episodes (the chat
+        template's ``chat_template_kwargs``, ``enable_thinking`` for example, included)."""
         return RolloutSettings(
             max_turns=max_turns,
             max_model_length=self.max_model_length,
             max_new_tokens=self.max_tokens_per_turn,
             failed_parse_reward=self.failed_parse_reward,
+            chat_template_kwargs=dict(self.chat_template_kwargs or {}) or None,
         )
 
     def lora_config(self) -> Any:
