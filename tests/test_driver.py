@@ -146,11 +146,14 @@ def test_raw_text_envs_get_the_text_and_never_fail_to_parse(mode: str) -> None:
     assert unrecorded.parsed is None
 
 
-def test_turn_limit_is_the_env_cap_when_it_declares_one(mode: str) -> None:
+def test_turn_limit_is_the_smaller_of_the_run_and_the_env_cap(mode: str) -> None:
     end = play(EpisodeDriver(as_env_factory(PingEnv), max_turns=3), [CALL] * 9, mode)
     assert len(end) == 3 and end[-1] == EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS)
     capped = play(EpisodeDriver(lambda task: PingEnv(cap=2), max_turns=9), [CALL] * 9, mode)
     assert len(capped) == 2 and capped[-1].truncation_cause is TruncationCause.MAX_TURNS
+    # an env cap of 5 no longer overrides a run's max_turns=2
+    run_capped = play(EpisodeDriver(lambda task: PingEnv(cap=5), max_turns=2), [CALL] * 9, mode)
+    assert len(run_capped) == 2 and run_capped[-1].truncation_cause is TruncationCause.MAX_TURNS
 
 
 def test_a_step_that_raises_is_an_env_truncation_with_the_traceback(mode: str) -> None:

@@ -335,7 +335,8 @@ def test_guess_env_turn_cap_scores_the_episode_and_truncates() -> None:
     env = GuessEnv()
     env.turns = 3
     [[episode]] = collect_groups(env, [GUESS_TASK], ScriptedGuesses(["5", "9", "8"]), max_turns=10)
-    assert episode.truncated and not episode.terminated and episode.truncation_cause == "env"
+    # the env's own cap is a length budget, as the run's is: MAX_TURNS (not ENV), still scored
+    assert episode.truncated and not episode.terminated and episode.truncation_cause == "max_turns"
     assert math.isclose(episode.reward, 0.3)  # scored, as document 002's loop does
     assert episode.metrics["turn_cap_reached"] == 1 and episode.metrics["success"] is False
     assert episode.per_turn_rewards == [1.0, 1.0, 1.0] and episode.num_turns == 3
@@ -729,3 +730,12 @@ def test_exports() -> None:
     for module in (llm_gym.environments, llm_gym.datasets, llm_gym):
         assert [name for name in module.__all__ if not hasattr(module, name)] == []
     assert llm_gym.datasets.TaskExample is llm_gym.environments.TaskExample
+
+
+def test_the_run_max_turns_bounds_a_document_002_episode_too() -> None:
+    """``max_episode_turns`` and the run's ``max_turns`` bound the episode together: an env
+    cap of 6 does not override ``max_turns=2``."""
+    [[episode]] = collect_groups(
+        GuessEnv(), [GUESS_TASK], ScriptedGuesses(["1", "2", "3", "4"]), max_turns=2
+    )
+    assert episode.num_turns == 2 and episode.truncation_cause == "max_turns"

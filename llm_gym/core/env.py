@@ -79,7 +79,8 @@ class Env(abc.ABC):
 
     max_turns: int | None = None
     """The env's own cap on assistant turns, when it has one (per task, say: set it in
-    ``reset``); it replaces the run's ``max_turns``. None (default): the run's limit applies."""
+    ``reset``); the episode ends at the smaller of it and the run's ``max_turns``, either way
+    as ``MAX_TURNS``. None (default): the run's limit applies."""
 
     @abc.abstractmethod
     async def reset(self, task: Task) -> list[Message]:

@@ -15,8 +15,10 @@ an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text vi
   truncated (cause ``ENV``).
 * A step that raises ends the episode: truncated, ``ENV``, reward 0, the traceback in ``error``.
 * After the turn limit without an end: truncated, ``MAX_TURNS``, reward 0. The limit is the
-  environment's own cap when it declares one (``Env.max_turns``, for example document 002's
-  ``max_episode_turns``), else the run's ``max_turns``.
+  smaller of the run's ``max_turns`` and the environment's own cap when it declares one
+  (``Env.max_turns``, for example document 002's ``max_episode_turns``). An environment that
+  truncates the episode itself at its own cap is ``MAX_TURNS`` too (keeping its reward), not
+  ``ENV``: both are length budgets.
 * The caller may end an episode itself (:meth:`~EpisodeDriver.end`): ``CONTEXT_OVERFLOW`` when
   the next turn would not fit the model's context, ``ENV`` when starting the episode failed.
 
@@ -118,6 +120,7 @@ class EpisodeDriver:
         "action_format",
         "ending",
         "env",
+        "env_cap",
         "env_factory",
         "failed_parse_reward",
         "limit",
@@ -159,6 +162,7 @@ class EpisodeDriver:
         self.turn = 0
         """Assistant turns taken this episode."""
         self.limit = max_turns
+        self.env_cap: int | None = None
         """This episode's turn limit (the env's own cap when it declares one)."""
         self.raw_text = False
         """Whether this episode's env reads the raw text (``raw_text_actions``)."""
@@ -188,7 +192,10 @@ class EpisodeDriver:
         # getattr: a factory may return an env-like object that does not subclass Env.
         self.raw_text = bool(getattr(env, "raw_text_actions", False))
         cap = getattr(env, "max_turns", None)
-        self.limit = cap if isinstance(cap, int) and cap > 0 else self.max_turns
+        self.env_cap = (
+            cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+        )
+        self.limit = self.max_turns if self.env_cap is None else min(self.env_cap, self.max_turns)
         return self.messages
 
     def _new_env(self, task: Task) -> Env:
@@ -258,6 +265,8 @@ class EpisodeDriver:
             self.reply_start = start + 1  # the env echoed the action: replies start after it
         if result.terminated or result.truncated:  # positional arguments: it runs at every end
             cause = None if result.terminated else TruncationCause.ENV
+            if cause is not None and self.env_cap is not None and self.turn >= self.env_cap:
+                cause = TruncationCause.MAX_TURNS  # the env's own turn cap: a length budget
             metrics = dict(result.metrics)
             return self._finish(EpisodeEnd(float(result.reward), cause is None, cause, metrics))
         if self.turn >= self.limit:
