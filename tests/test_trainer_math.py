@@ -419,3 +419,28 @@ def test_validation_runs_before_the_first_step_every_interval_and_after_the_last
     assert [r["step"] for r in trainer.validation_history] == [0, 2, 3]
     logged = [r for r in trainer.state.log_history if "val/success_rate" in r]
     assert [r["step"] for r in logged] == [1, 2, 3]  # step 0's rides with step 1's record
+
+
+def test_log_completions_prints_the_sampled_episodes(small_model_dir, tmp_path, capsys) -> None:
+    """TRL's ``log_completions``: a table of sampled episodes (prompt, the rest of the
+    conversation, reward, advantage, how it ended) in the console at each log."""
+    trainer = _small_trainer(
+        small_model_dir,
+        str(tmp_path),
+        log_completions=True,
+        num_completions_to_print=2,
+        logging_steps=1,
+        report_to="none",
+    )
+    trainer.train()
+    assert len(trainer._logs["prompt"]) == 2 and len(trainer._logs["advantages"]) == 2
+    assert trainer._logs["prompt"][0][-1]["role"] == "user"
+    assert set(trainer._logs["extra"]["ended"]) <= {
+        "terminated",
+        "max_turns",
+        "parse_failure",
+        "context_overflow",
+        "env",
+    }
+    out = capsys.readouterr().out
+    assert all(header in out for header in ("Prompt", "Completion", "Advantage", "ended"))

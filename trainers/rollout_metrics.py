@@ -14,6 +14,8 @@ from typing import Any
 from llm_gym.eval.metrics import summarize_episodes
 
 __all__ = [
+    "completion_rows",
+    "extend_completion_logs",
     "EPISODE_KEYS",
     "VALIDATION_KEYS",
     "RolloutPart",
@@ -101,3 +103,45 @@ def validation_metrics(summary: Mapping[str, float]) -> dict[str, float]:
         {'val/success_rate': 0.5, 'val/reward_mean': 0.25}
     """
     return {f"val/{key}": summary[key] for key in VALIDATION_KEYS if key in summary}
+
+
+def completion_rows(
+    groups: Sequence[Sequence[Any]],
+    rewards: Sequence[Sequence[float]],
+    advantages: Sequence[Sequence[float]],
+) -> dict[str, list[Any]]:
+    """One row per episode for TRL's completions table (``log_completions``): its opening
+    messages as the prompt, the rest of the conversation as the completion, the shaped reward,
+    the episode's advantage and how it ended.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> episode = NS(messages=[{"role": "user", "content": "q"},
+        ...                        {"role": "assistant", "content": "a"}],
+        ...              num_opening_messages=1, truncation_cause=None)
+        >>> rows = completion_rows([[episode]], [[1.0]], [[0.5]])
+        >>> rows["completion"], rows["reward"], rows["advantage"], rows["ended"]
+        ([[{'role': 'assistant', 'content': 'a'}]], [1.0], [0.5], ['terminated'])
+    """
+    rows: dict[str, list[Any]] = {k: [] for k in ("prompt", "completion", "reward", "advantage")}
+    rows["ended"] = []
+    for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
+        for episode, reward, advantage in zip(group, group_rewards, group_advantages, strict=True):
+            opening = episode.num_opening_messages
+            rows["prompt"].append([dict(m) for m in episode.messages[:opening]])
+            rows["completion"].append([dict(m) for m in episode.messages[opening:]])
+            rows["reward"].append(float(reward))
+            rows["advantage"].append(float(advantage))
+            cause = episode.truncation_cause
+            rows["ended"].append("terminated" if cause is None else str(cause.value))
+    return rows
+
+
+def extend_completion_logs(logs: Any, rows: Mapping[str, list[Any]], gather: Any) -> None:
+    """Add :func:`completion_rows` (gathered over processes) to TRL's ``_logs``, which its
+    ``log`` prints as a table and sends to W&B when ``log_completions`` is on."""
+    logs["prompt"].extend(gather(rows["prompt"]))
+    logs["completion"].extend(gather(rows["completion"]))
+    logs["rewards"]["reward"].extend(gather(rows["reward"]))
+    logs["advantages"].extend(gather(rows["advantage"]))
+    logs["extra"]["ended"].extend(gather(rows["ended"]))

@@ -40,7 +40,13 @@ from trainers.async_collect import AsyncCollector
 from trainers.batch import group_rows, rows_to_tensors
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
-from trainers.rollout_metrics import RolloutPart, rollout_metrics, validation_metrics
+from trainers.rollout_metrics import (
+    RolloutPart,
+    completion_rows,
+    extend_completion_logs,
+    rollout_metrics,
+    validation_metrics,
+)
 from trainers.rollouts import collect_episode_groups, torch_threads
 from trainers.scoring import ScoringMixin
 
@@ -277,6 +283,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
         advantages = advantage_estimator(args.credit_assignment)(
             rewards, turn_rewards, args.scale_rewards
         )
+        if args.log_completions:  # TRL's table (console, W&B) at its next log
+            rows = completion_rows(groups, rewards, advantages.episode)
+            extend_completion_logs(self._logs, rows, gather_object)
         pad_id = self._episode_tokenizer.pad_token_id
         if pad_id is None:
             pad_id = self._episode_tokenizer.eos_token_id
