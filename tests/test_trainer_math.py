@@ -444,3 +444,62 @@ def test_log_completions_prints_the_sampled_episodes(small_model_dir, tmp_path, 
     }
     out = capsys.readouterr().out
     assert all(header in out for header in ("Prompt", "Completion", "Advantage", "ended"))
+
+
+def test_reward_funcs_add_to_the_env_reward_with_their_weights(small_model_dir, tmp_path):
+    """TRL's reward_funcs/reward_weights: reward = env reward + sum_k w_k f_k(prompts,
+    completions, **kwargs), computed by hand on a real group; bad values name the function."""
+    import math
+
+    from llm_gym.errors import InvalidArgumentError
+    from trainers.reward_funcs import combined_rewards
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    seen = {}
+
+    def turns(prompts, completions, **kwargs):
+        seen.update(kwargs, prompts=prompts, completions=completions)
+        return [sum(m["role"] == "assistant" for m in c) for c in completions]
+
+    def undecided(prompts, completions, **kwargs):
+        return [None] * len(prompts)
+
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        model=str(small_model_dir),
+        batch_size=1,
+        episodes_per_task=2,
+        max_turns=2,
+        max_model_length=1024,
+        max_tokens_per_turn=16,
+        use_cpu=True,
+        save_strategy="no",
+        reward_weights=[0.5, 3.0],
+    )
+    tasks = list(get_tasks("train")[:2])
+    trainer = MultiTurnGRPOTrainer(
+        args=args, env_factory=ToolUseGameEnv, tasks=tasks, reward_funcs=[turns, undecided]
+    )
+    [group] = trainer._collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
+    rewards = trainer._group_rewards(group)
+    for episode, reward in zip(group, rewards, strict=True):
+        assert reward == pytest.approx(trainer._shaped(episode) + 0.5 * episode.num_turns)
+    assert seen["prompts"][0][-1]["role"] == "user" and seen["tasks"][0] is group[0].task
+    assert seen["env_rewards"] == [trainer._shaped(e) for e in group]
+    assert (
+        trainer._metrics["eval"]["rewards/turns/mean"]
+        or trainer._metrics["train"]["rewards/turns/mean"]
+    )
+
+    def broken(prompts, completions, **kwargs):
+        return [math.inf]
+
+    with pytest.raises(InvalidArgumentError, match="broken returned inf for episode 0"):
+        combined_rewards([0.0], group[:1], [broken], [1.0])
+    with pytest.raises(InvalidArgumentError, match="reward_funcs must be callables"):
+        MultiTurnGRPOTrainer(
+            args=args, env_factory=ToolUseGameEnv, tasks=tasks, reward_funcs=["a/reward-model"]
+        )

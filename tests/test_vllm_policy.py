@@ -168,7 +168,7 @@ def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> No
         collector = AsyncCollector(trainer, ToolUseGameEnv, oracle=None)
         try:
             assert len(synced) == 1  # a resumed run's server gets the trainer's weights first
-            taken = collector.take(2, lambda episode: episode.reward)
+            taken = collector.take(2, lambda episodes: [e.reward for e in episodes])
             assert taken.taken == 2 and taken.dropped_stale == 0 and taken.ages == [0, 0]
             episodes = [e for g, _ in zip(*taken.pool.batch(), strict=True) for e in g]
             versions = {v for e in episodes for t in e.turns for v in t.policy_versions}

@@ -254,7 +254,7 @@ class AsyncCollector:
         self.worker.new_version()
         return seconds
 
-    def take(self, wanted: int, shaped: Callable[[Episode], float]) -> AsyncBatch:
+    def take(self, wanted: int, rewards: Callable[[list[Episode]], list[float]]) -> AsyncBatch:
         """``wanted`` groups for the step at the current version (see the module docstring)."""
         args = self.args
         limit = args.max_steps_off_policy or 0
@@ -276,7 +276,7 @@ class AsyncCollector:
                     continue
                 out.ages.append(age)
                 usable += 1
-                pool.add(group.episodes, [shaped(e) for e in group.episodes])
+                pool.add(group.episodes, rewards(group.episodes))
         out.pool = pool
         return out
 

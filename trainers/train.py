@@ -59,6 +59,7 @@ def train_multi_turn(
     oracle: Any = None,
     callbacks: list[Any] | None = None,
     resume_from_checkpoint: str | bool | None = None,
+    reward_funcs: Any = None,
 ) -> Any:
     """Train ``config.model`` with multi-turn GRPO on ``tasks``; returns the trainer.
 
@@ -72,6 +73,9 @@ def train_multi_turn(
         oracle: The environment's scripted expert (only for scripted policies).
         callbacks: Extra ``TrainerCallback`` s.
         resume_from_checkpoint: A checkpoint path, or True for the last one in ``output_dir``.
+        reward_funcs: TRL-style reward functions added to the environment's reward,
+            ``env_reward + sum_k reward_weights[k] * f_k(prompts, completions, **kwargs)``
+            (:mod:`trainers.reward_funcs`).
     """
     from trainers.trainer import MultiTurnGRPOTrainer
 
@@ -92,6 +96,7 @@ def train_multi_turn(
         processing_class=processing_class,
         oracle=oracle,
         callbacks=callbacks,
+        reward_funcs=reward_funcs,
     )
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     return trainer

@@ -30,16 +30,15 @@ from llm_gym.eval.metrics import summarize_episodes
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.rollout.episode import Episode
 from trainers.advantages import (
-    EpisodeOutcome,
     GroupPool,
     advantage_estimator,
     refill_tasks,
-    shaped_reward,
 )
 from trainers.async_collect import AsyncCollector
 from trainers.batch import group_rows, rows_to_tensors
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
+from trainers.reward_funcs import RewardsMixin, check_reward_funcs
 from trainers.rollout_metrics import (
     RolloutPart,
     completion_rows,
@@ -97,7 +96,7 @@ def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [0.0] * len(completions)
 
 
-class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
+class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
     """Multi-turn GRPO on llm_gym environments.
 
     Args:
@@ -110,6 +109,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
         peft_config: A PEFT config (default: a LoRA config when ``args.use_lora``).
         oracle: The environment's scripted expert (only used by scripted policies).
         callbacks: Extra ``TrainerCallback`` s.
+        reward_funcs: TRL-style reward functions added to the environment's reward, weighted by
+            ``args.reward_weights`` (see :mod:`trainers.reward_funcs`).
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
         peft_config: Any = None,
         oracle: Oracle | None = None,
         callbacks: list[Any] | None = None,
+        reward_funcs: Any = None,
     ) -> None:
         from datasets import Dataset
 
@@ -146,7 +148,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
         )
         super().__init__(
             model=model,
-            reward_funcs=[_unused_reward],
+            reward_funcs=check_reward_funcs(reward_funcs) or [_unused_reward],
             args=args,
             train_dataset=dataset,
             processing_class=processing_class,
@@ -242,19 +244,6 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
                 policy.finish()
                 unwrapped.train(was_training)
 
-    # --- rewards and advantages ------------------------------------------------------------
-
-    def _shaped(self, episode: Episode) -> float:
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        return shaped_reward(
-            EpisodeOutcome.of(episode),
-            max_model_length=args.max_model_length,
-            max_turns=args.max_turns or 1,
-            overlong_buffer=args.overlong_buffer,
-            overlong_penalty_factor=args.overlong_penalty_factor,
-            max_new_tokens=args.max_tokens_per_turn,
-        )
-
     # --- the override ------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -339,7 +328,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
                 max_turns=args.max_turns or 1,
             )
             for group in groups:
-                pool.add(group, [self._shaped(e) for e in group])
+                pool.add(group, self._group_rewards(group))
             deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
             if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
                 break
@@ -353,7 +342,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, GRPOTrainer):
             self._async = AsyncCollector(self, self.env_factory, self.oracle)
         publish_s = self._async.publish(self.state.global_step)  # when the callback did not
         self._publish_seconds += publish_s
-        taken = self._async.take(wanted, self._shaped)
+        taken = self._async.take(wanted, self._group_rewards)
         idle_s, apply_s = self._async.generator_seconds()
         ages = taken.ages or [0]
         local = [
