@@ -503,3 +503,8 @@ def test_reward_funcs_add_to_the_env_reward_with_their_weights(small_model_dir, 
         MultiTurnGRPOTrainer(
             args=args, env_factory=ToolUseGameEnv, tasks=tasks, reward_funcs=["a/reward-model"]
         )
+
+
+def test_per_turn_credit_is_refused_for_native_tool_calling_envs(small_model_dir, tmp_path):
+    with pytest.raises(InvalidArgumentError, match="per_turn.*native tool-calling.*lookup"):
+        _small_trainer(small_model_dir, str(tmp_path), credit_assignment="per_turn")

@@ -91,6 +91,18 @@ class _AsyncCallback(TrainerCallback):
         self.trainer._publish_weights()
 
 
+def _refuse_per_turn_with_native_tools(env_factory: Callable[[Task], Any], task: Task) -> None:
+    """Document 002: per-turn credit is rejected for native tool-calling environments."""
+    env = env_factory(task)
+    specs = getattr(env, "tool_specs", None) or []
+    if specs and not getattr(env, "raw_text_actions", False):
+        names = [spec.get("function", spec).get("name") for spec in specs]
+        raise InvalidArgumentError(
+            f"credit_assignment='per_turn' is rejected for native tool-calling environments "
+            f"({type(env).__name__} offers tools {names}): use 'per_episode'."
+        )
+
+
 def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """TRL requires a reward function; episode rewards come from the environments instead."""
     return [0.0] * len(completions)
@@ -156,6 +168,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             callbacks=[*(callbacks or []), _AsyncCallback(self), _ValidationCallback(self)],
         )
         self.env_factory = as_env_factory(env_factory)
+        if args.credit_assignment == "per_turn":
+            _refuse_per_turn_with_native_tools(self.env_factory, tasks[0])
         self.tasks = tasks
         self.val_tasks = list(val_tasks) if val_tasks is not None else []
         self.oracle = oracle
