@@ -33,6 +33,7 @@ __all__ = [
     "register_advantage_estimator",
     "per_episode_credit",
     "per_turn_credit",
+    "refuse_per_turn_with_native_tools",
 ]
 
 T = TypeVar("T")
@@ -361,3 +362,16 @@ def advantage_estimator(name: str) -> AdvantageEstimator:
         f"{name!r}.{did_you_mean(name, ADVANTAGE_ESTIMATORS)} Add one with "
         "trainers.advantages.register_advantage_estimator."
     )
+
+
+def refuse_per_turn_with_native_tools(env_factory: Callable[[Any], Any], task: Any) -> None:
+    """Document 002: per-turn credit is rejected for native tool-calling environments (an env
+    that offers tools and parses structured calls), before training starts."""
+    env = env_factory(task)
+    specs = getattr(env, "tool_specs", None) or []
+    if specs and not getattr(env, "raw_text_actions", False):
+        names = [spec.get("function", spec).get("name") for spec in specs]
+        raise InvalidArgumentError(
+            f"credit_assignment='per_turn' is rejected for native tool-calling environments "
+            f"({type(env).__name__} offers tools {names}): use 'per_episode'."
+        )

@@ -33,6 +33,7 @@ from trainers.advantages import (
     GroupPool,
     advantage_estimator,
     refill_tasks,
+    refuse_per_turn_with_native_tools,
 )
 from trainers.async_collect import AsyncCollector
 from trainers.batch import group_rows, rows_to_tensors
@@ -89,18 +90,6 @@ class _AsyncCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.trainer._publish_weights()
-
-
-def _refuse_per_turn_with_native_tools(env_factory: Callable[[Task], Any], task: Task) -> None:
-    """Document 002: per-turn credit is rejected for native tool-calling environments."""
-    env = env_factory(task)
-    specs = getattr(env, "tool_specs", None) or []
-    if specs and not getattr(env, "raw_text_actions", False):
-        names = [spec.get("function", spec).get("name") for spec in specs]
-        raise InvalidArgumentError(
-            f"credit_assignment='per_turn' is rejected for native tool-calling environments "
-            f"({type(env).__name__} offers tools {names}): use 'per_episode'."
-        )
 
 
 def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -169,7 +158,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         )
         self.env_factory = as_env_factory(env_factory)
         if args.credit_assignment == "per_turn":
-            _refuse_per_turn_with_native_tools(self.env_factory, tasks[0])
+            refuse_per_turn_with_native_tools(self.env_factory, tasks[0])
         self.tasks = tasks
         self.val_tasks = list(val_tasks) if val_tasks is not None else []
         self.oracle = oracle
