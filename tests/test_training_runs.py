@@ -22,11 +22,13 @@ def test_the_seeds_example_runs_two_steps(small_model_dir, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    # --- the seeds' code, model path swapped (and a callback that stops after 2 steps) ---
+    # --- the seeds' code: model path swapped, a callback that stops after 2 steps, and 8 of
+    # the tasks (validation runs before the first step and after the last, over every
+    # validation task one at a time: 1,000 would take minutes on CPU) ---
     from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS, ToolUseGameEnv
     from trainers import GRPOConfig, train_multi_turn
 
-    tasks = list(TOOL_USE_GAME_TASKS)
+    tasks = list(TOOL_USE_GAME_TASKS)[:8]
 
     config = GRPOConfig(
         model=str(small_model_dir),
@@ -51,6 +53,7 @@ def test_the_seeds_example_runs_two_steps(small_model_dir, tmp_path, monkeypatch
     )
     # --------------------------------------------------------------------------------------
     assert trainer.state.global_step == 2
+    assert [r["step"] for r in trainer.validation_history] == [0, 2]  # before and after
     logged = [r for r in trainer.state.log_history if "episodes/terminated_ratio" in r]
     assert len(logged) >= 1 and "zero_variance_skip_ratio" in logged[0]
     assert (tmp_path / "wandb").exists()  # W&B ran offline
