@@ -739,3 +739,23 @@ def test_the_run_max_turns_bounds_a_document_002_episode_too() -> None:
         GuessEnv(), [GUESS_TASK], ScriptedGuesses(["1", "2", "3", "4"]), max_turns=2
     )
     assert episode.num_turns == 2 and episode.truncation_cause == "max_turns"
+
+
+def test_scored_episodes_carry_their_total_tokens(small_model) -> None:
+    """``EnvironmentEpisode.total_tokens``: the prompt and every turn, the last action included,
+    as the rollout loop counted them, when ``score_episode`` sees the episode."""
+    from llm_gym.policies import HFPolicy
+
+    seen = []
+
+    class Counting(GuessEnv):
+        def score_episode(self, example, episode):
+            seen.append(episode.total_tokens)
+            return super().score_episode(example, episode)
+
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, seed=0, max_new_tokens=6)
+    [[episode]] = collect_groups(Counting(), [GUESS_TASK], policy, max_turns=10)
+    [sample] = episode.samples
+    last_action = max(i for i, m in enumerate(sample.env_mask) if m)  # the env's last reply
+    assert seen == [len(sample.prompt_ids) + last_action + 1]  # is not part of it

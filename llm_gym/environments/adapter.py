@@ -141,6 +141,7 @@ class MultiTurnEnvAdapter(Env):
                 f"{name}.max_episode_turns must return an int >= 1, actual value: {cap!r}."
             )
         self._task, self._example, self._cap = task, example, cap
+        self._tokens: int | None = None
         self._transcript, self._public = [], []
         self._append_env(messages)
         self._prompt_length = len(messages)
@@ -206,6 +207,11 @@ class MultiTurnEnvAdapter(Env):
         return not self.offload_hooks
 
     # --- extras --------------------------------------------------------------------------------
+    def note_tokens(self, total: int) -> None:
+        """The rollout loop's count of the episode's tokens so far (prompt and every turn, the
+        action being stepped included): the scored episode's ``total_tokens``."""
+        self._tokens = int(total)
+
     @property
     def max_turns(self) -> int | None:
         """``max_episode_turns`` of the current example (``None`` before ``reset``)."""
@@ -268,6 +274,7 @@ class MultiTurnEnvAdapter(Env):
                 "turn_cap_reached": turn_cap_reached,
             },
             latency_ms=int((time.perf_counter() - self._start) * 1000),
+            total_tokens=self._tokens,
         )
 
     async def _finish(self, *, done: bool) -> StepResult:

@@ -231,6 +231,9 @@ async def _run_episode(
                 oracle=oracle,
             )
             generation = await waves.act(request, key)
+            note_tokens = getattr(driver.env, "note_tokens", None)
+            if note_tokens is not None and tracker is not None:  # document 002's total_tokens
+                note_tokens(tracker.context_length + len(generation.token_ids or ()))
             ending = await driver.act(generation.text)
             turns.append(_turn_record(driver, generation))
             _count_tokens(episode, generation, first=len(turns) == 1)
