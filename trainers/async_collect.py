@@ -145,6 +145,7 @@ class AsyncCollector:
                 oracle=oracle,
                 tokenizer=tokenizer,
                 chat_template_kwargs=settings.chat_template_kwargs,
+                generation_deadline_s=settings.generation_deadline_s,
                 stream=stream,
                 key_space=key,
             )

@@ -28,6 +28,7 @@ from llm_gym.policies.registry import registered_policies
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
+from trainers.config_checks import check_async, check_deadline
 from trainers.weight_sync import WeightSyncType
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -215,6 +216,18 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "Lockstep: while collecting (None: the process's threads)."
         },
     )
+    generation_deadline_min_s: float | None = field(
+        default=600.0,
+        metadata={
+            "help": "Generation deadline of one turn for an empty context, in seconds; it grows "
+            "linearly to generation_deadline_max_s at max_model_length (document 002: 10 to 60 "
+            "minutes). A missed deadline aborts the turn and retries it once; a second miss ends "
+            "the episode as DEADLINE (episodes/deadline_ratio). None: no deadline."
+        },
+    )
+    generation_deadline_max_s: float = field(
+        default=3600.0, metadata={"help": "Generation deadline at max_model_length, seconds."}
+    )
     task_seed: int = field(
         default=0, metadata={"help": "Seed of the task order and of dynamic-sampling refills."}
     )
@@ -319,7 +332,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse("max_samples_per_episode", self.max_samples_per_episode, "an int >= 1")
         if self.shared_prefix_min_length < 1:
             refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
-        self._check_async(refuse)
+        check_async(self, refuse)
+        check_deadline(self, refuse)
         if isinstance(self.chat_template_kwargs, str):  # TRL's CLI passes a JSON object
             try:
                 self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
@@ -333,71 +347,6 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             )
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
-
-    def _check_async(self, refuse: Any) -> None:
-        off = self.max_steps_off_policy
-        if off is not None and (isinstance(off, bool) or not isinstance(off, int) or off < 0):
-            refuse("max_steps_off_policy", off, "None (lockstep) or an int >= 0")
-        flight = self.groups_in_flight
-        if flight is not None and (
-            isinstance(flight, bool) or not isinstance(flight, int) or flight < 1
-        ):
-            refuse("groups_in_flight", flight, "None (batch_size) or an int >= 1")
-        if flight is not None and off is None:
-            refuse("groups_in_flight", flight, "None in lockstep (set max_steps_off_policy)")
-        try:
-            mode = WeightSyncType(self.weight_sync_type)
-        except ValueError:
-            refuse(
-                "weight_sync_type",
-                self.weight_sync_type,
-                f"one of {[m.value for m in WeightSyncType]}",
-            )
-        self.weight_sync_type = mode.value
-        if mode is not WeightSyncType.SYNCHRONOUS and off is None:
-            refuse(
-                "weight_sync_type",
-                mode.value,
-                "WEIGHT_SYNC_TYPE_SYNCHRONOUS in lockstep: the deferred modes need "
-                "max_steps_off_policy, which bounds and measures the drift they allow",
-            )
-        if mode is WeightSyncType.PIPELINE and self.use_lora:
-            refuse(
-                "weight_sync_type",
-                mode.value,
-                "SYNCHRONOUS or BACKGROUND_PUBLISH with use_lora=True: PIPELINE needs "
-                "full-weight training",
-            )
-        if off is not None and self.num_iterations != 1:
-            refuse(
-                "num_iterations",
-                self.num_iterations,
-                "1 with max_steps_off_policy (the staleness bound counts optimizer steps, one "
-                "per rollout batch)",
-            )
-        if off is not None and self.loss_type == "vespo":
-            refuse(
-                "loss_type",
-                self.loss_type,
-                "not 'vespo' with max_steps_off_policy: its sequence weight takes the "
-                "importance ratio non-linearly, so the off-policy correction cannot weigh the "
-                "advantages",
-            )
-        replicas = self.num_generator_replicas
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            refuse("num_generator_replicas", replicas, "an int >= 1")
-        if replicas > 1 and (off is None or self.use_vllm):
-            refuse(
-                "num_generator_replicas",
-                replicas,
-                "1 in lockstep (the trainer's own model generates) and with vLLM (TRL's "
-                "server has its own data parallelism)",
-            )
-        threads = self.generator_threads
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            refuse("generator_threads", threads, "None or an int >= 1")
 
     @property
     def is_async(self) -> bool:
@@ -418,6 +367,9 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             max_new_tokens=self.max_tokens_per_turn,
             failed_parse_reward=self.failed_parse_reward,
             chat_template_kwargs=dict(self.chat_template_kwargs or {}) or None,
+            generation_deadline_s=None
+            if self.generation_deadline_min_s is None
+            else (float(self.generation_deadline_min_s), float(self.generation_deadline_max_s)),
         )
 
     def lora_config(self) -> Any:

@@ -30,6 +30,7 @@ EPISODE_KEYS = (
     "parse_failure_ratio",
     "max_turns_ratio",
     "env_truncated_ratio",
+    "deadline_ratio",
     "success_rate",
     "turns_mean",
     "tool_calls_mean",

@@ -74,6 +74,7 @@ def collect_episode_groups(
             oracle=oracle,
             tokenizer=tokenizer,
             chat_template_kwargs=settings.chat_template_kwargs,
+            generation_deadline_s=settings.generation_deadline_s,
         )
 
     if not sequential:

@@ -32,6 +32,9 @@ class TruncationCause(enum.StrEnum):
     """The environment's ``step`` returned ``truncated=True`` (or ``reset``/``step`` raised)."""
     PARSE_FAILURE = "parse_failure"
     """The sampled text could not be parsed; the episode ends with ``failed_parse_reward``."""
+    DEADLINE = "deadline"
+    """The policy missed its generation deadline twice (the turn was aborted and retried
+    once); nothing it produced reached the environment. Reward 0."""
 
     @property
     def gets_overlong_penalty(self) -> bool:

@@ -31,6 +31,7 @@ from llm_gym.core.task import Task
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+from llm_gym.rollout.batching import Streamed, Waves
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, require_turn_limit
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.tokens import TokenTracker
@@ -60,6 +61,10 @@ class RolloutSettings:
     """Reward of an episode that ends on an unparseable action."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra arguments for the chat template (``enable_thinking``, ...)."""
+    generation_deadline_s: tuple[float, float] | None = None
+    """``(shortest, longest)`` seconds a policy may take for one turn, growing with the
+    context (:func:`generation_deadline`); a missed deadline aborts the turn and retries it once,
+    a second miss ends the episode as ``DEADLINE``. None: no deadline."""
 
     def __post_init__(self) -> None:
         require_turn_limit(self.max_turns)
@@ -73,79 +78,36 @@ class RolloutSettings:
             )
 
 
-class _Waves:
-    """Batches the action requests of all live episodes into one policy call per wave."""
+def generation_deadline(
+    context_tokens: int, max_model_length: int | None, shortest: float, longest: float
+) -> float:
+    """Seconds one turn may take: ``shortest`` for an empty context, growing linearly to
+    ``longest`` at ``max_model_length`` (document 002: 10 to 60 minutes by context size).
 
-    def __init__(self, policy: Policy, live: int) -> None:
-        self.policy = policy
-        self.live = live
-        self.pending: list[tuple[PolicyRequest, asyncio.Future[Generation]]] = []
-        self.calls = 0
-        self.batch_sizes: list[int] = []
+    Example:
+        >>> generation_deadline(512, 2048, 600.0, 3600.0)
+        1350.0
+    """
+    if not max_model_length:
+        return shortest
+    share = min(1.0, max(0.0, context_tokens / max_model_length))
+    return shortest + (longest - shortest) * share
 
-    async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self.pending.append((request, future))
-        self._maybe_flush()
-        return await future
 
-    def episode_done(self, key: Hashable = None) -> None:
-        self.live -= 1
-        self._maybe_flush()
-
-    def _maybe_flush(self) -> None:
-        if self.pending and len(self.pending) >= self.live:
-            batch, self.pending = self.pending, []
-            asyncio.get_running_loop().create_task(self._run(batch))
-
-    async def _run(self, batch: list[tuple[PolicyRequest, asyncio.Future[Generation]]]) -> None:
-        self.calls += 1
-        self.batch_sizes.append(len(batch))
+async def _act_in_time(
+    waves: Waves | Streamed, request: PolicyRequest, key: Hashable, deadline: float | None
+) -> tuple[Generation | None, Hashable]:
+    """The turn's generation, retried once under a new key when it misses ``deadline``; None
+    after a second miss. Returns the key the episode goes on with."""
+    if deadline is None:
+        return await waves.act(request, key), key
+    for attempt in range(2):
         try:
-            generations = await self.policy.act([request for request, _ in batch])
-            if len(generations) != len(batch):
-                raise RuntimeError(
-                    f"{type(self.policy).__name__}.act returned {len(generations)} generations "
-                    f"for {len(batch)} requests."
-                )
-        except Exception as exc:  # the policy failed: the collection fails, loudly
-            error = PolicyError(f"{type(self.policy).__name__}.act failed: {exc!r}")
-            error.__cause__ = exc
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        for (_, future), generation in zip(batch, generations, strict=True):
-            if not future.done():
-                future.set_result(generation)
-
-
-class _Streamed:
-    """Hands each episode's turns to a continuous-batching :class:`PolicyStream`."""
-
-    def __init__(self, policy: Policy, stream: PolicyStream) -> None:
-        self.policy = policy
-        self.stream = stream
-
-    @property
-    def calls(self) -> int:
-        return self.stream.calls
-
-    @property
-    def batch_sizes(self) -> list[int]:
-        return list(self.stream.batch_sizes)
-
-    async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
-        try:
-            return await self.stream.act(key, request)
-        except (asyncio.CancelledError, PolicyError):
-            raise
-        except Exception as exc:  # the policy failed: the collection fails, loudly
-            error = PolicyError(f"{type(self.policy).__name__} stream failed: {exc!r}")
-            raise error from exc
-
-    def episode_done(self, key: Hashable = None) -> None:
-        self.stream.release(key)
+            return await asyncio.wait_for(waves.act(request, key), deadline), key
+        except TimeoutError:
+            waves.abort(key)
+            key = (key, "retry", attempt)
+    return None, key
 
 
 def _count_tool_errors(messages: Sequence[Message]) -> int:
@@ -183,7 +145,7 @@ async def _run_episode(
     group: int,
     index: int,
     key: Hashable,
-    waves: _Waves | _Streamed,
+    waves: Waves | Streamed,
     settings: RolloutSettings,
     oracle: Oracle | None,
     tokenizer: Any,
@@ -230,7 +192,17 @@ async def _run_episode(
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
             )
-            generation = await waves.act(request, key)
+            deadline = None
+            if settings.generation_deadline_s is not None:
+                deadline = generation_deadline(
+                    len(request.prompt_ids or ()),
+                    settings.max_model_length,
+                    *settings.generation_deadline_s,
+                )
+            generation, key = await _act_in_time(waves, request, key, deadline)
+            if generation is None:  # missed twice: the env never sees a timed-out output
+                ending = driver.end(TruncationCause.DEADLINE)
+                break
             note_tokens = getattr(driver.env, "note_tokens", None)
             if note_tokens is not None and tracker is not None:  # document 002's total_tokens
                 note_tokens(tracker.context_length + len(generation.token_ids or ()))
@@ -334,6 +306,7 @@ async def collect_groups_async(
     stats: list[RolloutStats] | None = None,
     stream: PolicyStream | None = None,
     key_space: Hashable = None,
+    generation_deadline_s: tuple[float, float] | None = None,
 ) -> list[list[Episode]]:
     """Run ``episodes_per_task`` episodes of every task, all concurrently; one group per task.
 
@@ -359,6 +332,8 @@ async def collect_groups_async(
             opens one for this collection, when it streams.
         key_space: Tells this collection's episodes apart from others on a shared ``stream``
             (episode keys become ``(key_space, group, index)``).
+        generation_deadline_s: ``(shortest, longest)`` seconds per turn, by context size (see
+            :func:`generation_deadline`); None: no deadline.
 
     Returns:
         ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
@@ -373,6 +348,7 @@ async def collect_groups_async(
         max_new_tokens=max_new_tokens,
         failed_parse_reward=failed_parse_reward,
         chat_template_kwargs=chat_template_kwargs,
+        generation_deadline_s=generation_deadline_s,
     )
     factory = as_env_factory(env_factory)
     fmt = get_action_format(action_format)
@@ -384,8 +360,8 @@ async def collect_groups_async(
     if own_stream:
         open_stream = getattr(policy, "open_stream", None)
         stream = open_stream() if open_stream is not None else None
-    waves: _Waves | _Streamed = (
-        _Streamed(policy, stream) if stream is not None else _Waves(policy, total)
+    waves: Waves | Streamed = (
+        Streamed(policy, stream) if stream is not None else Waves(policy, total)
     )
     bar = None
     if progress:

@@ -1,0 +1,99 @@
+"""How the episode loop hands turns to a policy: in waves, or to a continuous-batching stream.
+
+:class:`Waves` batches the action requests of all live episodes into one ``policy.act`` call per
+wave; :class:`Streamed` hands each episode's turns to a :class:`~llm_gym.policies.PolicyStream`.
+Both can :meth:`abort` a turn whose generation missed its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+
+from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+
+__all__ = ["Streamed", "Waves"]
+
+
+class Waves:
+    """Batches the action requests of all live episodes into one policy call per wave."""
+
+    def __init__(self, policy: Policy, live: int) -> None:
+        self.policy = policy
+        self.live = live
+        self.pending: list[tuple[PolicyRequest, asyncio.Future[Generation]]] = []
+        self.calls = 0
+        self.batch_sizes: list[int] = []
+
+    async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self.pending.append((request, future))
+        self._maybe_flush()
+        return await future
+
+    def episode_done(self, key: Hashable = None) -> None:
+        self.live -= 1
+        self._maybe_flush()
+
+    def abort(self, key: Hashable = None) -> None:
+        """A request timed out (its future was cancelled): drop it from the next wave."""
+        self.pending = [(r, f) for r, f in self.pending if not f.done()]
+
+    def _maybe_flush(self) -> None:
+        if self.pending and len(self.pending) >= self.live:
+            batch, self.pending = self.pending, []
+            asyncio.get_running_loop().create_task(self._run(batch))
+
+    async def _run(self, batch: list[tuple[PolicyRequest, asyncio.Future[Generation]]]) -> None:
+        self.calls += 1
+        self.batch_sizes.append(len(batch))
+        try:
+            generations = await self.policy.act([request for request, _ in batch])
+            if len(generations) != len(batch):
+                raise RuntimeError(
+                    f"{type(self.policy).__name__}.act returned {len(generations)} generations "
+                    f"for {len(batch)} requests."
+                )
+        except Exception as exc:  # the policy failed: the collection fails, loudly
+            error = PolicyError(f"{type(self.policy).__name__}.act failed: {exc!r}")
+            error.__cause__ = exc
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        for (_, future), generation in zip(batch, generations, strict=True):
+            if not future.done():
+                future.set_result(generation)
+
+
+class Streamed:
+    """Hands each episode's turns to a continuous-batching :class:`PolicyStream`."""
+
+    def __init__(self, policy: Policy, stream: PolicyStream) -> None:
+        self.policy = policy
+        self.stream = stream
+
+    @property
+    def calls(self) -> int:
+        return self.stream.calls
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return list(self.stream.batch_sizes)
+
+    async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
+        try:
+            return await self.stream.act(key, request)
+        except (asyncio.CancelledError, PolicyError):
+            raise
+        except Exception as exc:  # the policy failed: the collection fails, loudly
+            error = PolicyError(f"{type(self.policy).__name__} stream failed: {exc!r}")
+            raise error from exc
+
+    def episode_done(self, key: Hashable = None) -> None:
+        self.stream.release(key)
+
+    def abort(self, key: Hashable = None) -> None:
+        """A turn timed out: the stream drops the episode's row (its retry comes under a new
+        key and prefills the context again)."""
+        self.stream.release(key)
