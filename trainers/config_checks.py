@@ -13,13 +13,13 @@ from trainers.weight_sync import WeightSyncType
 __all__ = ["check_async", "check_deadline"]
 
 
-def check_async(self: Any, refuse: Any) -> None:
+def check_async(config: Any, refuse: Any) -> None:
     """The async fields (``max_steps_off_policy``, ``groups_in_flight``, ``weight_sync_type``,
     ``num_generator_replicas``, ``generator_threads``) and what they exclude."""
-    off = self.max_steps_off_policy
+    off = config.max_steps_off_policy
     if off is not None and (isinstance(off, bool) or not isinstance(off, int) or off < 0):
         refuse("max_steps_off_policy", off, "None (lockstep) or an int >= 0")
-    flight = self.groups_in_flight
+    flight = config.groups_in_flight
     if flight is not None and (
         isinstance(flight, bool) or not isinstance(flight, int) or flight < 1
     ):
@@ -27,14 +27,14 @@ def check_async(self: Any, refuse: Any) -> None:
     if flight is not None and off is None:
         refuse("groups_in_flight", flight, "None in lockstep (set max_steps_off_policy)")
     try:
-        mode = WeightSyncType(self.weight_sync_type)
+        mode = WeightSyncType(config.weight_sync_type)
     except ValueError:
         refuse(
             "weight_sync_type",
-            self.weight_sync_type,
+            config.weight_sync_type,
             f"one of {[m.value for m in WeightSyncType]}",
         )
-    self.weight_sync_type = mode.value
+    config.weight_sync_type = mode.value
     if mode is not WeightSyncType.SYNCHRONOUS and off is None:
         refuse(
             "weight_sync_type",
@@ -42,49 +42,49 @@ def check_async(self: Any, refuse: Any) -> None:
             "WEIGHT_SYNC_TYPE_SYNCHRONOUS in lockstep: the deferred modes need "
             "max_steps_off_policy, which bounds and measures the drift they allow",
         )
-    if mode is WeightSyncType.PIPELINE and self.use_lora:
+    if mode is WeightSyncType.PIPELINE and config.use_lora:
         refuse(
             "weight_sync_type",
             mode.value,
             "SYNCHRONOUS or BACKGROUND_PUBLISH with use_lora=True: PIPELINE needs "
             "full-weight training",
         )
-    if off is not None and self.num_iterations != 1:
+    if off is not None and config.num_iterations != 1:
         refuse(
             "num_iterations",
-            self.num_iterations,
+            config.num_iterations,
             "1 with max_steps_off_policy (the staleness bound counts optimizer steps, one "
             "per rollout batch)",
         )
-    if off is not None and self.loss_type == "vespo":
+    if off is not None and config.loss_type == "vespo":
         refuse(
             "loss_type",
-            self.loss_type,
+            config.loss_type,
             "not 'vespo' with max_steps_off_policy: its sequence weight takes the "
             "importance ratio non-linearly, so the off-policy correction cannot weigh the "
             "advantages",
         )
-    replicas = self.num_generator_replicas
+    replicas = config.num_generator_replicas
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         refuse("num_generator_replicas", replicas, "an int >= 1")
-    if replicas > 1 and (off is None or self.use_vllm):
+    if replicas > 1 and (off is None or config.use_vllm):
         refuse(
             "num_generator_replicas",
             replicas,
             "1 in lockstep (the trainer's own model generates) and with vLLM (TRL's "
             "server has its own data parallelism)",
         )
-    threads = self.generator_threads
+    threads = config.generator_threads
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     ):
         refuse("generator_threads", threads, "None or an int >= 1")
 
 
-def check_deadline(self: Any, refuse: Any) -> None:
+def check_deadline(config: Any, refuse: Any) -> None:
     """``generation_deadline_min_s`` / ``_max_s``: None turns deadlines off; else
     ``0 < min <= max``."""
-    low, high = self.generation_deadline_min_s, self.generation_deadline_max_s
+    low, high = config.generation_deadline_min_s, config.generation_deadline_max_s
     if low is None:
         return
     if isinstance(low, bool) or not isinstance(low, int | float) or not low > 0:
