@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
+from trainers.rollout_metrics import split_conversation
 
 __all__ = ["RewardFunc", "RewardsMixin", "check_reward_funcs", "combined_rewards"]
 
@@ -69,8 +70,8 @@ def combined_rewards(
         raise InvalidArgumentError(
             f"Expected one reward weight per reward function ({len(funcs)}), got {len(weights)}."
         )
-    prompts = [[dict(m) for m in e.messages[: e.num_opening_messages]] for e in episodes]
-    completions = [[dict(m) for m in e.messages[e.num_opening_messages :]] for e in episodes]
+    split = [split_conversation(e) for e in episodes]
+    prompts, completions = [p for p, _ in split], [c for _, c in split]
     kwargs = {
         "tasks": [e.task for e in episodes],
         "targets": [getattr(e.task, "target", None) for e in episodes],

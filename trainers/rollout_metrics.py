@@ -15,6 +15,7 @@ from llm_gym.eval.metrics import summarize_episodes
 
 __all__ = [
     "completion_rows",
+    "split_conversation",
     "extend_completion_logs",
     "EPISODE_KEYS",
     "VALIDATION_KEYS",
@@ -106,6 +107,14 @@ def validation_metrics(summary: Mapping[str, float]) -> dict[str, float]:
     return {f"val/{key}": summary[key] for key in VALIDATION_KEYS if key in summary}
 
 
+def split_conversation(episode: Any) -> tuple[list[Any], list[Any]]:
+    """An episode's opening messages (the prompt) and the rest of its conversation, copied."""
+    opening = episode.num_opening_messages
+    return [dict(m) for m in episode.messages[:opening]], [
+        dict(m) for m in episode.messages[opening:]
+    ]
+
+
 def completion_rows(
     groups: Sequence[Sequence[Any]],
     rewards: Sequence[Sequence[float]],
@@ -128,9 +137,9 @@ def completion_rows(
     rows["ended"] = []
     for group, group_rewards, group_advantages in zip(groups, rewards, advantages, strict=True):
         for episode, reward, advantage in zip(group, group_rewards, group_advantages, strict=True):
-            opening = episode.num_opening_messages
-            rows["prompt"].append([dict(m) for m in episode.messages[:opening]])
-            rows["completion"].append([dict(m) for m in episode.messages[opening:]])
+            prompt, completion = split_conversation(episode)
+            rows["prompt"].append(prompt)
+            rows["completion"].append(completion)
             rows["reward"].append(float(reward))
             rows["advantage"].append(float(advantage))
             cause = episode.truncation_cause
