@@ -14,9 +14,17 @@ document-002 environment runs in ``collect_groups``, ``run_and_report``, ``TextE
   (``truncated=True``). Either way it is scored, as in document 002's loop: the ending
   ``StepResult`` carries ``reward = score`` and metrics (``score``, ``success`` when the
   :class:`RewardResult` has a threshold, ``per_turn_rewards`` from its metadata).
+* A runner that cuts the episode short itself (the run's turn limit, a context overflow, a
+  missed generation deadline) calls :meth:`~MultiTurnEnvAdapter.conclude`: the transcript so
+  far is scored like any other (document 002 scores every episode its loop ran).
+* Group scoring: the rollout loop calls :meth:`~MultiTurnEnvAdapter.defer_scoring` on each
+  episode of a GRPO group, and once every episode of the group has ended it scores them with one
+  ``score_episodes(example, episodes)`` call (:meth:`~MultiTurnEnvAdapter.score_group`), as
+  document 002 describes. Without it (``TextEnv``, one episode) each episode is scored as it
+  ends.
 
 :class:`~llm_gym.environments.factory.MultiTurnEnvFactory` builds adapters over one shared
-environment object and batches their scoring.
+environment object.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from llm_gym.environments.records import (
     TaskExample,
 )
 from llm_gym.environments.replay import SAMPLED_KEY
-from llm_gym.environments.scoring import ScoreBatcher, call_hook, score_episodes_async
+from llm_gym.environments.scoring import call_hook, score_each
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = ["MultiTurnEnvAdapter"]
@@ -80,7 +88,8 @@ class MultiTurnEnvAdapter(Env):
         prompt_text: Passed to ``start_episode`` (document 002's configured prompt text).
         offload_hooks: Run synchronous hooks in worker threads, so slow hooks (a service call, a
             judge) do not hold up the event loop the other episodes run on.
-        scorer: Batches scoring across adapters (set by :class:`MultiTurnEnvFactory`).
+        group_scoring: :meth:`score_group` scores a group with one ``score_episodes`` call;
+            False: one call per episode.
 
     After the episode ends, :attr:`environment_episode` and :attr:`reward_result` hold what was
     scored.
@@ -95,7 +104,7 @@ class MultiTurnEnvAdapter(Env):
         prompt_text: str = "",
         *,
         offload_hooks: bool = False,
-        scorer: ScoreBatcher | None = None,
+        group_scoring: bool = True,
     ) -> None:
         if not isinstance(environment, EnvironmentMultiTurn):
             raise InvalidArgumentError(
@@ -108,7 +117,9 @@ class MultiTurnEnvAdapter(Env):
         self.environment = environment
         self.prompt_text = prompt_text
         self.offload_hooks = bool(offload_hooks)
-        self._scorer = scorer
+        self.group_scoring = bool(group_scoring)
+        self._defer = False
+        self._unscored: tuple[bool, EnvironmentEpisode] | None = None
         self._task: Task | None = None
         self._example: TaskExample | None = None
         self._transcript: list[ChatMessage] = []
@@ -149,6 +160,7 @@ class MultiTurnEnvAdapter(Env):
         self._steps = []
         self._response_text = ""
         self._done = False
+        self._unscored = None
         self._start = time.perf_counter()
         self.environment_episode = None
         self.reward_result = None
@@ -187,7 +199,7 @@ class MultiTurnEnvAdapter(Env):
         assert self._cap is not None
         if not result.done and self._actions < self._cap:
             return StepResult(terminated=False, truncated=False, messages=list(self._public))
-        return await self._finish(done=bool(result.done))
+        return await self._finish(done=bool(result.done), cut=None)
 
     @property
     def tool_specs(self) -> list[ToolSpec]:
@@ -205,6 +217,59 @@ class MultiTurnEnvAdapter(Env):
     @property
     def synchronous(self) -> bool:
         return not self.offload_hooks
+
+    # --- the runner's extras --------------------------------------------------------------------
+    def defer_scoring(self) -> None:
+        """Score this episode with the rest of its group (:meth:`score_group`), not when it ends:
+        the ending step then carries reward 0 and no metrics until the group is scored."""
+        self._defer = True
+
+    @property
+    def scoring_pending(self) -> bool:
+        """The episode has ended and waits for :meth:`score_group`."""
+        return self._unscored is not None
+
+    async def conclude(self, cause: str) -> StepResult | None:
+        """The runner ended the episode itself (``cause``: ``"max_turns"``, ``"context_overflow"``,
+        ``"deadline"``): score the transcript so far. The scored step, or None when the episode
+        had already ended or its scoring is deferred to the group."""
+        if self._example is None or self._done:
+            return None
+        return await self._finish(done=False, cut=cause)
+
+    async def score_group(
+        self, members: Sequence[MultiTurnEnvAdapter]
+    ) -> list[StepResult | BaseException]:
+        """Score the pending episodes of ``members`` (episodes of one task, this one among them)
+        with one ``score_episodes`` call (one per episode without ``group_scoring``). Each
+        member's result is its ending step with the score in it, or the exception its
+        ``score_episode`` raised (only that episode fails)."""
+        items = [m._unscored for m in members]
+        if any(item is None for item in items) or self._example is None:
+            raise InvalidArgumentError("score_group takes adapters whose scoring is pending.")
+        episodes = [episode for _, episode in items]  # type: ignore[misc]
+        if self.group_scoring:
+            try:
+                rewards = await score_each(
+                    self.environment, self._example, episodes, self.offload_hooks
+                )
+            except Exception as exc:  # score_episodes itself failed: so did every episode
+                rewards = [exc] * len(members)
+        else:
+            rewards = []
+            for episode in episodes:
+                rewards.extend(
+                    await score_each(self.environment, self._example, [episode], self.offload_hooks)
+                )
+        results: list[StepResult | BaseException] = []
+        for member, reward in zip(members, rewards, strict=True):
+            done = member._unscored[0]  # type: ignore[index]
+            member._unscored = None
+            if isinstance(reward, BaseException):
+                results.append(reward)
+            else:
+                results.append(member._scored(reward, done))
+        return results
 
     # --- extras --------------------------------------------------------------------------------
     def note_tokens(self, total: int) -> None:
@@ -249,7 +314,7 @@ class MultiTurnEnvAdapter(Env):
             self._transcript.append(message)
             self._public.append(_public(message))
 
-    def _build_episode(self, *, turn_cap_reached: bool) -> EnvironmentEpisode:
+    def _build_episode(self, *, turn_cap_reached: bool, cut: str | None) -> EnvironmentEpisode:
         turns = []
         action = -1
         for message in self._transcript[self._prompt_length :]:
@@ -272,22 +337,30 @@ class MultiTurnEnvAdapter(Env):
                 "steps": list(self._steps),
                 "max_episode_turns": self._cap,
                 "turn_cap_reached": turn_cap_reached,
+                "ended_by": cut or ("environment" if not turn_cap_reached else "max_episode_turns"),
             },
             latency_ms=int((time.perf_counter() - self._start) * 1000),
             total_tokens=self._tokens,
         )
 
-    async def _finish(self, *, done: bool) -> StepResult:
+    async def _finish(self, *, done: bool, cut: str | None) -> StepResult:
         self._done = True
         assert self._example is not None and self._task is not None
-        episode = self._build_episode(turn_cap_reached=not done)
+        episode = self._build_episode(
+            turn_cap_reached=not done and cut in (None, "max_turns"), cut=cut
+        )
         self.environment_episode = episode
-        if self._scorer is not None:
-            reward = await self._scorer.score(self._task, self._example, episode)
-        else:
-            [reward] = await score_episodes_async(
-                self.environment, self._example, [episode], offload=self.offload_hooks
+        self._unscored = (done, episode)
+        if self._defer:
+            return StepResult(
+                terminated=done, truncated=not done, messages=list(self._public), reward=0.0
             )
+        [result] = await self.score_group([self])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _scored(self, reward: RewardResult, done: bool) -> StepResult:
         self.reward_result = reward
         return StepResult(
             terminated=done,

@@ -2,8 +2,8 @@
 
 :class:`MultiTurnEnvFactory` builds :class:`~llm_gym.environments.adapter.MultiTurnEnvAdapter` s
 that share one environment object (document 002's environments are stateless and shared by
-concurrent rollouts) and batch scoring: the episodes of one task that end in the same wave of the
-loop are scored by one ``score_episodes`` call. :class:`MultiTurnTaskSource` reads the tasks from
+concurrent rollouts); the rollout loop scores each GRPO group with one ``score_episodes`` call
+once all its episodes have ended. :class:`MultiTurnTaskSource` reads the tasks from
 the environment's ``dataset``. Importing this module registers the factory with
 :func:`~llm_gym.core.factories.register_env_adapter`, so an ``EnvironmentMultiTurn`` instance or
 subclass works wherever an env factory is accepted.
@@ -20,7 +20,6 @@ from llm_gym.core.factories import as_task, register_env_adapter, resolve
 from llm_gym.core.task import Task
 from llm_gym.environments.adapter import MultiTurnEnvAdapter
 from llm_gym.environments.multi_turn import EnvironmentMultiTurn
-from llm_gym.environments.scoring import ScoreBatcher
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = ["MultiTurnEnvFactory", "MultiTurnTaskSource"]
@@ -54,7 +53,7 @@ class MultiTurnEnvFactory:
         split: The split the environment is built for.
         environment_kwargs: Keyword arguments for the class or function.
         offload_hooks: Run synchronous hooks in worker threads (see :class:`MultiTurnEnvAdapter`).
-        batch_scoring: Score the episodes of a task that end in the same wave with one
+        batch_scoring: Score each GRPO group, once all its episodes have ended, with one
             ``score_episodes`` call (document 002's group scoring); False: one call per episode.
 
     Picklable and comparable (registration compares entries), so it can be a ``gym.make`` kwarg.
@@ -92,7 +91,6 @@ class MultiTurnEnvFactory:
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._instances: dict[str, EnvironmentMultiTurn] = {}
-        self._scorer: ScoreBatcher | None = None
 
     def _key(self) -> tuple[Any, ...]:
         kwargs = tuple(sorted(self.environment_kwargs.items(), key=lambda kv: kv[0]))
@@ -112,7 +110,7 @@ class MultiTurnEnvFactory:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_lock", "_instances", "_scorer"):
+        for key in ("_lock", "_instances"):
             state.pop(key, None)
         return state
 
@@ -147,23 +145,12 @@ class MultiTurnEnvFactory:
             )
         return built
 
-    @property
-    def scorer(self) -> ScoreBatcher | None:
-        """The shared scoring batcher (``None`` with ``batch_scoring=False``)."""
-        if not self.batch_scoring:
-            return None
-        environment = self.environment_for()
-        with self._lock:
-            if self._scorer is None:
-                self._scorer = ScoreBatcher(environment, self.offload_hooks)
-            return self._scorer
-
     def __call__(self, task: Task) -> MultiTurnEnvAdapter:
         return MultiTurnEnvAdapter(
             self.environment_for(),
             self.prompt_text,
             offload_hooks=self.offload_hooks,
-            scorer=self.scorer,
+            group_scoring=self.batch_scoring,
         )
 
     def tasks(self, split: str | None = None) -> list[Task]:

@@ -47,11 +47,12 @@ def register_multi_turn_env(
         environment_kwargs: Extra keyword arguments for the class or function.
         description: One line for ``llm-gym list``.
         max_turns: The loop's turn limit; default :data:`MAX_TURNS_CEILING`, because the
-            environment's ``max_episode_turns`` decides (a lower value would cut episodes off
-            unscored).
+            environment's ``max_episode_turns`` decides (a lower value cuts episodes short; they
+            are still scored).
         version: The environment's version.
         offload_hooks: Run synchronous hooks in worker threads.
-        batch_scoring: Score episodes of a task that end together with one ``score_episodes``.
+        batch_scoring: Score each GRPO group with one ``score_episodes`` call once all its
+            episodes have ended (False: one call per episode).
         **kwargs: More ``TextEnv`` keyword arguments (``failed_parse_reward``, ...).
 
     Returns:

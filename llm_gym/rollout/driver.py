@@ -21,6 +21,9 @@ an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text vi
   ``ENV``: both are length budgets.
 * The caller may end an episode itself (:meth:`~EpisodeDriver.end`): ``CONTEXT_OVERFLOW`` when
   the next turn would not fit the model's context, ``ENV`` when starting the episode failed.
+* An environment that scores whatever transcript it has (``conclude(cause)``, document 002's
+  environments) is concluded when the run's turn limit or the caller (:meth:`~EpisodeDriver.cut`)
+  ends its episode: the ending takes its reward and metrics instead of 0.
 
 The driver never renders text and never tokenizes: those belong to its callers.
 """
@@ -113,6 +116,7 @@ class EpisodeDriver:
     # Slots: the attributes of the step's hot path are read and written several times a step.
     __slots__ = (
         "_acting",
+        "_cut",
         "_eager",
         "_plain",
         "_step_sync",
@@ -176,6 +180,7 @@ class EpisodeDriver:
         """How the episode ended, once it has."""
         self._plain = False
         self._acting = False
+        self._cut = False
 
     # --- starting -----------------------------------------------------------------------------
     def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
@@ -199,7 +204,7 @@ class EpisodeDriver:
         return self.messages
 
     def _new_env(self, task: Task) -> Env:
-        self.ending, self._acting = None, False
+        self.ending, self._acting, self._cut = None, False, False
         self.env = env = self.env_factory(task)
         self._plain = isinstance(env, SyncEnv)  # plain methods: no coroutine, no event loop
         return env
@@ -270,8 +275,38 @@ class EpisodeDriver:
             metrics = dict(result.metrics)
             return self._finish(EpisodeEnd(float(result.reward), cause is None, cause, metrics))
         if self.turn >= self.limit:
+            self._cut = True  # the run's limit, not the env: the env may score what it has
             return self._finish(EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS))
         return None
+
+    def _conclusion(self) -> Any:
+        """The env's ``conclude(cause)`` coroutine when the last ending cut its episode short
+        and the env scores cut episodes; else None."""
+        if not self._cut or self.ending is None:
+            return None
+        self._cut = False
+        conclude = getattr(self.env, "conclude", None)
+        if conclude is None:
+            return None
+        return conclude(str(self.ending.truncation_cause))
+
+    def _concluded(self, result: StepResult | None) -> EpisodeEnd:
+        ending = self.ending
+        assert ending is not None
+        if result is not None:
+            ending.reward, ending.metrics = float(result.reward), dict(result.metrics)
+        return ending
+
+    async def _conclude(self) -> EpisodeEnd | None:
+        conclusion = self._conclusion()
+        if conclusion is None:
+            return self.ending
+        try:
+            return self._concluded(await conclusion)
+        except Exception:
+            return self._finish(
+                EpisodeEnd(0.0, False, TruncationCause.ENV, error=traceback.format_exc())
+            )
 
     def _raised(self, action: Message) -> EpisodeEnd:
         self.messages = [*self.messages, action]
@@ -292,7 +327,9 @@ class EpisodeDriver:
             result = await self.env.step(action)  # type: ignore[union-attr]
         except Exception:
             return self._raised(action)
-        return self._absorb(result)
+        if self._absorb(result) is not None and self._cut:
+            return await self._conclude()
+        return self.ending
 
     def act_sync(self, text: str) -> EpisodeEnd | None:
         """:meth:`act` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
@@ -303,12 +340,23 @@ class EpisodeDriver:
             result = self._step_sync(action)
         except Exception:
             return self._raised(action)
-        return self._absorb(result)
+        if self._absorb(result) is not None and self._cut:
+            return self._run(self._conclude(), bool(getattr(self.env, "synchronous", False)))
+        return self.ending
 
     def end(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:
         """End the episode from outside (``CONTEXT_OVERFLOW``, or ``ENV`` with the traceback of
         a failure around it): truncated, reward 0."""
         return self._finish(EpisodeEnd(0.0, False, cause, error=error))
+
+    async def cut(self, cause: TruncationCause) -> EpisodeEnd:
+        """:meth:`end` the episode for a budget (``CONTEXT_OVERFLOW``, ``DEADLINE``); an env that
+        scores cut episodes is concluded, and the ending takes its reward and metrics."""
+        self.end(cause)
+        self._cut = True
+        ending = await self._conclude()
+        assert ending is not None
+        return ending
 
     def replies(self) -> list[Message]:
         """The messages the environment added after the last action (tool results, a user

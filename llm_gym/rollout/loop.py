@@ -14,10 +14,8 @@ once while environment steps overlap with each other on the event loop.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import traceback
-import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,12 +26,16 @@ from llm_gym.compat import moved_names
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
-from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 from llm_gym.rollout.batching import Streamed, Waves
-from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, require_turn_limit
+from llm_gym.rollout.driver import (
+    DEFAULT_FAILED_PARSE_REWARD,
+    EpisodeDriver,
+    require_turn_limit,
+)
 from llm_gym.rollout.episode import Episode, Turn
+from llm_gym.rollout.records import Ended, count_tokens, finalize, score_group, turn_record
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
@@ -110,35 +112,6 @@ async def _act_in_time(
     return None, key
 
 
-def _count_tool_errors(messages: Sequence[Message]) -> int:
-    return sum(
-        1
-        for m in messages
-        if m.get("role") == "tool" and str(m.get("content", "")).startswith("tool_error")
-    )
-
-
-def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None:
-    rewards = metrics.pop("per_turn_rewards", None)
-    if rewards is None:
-        return
-    valid = (
-        isinstance(rewards, list | tuple)
-        and len(rewards) == len(turns)
-        and all(isinstance(r, int | float) and math.isfinite(r) for r in rewards)
-    )
-    if not valid:
-        warnings.warn(
-            f"Ignoring per_turn_rewards: expected {len(turns)} finite numbers (one per assistant "
-            f"turn), got {rewards!r:.120}. The episode uses episode-level credit.",
-            stacklevel=2,
-        )
-        metrics["per_turn_rewards_invalid"] = 1
-        return
-    for turn, reward in zip(turns, rewards, strict=True):
-        turn.reward = float(reward)
-
-
 async def _run_episode(
     driver: EpisodeDriver,
     task: Task,
@@ -149,7 +122,7 @@ async def _run_episode(
     settings: RolloutSettings,
     oracle: Oracle | None,
     tokenizer: Any,
-) -> Episode:
+) -> Ended:
     """One episode: the driver keeps the rules; this adds the policy, tokens and the record."""
     start = time.perf_counter()
     turns: list[Turn] = []
@@ -165,10 +138,15 @@ async def _run_episode(
     )
     tracker: TokenTracker | None = None
     ending = None
+    env = None
     try:
         messages = await driver.start(task)
+        env = driver.env
+        defer = getattr(env, "defer_scoring", None)
+        if defer is not None:  # scored with its whole group (document 002's score_episodes)
+            defer()
         episode.num_opening_messages = len(messages)
-        tool_specs = list(driver.env.tool_specs)  # type: ignore[union-attr]
+        tool_specs = list(env.tool_specs)  # type: ignore[union-attr]
         episode.tool_specs = tool_specs
         if tokenizer is not None:
             tracker = TokenTracker(tokenizer, tool_specs, settings.chat_template_kwargs)
@@ -181,7 +159,7 @@ async def _run_episode(
                 and tracker.context_length + (settings.max_new_tokens or 0)
                 > settings.max_model_length
             ):
-                ending = driver.end(TruncationCause.CONTEXT_OVERFLOW)
+                ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
                 break
             request = PolicyRequest(
                 messages=list(driver.messages),
@@ -201,14 +179,14 @@ async def _run_episode(
                 )
             generation, key = await _act_in_time(waves, request, key, deadline)
             if generation is None:  # missed twice: the env never sees a timed-out output
-                ending = driver.end(TruncationCause.DEADLINE)
+                ending = await driver.cut(TruncationCause.DEADLINE)
                 break
-            note_tokens = getattr(driver.env, "note_tokens", None)
+            note_tokens = getattr(env, "note_tokens", None)
             if note_tokens is not None and tracker is not None:  # document 002's total_tokens
                 note_tokens(tracker.context_length + len(generation.token_ids or ()))
             ending = await driver.act(generation.text)
-            turns.append(_turn_record(driver, generation))
-            _count_tokens(episode, generation, first=len(turns) == 1)
+            turns.append(turn_record(driver, generation))
+            count_tokens(episode, generation, first=len(turns) == 1)
             if tracker is not None and generation.token_ids is not None:
                 tracker.add_generation(
                     generation.token_ids,
@@ -233,46 +211,7 @@ async def _run_episode(
         except Exception:
             episode.error = traceback.format_exc()
         waves.episode_done(key)
-    episode.reward = ending.reward
-    episode.terminated, episode.truncated = ending.terminated, ending.truncated
-    episode.truncation_cause = ending.truncation_cause
-    episode.metrics = dict(ending.metrics)
-    if ending.error is not None:
-        episode.error = ending.error + (episode.error or "")
-    _assign_per_turn_rewards(turns, episode.metrics)
-    if tracker is not None:
-        episode.samples = tracker.finish(episode.reward, episode.per_turn_rewards)
-    episode.wall_time_s = time.perf_counter() - start
-    return episode
-
-
-def _turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
-    """The :class:`Turn` of the act the driver just took."""
-    parsed = driver.parsed
-    env_messages = driver.replies()
-    return Turn(
-        text=generation.text,
-        parse_kind=parsed.kind,  # type: ignore[union-attr]  (record_parse is on)
-        message=driver.action,  # type: ignore[arg-type]
-        parse_error=parsed.error,  # type: ignore[union-attr]
-        env_messages=env_messages,
-        tool_calls=len(parsed.tool_calls),  # type: ignore[union-attr]
-        tool_errors=_count_tool_errors(env_messages),
-        token_ids=generation.token_ids,
-        logprobs=generation.logprobs,
-        finish_reason=generation.finish_reason,
-        policy_versions=generation.policy_versions,
-    )
-
-
-def _count_tokens(episode: Episode, generation: Generation, *, first: bool) -> None:
-    if generation.token_ids is not None:
-        episode.completion_tokens += len(generation.token_ids)
-        return
-    usage = generation.metadata.get("usage") or {}  # an HTTP endpoint reports its own counts
-    episode.completion_tokens += int(usage.get("completion_tokens") or 0)
-    if first:
-        episode.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    return Ended(episode, ending, tracker, env, start)
 
 
 @dataclass
@@ -374,7 +313,7 @@ async def collect_groups_async(
             leave=False,
         )
 
-    async def one(group: int, index: int, task: Task) -> Episode:
+    async def one(group: int, index: int, task: Task) -> Ended:
         driver = EpisodeDriver(
             factory,
             action_format=fmt,
@@ -383,19 +322,21 @@ async def collect_groups_async(
             record_parse=True,
         )
         key = (group, index) if key_space is None else (key_space, group, index)
-        episode = await _run_episode(
+        ended = await _run_episode(
             driver, task, group, index, key, waves, settings, oracle, tokenizer
         )
         if bar is not None:
             bar.update(1)
-        return episode
+        return ended
+
+    async def whole_group(group: int, task: Task) -> list[Episode]:
+        ended = await asyncio.gather(*(one(group, i, task) for i in range(episodes_per_task)))
+        await score_group(ended)  # once every episode of the group has ended
+        return [finalize(e) for e in ended]
 
     start = time.perf_counter()
-    coroutines = [
-        one(g, i, task) for g, task in enumerate(task_list) for i in range(episodes_per_task)
-    ]
     try:
-        flat = await asyncio.gather(*coroutines)
+        groups = await asyncio.gather(*(whole_group(g, t) for g, t in enumerate(task_list)))
     finally:
         if bar is not None:
             bar.close()
@@ -403,9 +344,7 @@ async def collect_groups_async(
             await stream.aclose()
     if stats is not None:
         stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
-    return [
-        flat[g * episodes_per_task : (g + 1) * episodes_per_task] for g in range(len(task_list))
-    ]
+    return list(groups)
 
 
 def collect_groups(*args: Any, **kwargs: Any) -> list[list[Episode]]:

@@ -1,0 +1,132 @@
+"""The records of the episode loop: a turn's record, an ended episode, its group's scoring.
+
+The loop (:mod:`llm_gym.rollout.loop`) runs an episode to its end (:class:`Ended`), scores the
+group's deferred episodes together once all have ended (:func:`score_group`, document 002's
+``score_episodes``), then writes each :class:`~llm_gym.rollout.episode.Episode` record
+(:func:`finalize`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gym.core.env import TruncationCause
+from llm_gym.core.types import Message
+from llm_gym.policies.base import Generation
+from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
+from llm_gym.rollout.episode import Episode, Turn
+from llm_gym.rollout.tokens import TokenTracker
+
+__all__ = ["Ended", "count_tokens", "finalize", "score_group", "turn_record"]
+
+
+def _count_tool_errors(messages: Sequence[Message]) -> int:
+    return sum(
+        1
+        for m in messages
+        if m.get("role") == "tool" and str(m.get("content", "")).startswith("tool_error")
+    )
+
+
+def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None:
+    rewards = metrics.pop("per_turn_rewards", None)
+    if rewards is None:
+        return
+    valid = (
+        isinstance(rewards, list | tuple)
+        and len(rewards) == len(turns)
+        and all(isinstance(r, int | float) and math.isfinite(r) for r in rewards)
+    )
+    if not valid:
+        warnings.warn(
+            f"Ignoring per_turn_rewards: expected {len(turns)} finite numbers (one per assistant "
+            f"turn), got {rewards!r:.120}. The episode uses episode-level credit.",
+            stacklevel=2,
+        )
+        metrics["per_turn_rewards_invalid"] = 1
+        return
+    for turn, reward in zip(turns, rewards, strict=True):
+        turn.reward = float(reward)
+
+
+@dataclass
+class Ended:
+    """An episode that has ended, before its reward is final (its group may score it)."""
+
+    episode: Episode
+    ending: EpisodeEnd
+    tracker: TokenTracker | None
+    env: Any
+    start: float
+
+
+async def score_group(ended: list[Ended]) -> None:
+    """Score the group's deferred episodes together (one ``score_episodes`` call per shared
+    environment); a failure ends only the episodes it concerns, as ``ENV`` with the error."""
+    pending = [e for e in ended if getattr(e.env, "scoring_pending", False)]
+    by_environment: dict[int, list[Ended]] = {}
+    for item in pending:
+        by_environment.setdefault(id(getattr(item.env, "environment", item.env)), []).append(item)
+    for members in by_environment.values():
+        try:
+            results = await members[0].env.score_group([m.env for m in members])
+        except Exception as exc:
+            results = [exc] * len(members)
+        for member, result in zip(members, results, strict=True):
+            if isinstance(result, BaseException):
+                error = "".join(traceback.format_exception(result))
+                member.ending = EpisodeEnd(0.0, False, TruncationCause.ENV, error=error)
+            else:
+                member.ending.reward = float(result.reward)
+                member.ending.metrics = dict(result.metrics)
+
+
+def finalize(ended: Ended) -> Episode:
+    """The episode record, once its reward is final."""
+    episode, ending, tracker = ended.episode, ended.ending, ended.tracker
+    episode.reward = ending.reward
+    episode.terminated, episode.truncated = ending.terminated, ending.truncated
+    episode.truncation_cause = ending.truncation_cause
+    episode.metrics = dict(ending.metrics)
+    if ending.error is not None:
+        episode.error = ending.error + (episode.error or "")
+    _assign_per_turn_rewards(episode.turns, episode.metrics)
+    if tracker is not None:
+        episode.samples = tracker.finish(episode.reward, episode.per_turn_rewards)
+    episode.wall_time_s = time.perf_counter() - ended.start
+    return episode
+
+
+def turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
+    """The :class:`Turn` of the act the driver just took."""
+    parsed = driver.parsed
+    env_messages = driver.replies()
+    return Turn(
+        text=generation.text,
+        parse_kind=parsed.kind,  # type: ignore[union-attr]  (record_parse is on)
+        message=driver.action,  # type: ignore[arg-type]
+        parse_error=parsed.error,  # type: ignore[union-attr]
+        env_messages=env_messages,
+        tool_calls=len(parsed.tool_calls),  # type: ignore[union-attr]
+        tool_errors=_count_tool_errors(env_messages),
+        token_ids=generation.token_ids,
+        logprobs=generation.logprobs,
+        finish_reason=generation.finish_reason,
+        policy_versions=generation.policy_versions,
+    )
+
+
+def count_tokens(episode: Episode, generation: Generation, *, first: bool) -> None:
+    if generation.token_ids is not None:
+        episode.completion_tokens += len(generation.token_ids)
+        return
+    usage = generation.metadata.get("usage") or {}  # an HTTP endpoint reports its own counts
+    episode.completion_tokens += int(usage.get("completion_tokens") or 0)
+    if first:
+        episode.prompt_tokens = int(usage.get("prompt_tokens") or 0)
