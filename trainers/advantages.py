@@ -176,10 +176,13 @@ class GroupPool:
     """The groups with a learning signal, with their shaped rewards, in collection order."""
     spare: list[tuple[Any, list[float]]] = field(default_factory=list)
     """The zero-variance groups, with their shaped rewards, in collection order."""
+    keep_all: bool = False
+    """Every group carries a signal (on-policy distillation's is per token): none is spare."""
 
     def add(self, group: Any, rewards_G: list[float]) -> None:
         """Pool a collected group with its shaped rewards."""
-        (self.spare if is_zero_variance(rewards_G) else self.kept).append((group, rewards_G))
+        spare = not self.keep_all and is_zero_variance(rewards_G)
+        (self.spare if spare else self.kept).append((group, rewards_G))
 
     @property
     def deficit(self) -> int:

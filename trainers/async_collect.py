@@ -260,7 +260,7 @@ class AsyncCollector:
         args = self.args
         limit = args.max_steps_off_policy or 0
         out = AsyncBatch()
-        pool = GroupPool(wanted)
+        pool = GroupPool(wanted, keep_all=self.args.distillation is not None)
         budget = wanted * args.max_sampling_attempts
         usable = 0
         while True:

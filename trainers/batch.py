@@ -47,9 +47,10 @@ def episode_rows(
     advantage: float,
     turn_advantages: Sequence[float] | None,
     train: bool,
-    max_rows: int,
+    max_rows: int | None,
 ) -> tuple[list[Row], int]:
-    """The rows of one episode and how many of its samples were dropped over ``max_rows``.
+    """The rows of one episode and how many of its samples were dropped over ``max_rows``
+    (None: every sample is a row; each carries the episode's advantages).
 
     With ``turn_advantages`` each token takes its turn's advantage (per-turn credit); otherwise
     every policy token takes ``advantage``. ``train=False`` keeps the rows but masks them out.
@@ -75,7 +76,7 @@ def episode_rows(
                 or [-1] * len(sample.completion_ids),
             )
         )
-    return rows, max(0, len(samples) - max_rows)
+    return rows, 0 if max_rows is None else max(0, len(samples) - max_rows)
 
 
 def padding_row(pad_id: int) -> Row:
@@ -96,15 +97,16 @@ def group_rows(
     turn_advantages: Sequence[Sequence[Sequence[float] | None]],
     *,
     overlong_masking: bool,
-    max_rows: int,
+    max_rows: int | None,
     pad_id: int,
 ) -> tuple[list[Row], int]:
     """The rows of a batch of episode groups, ``max_rows`` per episode, and the samples dropped.
 
     Each episode gives its :func:`episode_rows` (masked out when ``overlong_masking`` is on and
     the episode was truncated), then :func:`padding_row` s up to ``max_rows``, so every episode
-    holds the same rows of the batch. ``episode_advantages[g][e]`` and ``turn_advantages[g][e]``
-    belong to episode ``e`` of group ``g``.
+    holds the same rows of the batch. ``max_rows=None``: every sample of every episode, no
+    padding (the row count varies; see :func:`pad_rows`). ``episode_advantages[g][e]`` and
+    ``turn_advantages[g][e]`` belong to episode ``e`` of group ``g``.
     """
     rows: list[Row] = []
     dropped = 0
@@ -119,8 +121,22 @@ def group_rows(
             )
             dropped += lost
             rows.extend(own)
-            rows.extend(padding_row(pad_id) for _ in range(max_rows - len(own)))
+            if max_rows is not None:
+                rows.extend(padding_row(pad_id) for _ in range(max_rows - len(own)))
     return rows, dropped
+
+
+def pad_rows(rows: list[Row], *, multiple: int, at_least: int, pad_id: int) -> list[Row]:
+    """``rows`` and :func:`padding_row` s up to at least ``at_least`` rows and a multiple of
+    ``multiple`` (the micro-batches of a step must split evenly).
+
+    Example:
+        >>> len(pad_rows([padding_row(0)] * 5, multiple=2, at_least=1, pad_id=0))
+        6
+    """
+    target = max(len(rows), at_least, 1)
+    target = -(-target // multiple) * multiple
+    return rows + [padding_row(pad_id) for _ in range(target - len(rows))]
 
 
 def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> dict[str, Any]:

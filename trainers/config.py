@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,8 @@ from llm_gym.policies.registry import registered_policies
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
-from trainers.config_checks import check_async, check_deadline
+from trainers.config_checks import check_async, check_deadline, check_distillation
+from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -70,8 +72,12 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         metadata={"help": "Assistant turns per episode. Required by train_multi_turn."},
     )
     episodes_per_task: int = field(
-        default=8,
-        metadata={"help": "Episodes per task per step (the group). At least 2."},
+        default=1,
+        metadata={
+            "help": "Episodes per task per step, the group GRPO compares. Set it to 2 or more: "
+            "a group of one has no baseline, so GRPO never trains on it (accepted with a "
+            "warning; the natural setting for on-policy distillation)."
+        },
     )
     batch_size: int = field(default=4, metadata={"help": "Tasks per optimizer step."})
     num_steps: int = field(default=100, metadata={"help": "Optimizer steps (TRL's max_steps)."})
@@ -127,11 +133,23 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     max_tokens_per_turn: int = field(
         default=256, metadata={"help": "Generation budget of one assistant turn in tokens."}
     )
-    max_samples_per_episode: int = field(
-        default=1,
+    max_samples_per_episode: int | None = field(
+        default=None,
         metadata={
             "help": "Training rows per episode. An episode splits into several samples only "
-            "when the chat template rewrites history; extra samples are dropped (counted)."
+            "when the chat template rewrites history (thinking models); each carries the "
+            "episode's advantage. None: train on all of them (micro-batches then hold "
+            "per_device_train_batch_size x samples-per-episode rows); an int caps them, extra "
+            "samples are dropped (counted)."
+        },
+    )
+    distillation: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "On-policy distillation: {'teacher': PATH_OR_HUB_ID or {'base_url': URL, "
+            "'model': NAME}, 'kl_coef': 1.0, 'reward_weight': 0.0}. The teacher scores the "
+            "student's own samples; the per-token reverse KL on policy tokens is the learning "
+            "signal (trainers.DistillationConfig). None: GRPO only."
         },
     )
     wandb_project: str | None = field(
@@ -241,17 +259,28 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                 f"batch_size ({self.batch_size}) must be divisible by the number of processes "
                 f"({world}) so that each process runs whole groups."
             )
-        per_rank_rows = episodes // world * self.max_samples_per_episode
+        per_rank_rows = episodes // world * (self.max_samples_per_episode or 1)
         if self.per_device_train_batch_size is None:
             self.per_device_train_batch_size = per_rank_rows
         if per_rank_rows % self.per_device_train_batch_size:
             raise InvalidArgumentError(
                 f"per_device_train_batch_size ({self.per_device_train_batch_size}) must divide the "
                 f"rows each process trains on per step: batch_size x episodes_per_task / "
-                f"processes x max_samples_per_episode = {per_rank_rows}."
+                f"processes x (max_samples_per_episode or 1) = {per_rank_rows}."
             )
         # One optimizer step per rollout batch: TRL's generation batch is our episodes.
-        self.num_generations = self.episodes_per_task
+        self.num_generations = group_size = self.episodes_per_task
+        if group_size == 1:
+            # TRL's GRPOConfig refuses groups of one (its advantage needs a group); ours take one
+            # episode per task. Pass its check with a stand-in that divides the generation
+            # batch, then restore the real group size (RepeatSampler repeats each task once).
+            rows = per_rank_rows * world
+            self.num_generations = next((d for d in range(2, rows + 1) if rows % d == 0), 0)
+            if not self.num_generations:
+                raise InvalidArgumentError(
+                    "batch_size x episodes_per_task x processes must be at least 2 (TRL's "
+                    f"trainer needs two rows a step), actual value: {rows}."
+                )
         self.generation_batch_size = None
         self.steps_per_generation = per_rank_rows // self.per_device_train_batch_size
         self.gradient_accumulation_steps = self.steps_per_generation
@@ -265,6 +294,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         elif self.report_to in (None, "all") or self.report_to == ["all"]:
             self.report_to = "none"
         super().__post_init__()
+        self.num_generations = group_size
 
     def _check_multi_turn(self) -> None:
         def refuse(name: str, value: Any, allowed: str) -> None:
@@ -276,11 +306,15 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse(
                 "max_turns", self.max_turns, "an int >= 1 (or None, then set it before training)"
             )
-        if not isinstance(self.episodes_per_task, int) or self.episodes_per_task < 2:
-            refuse(
-                "episodes_per_task",
-                self.episodes_per_task,
-                "an int >= 2: one episode has no group to compare against, so it never trains",
+        if not isinstance(self.episodes_per_task, int) or self.episodes_per_task < 1:
+            refuse("episodes_per_task", self.episodes_per_task, "an int >= 1 (the group size)")
+        self.distillation = check_distillation(self.distillation, refuse)
+        if self.episodes_per_task == 1 and self.distillation is None:
+            warnings.warn(
+                "episodes_per_task=1: a group of one has no baseline, so GRPO gives every "
+                "episode advantage 0 and never trains. Set episodes_per_task to 2 or more (the "
+                "cookbook uses 8), or train with distillation=... .",
+                stacklevel=4,
             )
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             refuse("batch_size", self.batch_size, "an int >= 1 (tasks per step)")
@@ -328,8 +362,9 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                 self.generation_backend,
                 "'vllm' exactly when use_vllm=True (TRL sets up and syncs the vLLM engine)",
             )
-        if self.max_samples_per_episode < 1:
-            refuse("max_samples_per_episode", self.max_samples_per_episode, "an int >= 1")
+        samples = self.max_samples_per_episode
+        if samples is not None and (not isinstance(samples, int) or samples < 1):
+            refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")
         if self.shared_prefix_min_length < 1:
             refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
         check_async(self, refuse)
@@ -389,6 +424,11 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     def rollout_backend(self) -> str:
         """The policy kind that generates episodes (``generation_backend`` resolved)."""
         return self.generation_backend or ("vllm" if self.use_vllm else "hf")
+
+    @property
+    def distillation_settings(self) -> DistillationConfig | None:
+        """``distillation`` as a :class:`~trainers.distillation.DistillationConfig`."""
+        return None if self.distillation is None else DistillationConfig(**self.distillation)
 
     @property
     def episodes_per_step(self) -> int:

@@ -1,4 +1,5 @@
-"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s async and deadline fields.
+"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s async, deadline and distillation
+fields.
 
 Each refuses a value with the field named and what is allowed (``refuse(name, value, allowed)``),
 before any model loads.
@@ -6,11 +7,15 @@ before any model loads.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
 from typing import Any
 
+from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
-__all__ = ["check_async", "check_deadline"]
+__all__ = ["check_async", "check_deadline", "check_distillation"]
 
 
 def check_async(config: Any, refuse: Any) -> None:
@@ -91,3 +96,45 @@ def check_deadline(config: Any, refuse: Any) -> None:
         refuse("generation_deadline_min_s", low, "None (no deadline) or a number of seconds > 0")
     if isinstance(high, bool) or not isinstance(high, int | float) or not high >= low:
         refuse("generation_deadline_max_s", high, f"a number of seconds >= the minimum ({low})")
+
+
+def check_distillation(value: Any, refuse: Any) -> dict[str, Any] | None:
+    """``distillation`` (None, a mapping or a :class:`DistillationConfig`) as a plain dict with
+    every key, checked; the teacher is not loaded here."""
+    if value is None:
+        return None
+    if isinstance(value, DistillationConfig):
+        value = dataclasses.asdict(value)
+    names = [f.name for f in dataclasses.fields(DistillationConfig)]
+    if not isinstance(value, Mapping):
+        refuse("distillation", value, f"None or a mapping with keys {names}")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        refuse(
+            "distillation", dict(value), f"a mapping with keys among {names} (unknown: {unknown})"
+        )
+    settings = {f.name: f.default for f in dataclasses.fields(DistillationConfig)}
+    settings.update(value)
+    teacher = settings["teacher"]
+    if not (isinstance(teacher, str) and teacher.strip()) and not isinstance(teacher, Mapping):
+        refuse(
+            "distillation.teacher",
+            teacher,
+            "a model path or hub id, or {'base_url': URL, 'model': NAME} for an "
+            "OpenAI-compatible server that returns prompt logprobs",
+        )
+    for name, low in (("kl_coef", 0.0), ("reward_weight", 0.0)):
+        number = settings[name]
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int | float)
+            or not (math.isfinite(number) and number >= low)
+        ):
+            refuse(f"distillation.{name}", number, f"a finite number >= {low}")
+    if settings["kl_coef"] == 0 and settings["reward_weight"] == 0:
+        refuse("distillation.kl_coef", 0, "> 0, or reward_weight > 0 (else nothing trains)")
+    size = settings["teacher_batch_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        refuse("distillation.teacher_batch_size", size, "an int >= 1")
+    settings["teacher"] = teacher if isinstance(teacher, str) else dict(teacher)
+    return settings

@@ -1,7 +1,10 @@
-"""The trainer's scoring: reference and behaviour logprobs, and scoring with a shared prefix.
+"""The trainer's scoring: the batch, reference, behaviour and teacher logprobs, and scoring with
+a shared prefix.
 
 A mixin of :class:`trainers.trainer.MultiTurnGRPOTrainer` (before TRL's ``GRPOTrainer`` in its
-bases): :meth:`ScoringMixin._add_reference_logps` adds what TRL's loss reads besides the batch
+bases): :meth:`ScoringMixin._training_batch` turns episode groups into the tensors TRL's loss
+reads (with on-policy distillation's teacher advantages, :mod:`trainers.distillation`);
+:meth:`ScoringMixin._add_reference_logps` adds what TRL's loss reads besides the batch
 (``old_per_token_logps``, ``ref_per_token_logps``, vLLM's importance-sampling ratio) and applies
 async training's off-policy correction; :meth:`ScoringMixin._get_per_token_logps_and_entropies`
 runs the rows' shared prefix once (:mod:`trainers.shared_prefix`).
@@ -9,12 +12,22 @@ runs the rows' shared prefix once (:mod:`trainers.shared_prefix`).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from trainers.batch import importance_sampling_ratio, off_policy_weights, stale_token_mask
+from trainers.batch import (
+    group_rows,
+    importance_sampling_ratio,
+    off_policy_weights,
+    pad_rows,
+    rows_to_tensors,
+    stale_token_mask,
+)
 from trainers.config import MultiTurnGRPOConfig
+from trainers.distillation import distill_batch
 from trainers.shared_prefix import (
     cache_keyword,
     plan_shared_prefix,
@@ -27,6 +40,61 @@ __all__ = ["ScoringMixin"]
 
 class ScoringMixin:
     """Scoring for :class:`~trainers.trainer.MultiTurnGRPOTrainer` (see the module docstring)."""
+
+    _teacher: Any = None
+
+    def _training_batch(
+        self, groups: Sequence[Sequence[Any]], advantages: Any
+    ) -> tuple[dict[str, Any], int, dict[str, float]]:
+        """The step's batch from its episode groups and their advantages, the samples dropped
+        over ``max_samples_per_episode``, and metrics (distillation's, async's)."""
+        args: MultiTurnGRPOConfig = self.args  # type: ignore[attr-defined]
+        tokenizer = self._episode_tokenizer  # type: ignore[attr-defined]
+        pad_id = (
+            tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else (tokenizer.eos_token_id)
+        )
+        rows, dropped = group_rows(
+            groups,
+            advantages.episode,
+            advantages.turns,
+            overlong_masking=args.overlong_masking,
+            max_rows=args.max_samples_per_episode,
+            pad_id=pad_id,
+        )
+        accelerator = self.accelerator  # type: ignore[attr-defined]
+        if args.max_samples_per_episode is None:  # a row per sample, as many on every rank
+            most = accelerator.gather(torch.tensor([len(rows)], device=accelerator.device))
+            rows = pad_rows(
+                rows, multiple=args.steps_per_generation, at_least=int(most.max()), pad_id=pad_id
+            )
+        batch = rows_to_tensors(rows, pad_id, accelerator.device)
+        metrics: dict[str, float] = {}
+        settings = args.distillation_settings
+        if settings is not None:
+            start = time.perf_counter()
+            if self._teacher is None:
+                from trainers.teacher import teacher_from_config
+
+                self._teacher = teacher_from_config(
+                    settings.teacher, batch_size=settings.teacher_batch_size
+                )
+            kl_sum, tokens = distill_batch(batch, self._teacher, settings)
+            totals = (
+                accelerator.gather(
+                    torch.tensor([kl_sum, tokens], dtype=torch.float64, device=accelerator.device)
+                )
+                .view(-1, 2)
+                .sum(0)
+            )
+            metrics["distill/reverse_kl"] = float(totals[0] / totals[1].clamp(min=1))
+            metrics["distill/teacher_s"] = time.perf_counter() - start
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        batch["num_items_in_batch"] = accelerator.gather(loss_mask.sum()).sum()
+        metrics.update(self._add_reference_logps(batch))
+        batch.pop("sampling_per_token_logps")
+        return batch, dropped, metrics
 
     def _add_reference_logps(self, batch: dict[str, Any]) -> dict[str, float]:
         """``old_per_token_logps`` when off-policy, ``ref_per_token_logps`` when beta != 0,

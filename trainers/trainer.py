@@ -36,7 +36,6 @@ from trainers.advantages import (
     refuse_per_turn_with_native_tools,
 )
 from trainers.async_collect import AsyncCollector
-from trainers.batch import group_rows, rows_to_tensors
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
@@ -260,7 +259,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         start = time.perf_counter()
         # TRL's sampler hands each process rows for max_samples_per_episode x the episodes:
         # run the tasks of the first 1 / max_samples_per_episode of them.
-        wanted = len(inputs) // (args.episodes_per_task * args.max_samples_per_episode)
+        wanted = len(inputs) // (args.episodes_per_task * (args.max_samples_per_episode or 1))
         async_metrics: dict[str, float] = {}
         if args.is_async:
             pool, async_metrics = self._async_pool(wanted)
@@ -278,23 +277,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         if args.log_completions:  # TRL's table (console, W&B) at its next log
             rows = completion_rows(groups, rewards, advantages.episode)
             extend_completion_logs(self._logs, rows, gather_object)
-        pad_id = self._episode_tokenizer.pad_token_id
-        if pad_id is None:
-            pad_id = self._episode_tokenizer.eos_token_id
-        rows, dropped = group_rows(
-            groups,
-            advantages.episode,
-            advantages.turns,
-            overlong_masking=args.overlong_masking,
-            max_rows=args.max_samples_per_episode,
-            pad_id=pad_id,
-        )
-        device = self.accelerator.device
-        batch = rows_to_tensors(rows, pad_id, device)
-        loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        async_metrics.update(self._add_reference_logps(batch))
-        batch.pop("sampling_per_token_logps")
+        batch, dropped, batch_metrics = self._training_batch(groups, advantages)
+        async_metrics.update(batch_metrics)
         part = RolloutPart(
             episodes=[e for g in groups for e in g],
             shaped=[r for g in rewards for r in g],
@@ -316,7 +300,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         size = args.episodes_per_task
         task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
         tasks = [self.tasks[i] for i in task_indices]
-        pool = GroupPool(wanted)
+        pool = GroupPool(wanted, keep_all=args.distillation is not None)
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,
