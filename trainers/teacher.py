@@ -137,12 +137,9 @@ class HFTeacher:
         for row, (ids, _) in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
             mask[row, : len(ids)] = 1
-        positions = torch.arange(width).expand(len(batch), width)
-        with torch.inference_mode():
+        with torch.inference_mode():  # right padding: positions are 0.. as unpadded
             logits = self.model(
-                input_ids=input_ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=positions.to(device),
+                input_ids=input_ids.to(device), attention_mask=mask.to(device)
             ).logits
             out = []
             for row, (ids, start) in enumerate(batch):
@@ -211,7 +208,8 @@ def reverse_kl_advantages(
 
     ``student_logps - teacher_logps`` on the sampled token is the one-sample estimate of the
     reverse KL ``KL(student || teacher)``; its negative, unreduced over time (discount 0), is each
-    token's advantage. ``mask`` is 1 on policy tokens, 0 on env/tool tokens and padding.
+    token's advantage. ``mask`` is 1 on policy tokens, 0 on env/tool tokens and padding. The
+    result is detached: advantages are constants of the policy-gradient loss.
 
     Example:
         >>> import torch
@@ -220,6 +218,7 @@ def reverse_kl_advantages(
         tensor([[1., 0.]])
     """
     _check_shapes(student_logps, teacher_logps, mask)
+    student_logps, teacher_logps = student_logps.detach(), teacher_logps.detach()
     return kl_coef * (teacher_logps - student_logps) * mask.to(student_logps.dtype)
 
 
@@ -233,8 +232,8 @@ def mean_reverse_kl(student_logps: Any, teacher_logps: Any, mask: Any) -> float:
         0.25
     """
     _check_shapes(student_logps, teacher_logps, mask)
-    weights = mask.to(student_logps.dtype)
+    weights = mask.detach().to(student_logps.dtype)
     total = float(weights.sum())
     if total == 0:
         return 0.0
-    return float(((student_logps - teacher_logps) * weights).sum()) / total
+    return float(((student_logps - teacher_logps).detach() * weights).sum()) / total
