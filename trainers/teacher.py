@@ -139,7 +139,7 @@ class HFTeacher:
             mask[row, : len(ids)] = 1
         with torch.inference_mode():  # right padding: positions are 0.. as unpadded
             logits = self.model(
-                input_ids=input_ids.to(device), attention_mask=mask.to(device)
+                input_ids=input_ids.to(device), attention_mask=mask.to(device), use_cache=False
             ).logits
             out = []
             for row, (ids, start) in enumerate(batch):
