@@ -266,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_build_tiny_model)
 
     p = sub.add_parser(
-        "serve", help="serve a local model over an OpenAI-compatible /v1/chat/completions API"
+        "serve",
+        help="serve a local model over an OpenAI-compatible API (/v1/chat/completions, "
+        "/v1/completions)",
     )
     p.add_argument("model_path", help="a model directory (or hub id) for from_pretrained")
     p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")

@@ -549,7 +549,7 @@ def test_serve_answers_like_openai(served: Any) -> None:
             "stream",
         ),
         ("/chat/completions", None, "GET", 405, None),
-        ("/completions", {}, "POST", 404, None),
+        ("/embeddings", {}, "POST", 404, None),
     ],
 )
 def test_serve_errors(

@@ -1,4 +1,4 @@
-"""Serving a local model: an OpenAI-compatible chat-completions endpoint (``llm-gym serve``)."""
+"""Serving a local model: OpenAI-compatible chat and legacy completions (``llm-gym serve``)."""
 
 from llm_gym.serving.openai_server import (
     DEFAULT_HOST,

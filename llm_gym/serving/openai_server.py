@@ -1,4 +1,4 @@
-"""A minimal OpenAI-compatible chat-completions server for a local transformers model.
+"""A minimal OpenAI-compatible server (chat and legacy completions) for a local transformers model.
 
 For tests, demos and small local runs: the standard library's ``ThreadingHTTPServer`` in a
 background thread, one ``generate`` at a time (a lock), no extra package beyond the training stack
@@ -22,6 +22,12 @@ Endpoints:
   tool calls are *not* parsed out of it, clients parse them with their own action format, as
   :class:`~llm_gym.policies.openai.OpenAIPolicy` does. ``finish_reason`` is ``"stop"`` or
   ``"length"``; ``usage`` counts prompt and completion tokens.
+* ``POST /v1/completions`` (non-streaming; :mod:`llm_gym.serving.completions`): ``prompt`` as
+  text or token ids, ``max_tokens`` (0 with ``echo``: score the prompt only), ``echo``,
+  ``temperature``, ``top_p``, ``seed``; the legacy ``logprobs`` object (``logprobs``: 0..5) and
+  vLLM's ``prompt_logprobs`` (0..5), what a distillation teacher
+  (:class:`trainers.teacher.EndpointTeacher`) reads. A token id outside the vocabulary or a
+  prompt longer than the context is a 400 naming ``prompt``.
 * ``GET /v1/models``: the one model served; ``GET /health``: ``{"status": "ok"}``.
 
 Errors come back as ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request
@@ -44,7 +50,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.serving.protocol import APIError, bad_request, completion_body, parse_chat_request
+from llm_gym.serving.completions import text_completion
+from llm_gym.serving.protocol import (
+    APIError,
+    bad_request,
+    completion_body,
+    parse_chat_request,
+    parse_completion_request,
+)
 
 __all__ = [
     "DEFAULT_HOST",
@@ -227,6 +240,20 @@ class ChatCompletionServer:
             text, finish = text[: min(cuts)], "stop"
         return completion_body(self.model_name, text, finish, len(prompt_ids), completion_tokens)
 
+    def completion(self, body: Any) -> dict[str, Any]:
+        """Answer one ``/v1/completions`` body (raises :class:`APIError` for bad requests)."""
+        return text_completion(
+            parse_completion_request(body, self.model_name),
+            model=self.model,
+            tokenizer=self.tokenizer,
+            model_name=self.model_name,
+            context=self._context,
+            default_max_tokens=self.default_max_tokens,
+            eos_ids=self._eos_ids,
+            generate=self._generate,
+            lock=self._generate_lock,
+        )
+
     def _generate(
         self, prompt_ids: list[int], budget: int, temperature: float, top_p: float, seed: int | None
     ) -> list[int]:
@@ -263,6 +290,7 @@ class ChatCompletionServer:
         server = self
         routes: dict[tuple[str, str], Callable[[Any], dict[str, Any]]] = {
             ("POST", "/v1/chat/completions"): server.chat_completion,
+            ("POST", "/v1/completions"): server.completion,
             ("GET", "/v1/models"): lambda _: server.models(),
             ("GET", "/health"): lambda _: {"status": "ok"},
         }
@@ -317,7 +345,8 @@ class ChatCompletionServer:
                         raise APIError(
                             HTTPStatus.NOT_FOUND,
                             f"no such endpoint {method} {path}; this server has POST "
-                            "/v1/chat/completions, GET /v1/models and GET /health",
+                            "/v1/chat/completions, POST /v1/completions, GET /v1/models and "
+                            "GET /health",
                             code="not_found",
                         )
                     body = self._read_body() if method == "POST" else None

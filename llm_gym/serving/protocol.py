@@ -1,11 +1,13 @@
-"""The chat-completions protocol as :mod:`llm_gym.serving.openai_server` reads and writes it.
+"""The OpenAI protocol as :mod:`llm_gym.serving.openai_server` reads and writes it.
 
 :func:`parse_chat_request` checks a ``/v1/chat/completions`` body and returns a
-:class:`ChatRequest`, or raises :class:`APIError` whose message names the offending field (the
-client sees it as ``{"error": {"message", "type", "param", "code"}}``). Unknown fields are
+:class:`ChatRequest`, :func:`parse_completion_request` a ``/v1/completions`` body and returns a
+:class:`CompletionRequest`; both raise :class:`APIError` whose message names the offending field
+(the client sees it as ``{"error": {"message", "type", "param", "code"}}``). Unknown fields are
 ignored; ``stream=true`` and ``n`` other than 1 are refused. Content parts must be text parts;
 a tool call's string ``arguments`` are decoded to an object (chat templates ``tojson`` them),
-kept as sent when they are not JSON. :func:`completion_body` writes the answer.
+kept as sent when they are not JSON. :func:`completion_body` writes the chat answer. What needs
+the model (token ids in its vocabulary, the context length) is checked by the server.
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ from http import HTTPStatus
 from typing import Any
 
 __all__ = [
+    "MAX_LOGPROBS",
     "ROLES",
     "APIError",
     "ChatRequest",
+    "CompletionRequest",
     "bad_request",
     "completion_body",
     "parse_chat_request",
+    "parse_completion_request",
 ]
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 """The message roles accepted (``developer`` is read as ``system``)."""
+MAX_LOGPROBS = 5
+"""The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's limit)."""
 
 
 class APIError(Exception):
@@ -197,12 +204,8 @@ def _stops(value: Any) -> list[str]:
     raise bad_request("'stop' must be a string or a list of strings", "stop")
 
 
-def parse_chat_request(body: Any, model_name: str) -> ChatRequest:
-    """Check a ``/v1/chat/completions`` body for a server that serves ``model_name``.
-
-    Raises:
-        APIError: 400 naming the first field at fault, or 404 for another model.
-    """
+def _check_common(body: Any, model_name: str) -> None:
+    """The checks every endpoint shares: a JSON object, this server's model, no stream, n=1."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = body.get("model")
@@ -215,13 +218,22 @@ def parse_chat_request(body: Any, model_name: str) -> ChatRequest:
             "model",
             code="model_not_found",
         )
-    messages = _messages(body.get("messages"))
     if body.get("stream"):
         raise bad_request(
             "stream=true is not supported by this server; send stream=false", "stream"
         )
     if body.get("n") not in (None, 1):
         raise bad_request(f"'n' must be 1 on this server; got {body.get('n')!r}", "n")
+
+
+def parse_chat_request(body: Any, model_name: str) -> ChatRequest:
+    """Check a ``/v1/chat/completions`` body for a server that serves ``model_name``.
+
+    Raises:
+        APIError: 400 naming the first field at fault, or 404 for another model.
+    """
+    _check_common(body, model_name)
+    messages = _messages(body.get("messages"))
     tools = body.get("tools")
     if tools is not None and not (
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
@@ -248,6 +260,100 @@ def parse_chat_request(body: Any, model_name: str) -> ChatRequest:
         seed=seed,
         stops=stops,
         chat_template_kwargs=kwargs,
+    )
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A checked ``/v1/completions`` request."""
+
+    prompt: str | list[int]
+    """The text to tokenize, or the token ids themselves."""
+    max_tokens: int | None
+    """Tokens to generate (0 only with ``echo``; None: the server's default)."""
+    echo: bool
+    """Put the prompt in front of the answer (its text, and its tokens in ``logprobs``)."""
+    logprobs: int | None
+    """Return the legacy ``logprobs`` object with this many alternatives per token (0..5)."""
+    prompt_logprobs: int | None
+    """Return vLLM's ``prompt_logprobs`` with this many alternatives per token (0..5)."""
+    temperature: float
+    """Sampling temperature (0: greedy)."""
+    top_p: float
+    """Nucleus mass, in (0, 1]."""
+    seed: int | None
+    """Reseeds the sampler before the generation."""
+    add_special_tokens: bool
+    """Tokenize a text prompt with the tokenizer's special tokens (BOS, ...); default False."""
+
+
+def _optional_count(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(
+            f"'{key}' must be an integer in [0, {MAX_LOGPROBS}] or null; got {value!r}", key
+        )
+    return value
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be true or false; got {value!r}", key)
+    return value
+
+
+def parse_completion_request(body: Any, model_name: str) -> CompletionRequest:
+    """Check a ``/v1/completions`` body (legacy completions, with vLLM's ``prompt_logprobs``).
+
+    ``prompt`` is a string or a non-empty list of token ids (batches are refused); ``stop`` is
+    refused (it would cut the logprobs out of line with the text).
+
+    Raises:
+        APIError: 400 naming the first field at fault, or 404 for another model.
+    """
+    _check_common(body, model_name)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        if any(isinstance(t, bool) or t < 0 for t in prompt):
+            raise bad_request("'prompt' token ids must be integers >= 0", "prompt")
+    elif not isinstance(prompt, str) or not prompt:
+        raise bad_request(
+            "'prompt' must be a non-empty string or a non-empty list of token ids (one prompt; "
+            f"batches are not supported); got {type(prompt).__name__}",
+            "prompt",
+        )
+    echo = _flag(body, "echo", False)
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1 - echo
+    ):
+        lowest = "0 (echo is true)" if echo else "1 (0 only with echo=true)"
+        raise bad_request(
+            f"'max_tokens' must be an integer >= {lowest}; got {max_tokens!r}", "max_tokens"
+        )
+    if body.get("stop") not in (None, [], ""):
+        raise bad_request("'stop' is not supported on /v1/completions by this server", "stop")
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise bad_request("'top_p' must be > 0", "top_p")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad_request(f"'seed' must be an integer; got {seed!r}", "seed")
+    return CompletionRequest(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        echo=echo,
+        logprobs=_optional_count(body, "logprobs"),
+        prompt_logprobs=_optional_count(body, "prompt_logprobs"),
+        temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
+        top_p=top_p,
+        seed=seed,
+        add_special_tokens=_flag(body, "add_special_tokens", False),
     )
 
 
