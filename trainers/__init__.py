@@ -4,10 +4,14 @@
 """
 
 from trainers.config import MultiTurnGRPOConfig
+from trainers.distillation import DistillationConfig
 from trainers.train import load_tasks, train_multi_turn
 from trainers.weight_sync import WeightSyncType
 
 GRPOConfig = MultiTurnGRPOConfig
+
+
+_TEACHER = ("Teacher", "HFTeacher", "EndpointTeacher", "teacher_from_config")
 
 
 def __getattr__(name: str):  # the trainer imports TRL's heavy trainer stack: load it on use
@@ -15,6 +19,10 @@ def __getattr__(name: str):  # the trainer imports TRL's heavy trainer stack: lo
         from trainers.trainer import MultiTurnGRPOTrainer
 
         return MultiTurnGRPOTrainer
+    if name in _TEACHER:
+        import trainers.teacher
+
+        return getattr(trainers.teacher, name)
     raise AttributeError(f"module 'trainers' has no attribute {name!r}")
 
 
@@ -25,4 +33,6 @@ __all__ = [
     "train_multi_turn",
     "load_tasks",
     "WeightSyncType",
+    "DistillationConfig",
+    *_TEACHER,
 ]

@@ -136,5 +136,15 @@ def check_distillation(value: Any, refuse: Any) -> dict[str, Any] | None:
     size = settings["teacher_batch_size"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         refuse("distillation.teacher_batch_size", size, "an int >= 1")
+    if isinstance(teacher, Mapping):
+        from trainers.teacher import ENDPOINT_TEACHER_KEYS, LOCAL_TEACHER_KEYS
+
+        allowed = ENDPOINT_TEACHER_KEYS if "base_url" in teacher else LOCAL_TEACHER_KEYS
+        if not teacher.get("model") or set(teacher) - set(allowed):
+            refuse(
+                "distillation.teacher",
+                dict(teacher),
+                f"a mapping with 'model' and keys among {list(allowed)}",
+            )
     settings["teacher"] = teacher if isinstance(teacher, str) else dict(teacher)
     return settings

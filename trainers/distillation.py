@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DistillationConfig"]
+__all__ = ["DistillationConfig", "build_teacher", "distill_batch", "teacher_sequences"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,34 @@ class DistillationConfig:
     """Weight of GRPO's advantage from the environment's reward (0: distillation only)."""
     teacher_batch_size: int = 8
     """Sequences per teacher forward pass (or concurrent requests to a server)."""
+
+
+def teacher_spec(settings: DistillationConfig, device: Any = None) -> dict[str, Any]:
+    """``settings.teacher`` as :func:`trainers.teacher.teacher_from_config` reads it, with
+    ``teacher_batch_size`` (a local teacher's batch, or a server's concurrent requests) and the
+    trainer's ``device`` filled in when the teacher does not set them.
+
+    Example:
+        >>> teacher_spec(DistillationConfig(teacher="models/sft", teacher_batch_size=4), "cpu")
+        {'model': 'models/sft', 'batch_size': 4, 'device': 'cpu'}
+    """
+    spec = (
+        {"model": settings.teacher} if isinstance(settings.teacher, str) else dict(settings.teacher)
+    )
+    if "base_url" in spec:
+        spec.setdefault("max_concurrency", settings.teacher_batch_size)
+    else:
+        spec.setdefault("batch_size", settings.teacher_batch_size)
+        if device is not None:
+            spec.setdefault("device", device)
+    return spec
+
+
+def build_teacher(settings: DistillationConfig, device: Any = None) -> Any:
+    """The teacher of ``settings`` (loaded, or connected to), on ``device`` when local."""
+    from trainers.teacher import teacher_from_config
+
+    return teacher_from_config(teacher_spec(settings, device))
 
 
 def teacher_sequences(batch: dict[str, Any]) -> tuple[list[tuple[list[int], int]], list[int]]:

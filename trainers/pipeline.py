@@ -194,6 +194,8 @@ def build_grpo_config(
     from trainers import GRPOConfig
 
     fields = dict(config.grpo)
+    if config.distillation is not None:
+        fields.setdefault("distillation", config.distillation)
     fields.setdefault("max_turns", max_turns)
     fields.setdefault("seed", config.seed)
     fields.setdefault("use_cpu", use_cpu)

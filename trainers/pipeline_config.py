@@ -8,6 +8,7 @@ A YAML config has these keys (each optional; ``grpo`` is the one every run needs
     seed: 0
     sft: {...}                   # SFTSettings: warm start on oracle transcripts
     grpo: {...}                  # MultiTurnGRPOConfig fields
+    distillation: {...}          # on-policy distillation: teacher, kl_coef, reward_weight
     evaluation: {...}            # EvalSettings: held-out episodes before and after GRPO
 
 :func:`load_config` reads it (with :func:`yaml_load`) and refuses unknown keys.
@@ -110,6 +111,9 @@ class PipelineConfig:
     """The SFT warm start (None: start GRPO from the model as it is)."""
     grpo: dict[str, Any] = field(default_factory=dict)
     """Fields of :class:`trainers.MultiTurnGRPOConfig` (``output_dir`` and ``model`` are set)."""
+    distillation: dict[str, Any] | None = None
+    """On-policy distillation during the RL stage (:class:`trainers.DistillationConfig`'s keys:
+    ``teacher``, ``kl_coef``, ``reward_weight``, ``teacher_batch_size``); None: GRPO only."""
     evaluation: EvalSettings | None = field(default_factory=EvalSettings)
     """Held-out evaluation before and after GRPO (None: skip)."""
 

@@ -27,7 +27,7 @@ from trainers.batch import (
     stale_token_mask,
 )
 from trainers.config import MultiTurnGRPOConfig
-from trainers.distillation import distill_batch
+from trainers.distillation import build_teacher, distill_batch
 from trainers.shared_prefix import (
     cache_keyword,
     plan_shared_prefix,
@@ -75,11 +75,7 @@ class ScoringMixin:
         if settings is not None:
             start = time.perf_counter()
             if self._teacher is None:
-                from trainers.teacher import teacher_from_config
-
-                self._teacher = teacher_from_config(
-                    settings.teacher, batch_size=settings.teacher_batch_size
-                )
+                self._teacher = build_teacher(settings, accelerator.device)
             kl_sum, tokens = distill_batch(batch, self._teacher, settings)
             totals = (
                 accelerator.gather(

@@ -150,8 +150,8 @@ class HFTeacher:
         return out
 
 
-_HF_KEYS = ("model", "device", "dtype", "batch_size", "trust_remote_code")
-_ENDPOINT_KEYS = ("model", "base_url", "api_key", "timeout_s", "max_concurrency")
+LOCAL_TEACHER_KEYS = ("model", "device", "dtype", "batch_size", "trust_remote_code")
+ENDPOINT_TEACHER_KEYS = ("model", "base_url", "api_key", "timeout_s", "max_concurrency")
 
 
 def teacher_from_config(spec: Any) -> Teacher:
@@ -168,7 +168,7 @@ def teacher_from_config(spec: Any) -> Teacher:
         return HFTeacher(spec)
     if isinstance(spec, Mapping):
         endpoint = "base_url" in spec
-        allowed = _ENDPOINT_KEYS if endpoint else _HF_KEYS
+        allowed = ENDPOINT_TEACHER_KEYS if endpoint else LOCAL_TEACHER_KEYS
         unknown = sorted(str(k) for k in spec if k not in allowed)
         if unknown:
             kind = "an endpoint teacher (base_url given)" if endpoint else "a local teacher"
