@@ -29,15 +29,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+from benchmarks.common import (
+    RESULTS_DIR,
+    default_model,
+    machine_description,
+    sampled_success,
+    write_markdown,
+)
 
 MODES = ("SYNCHRONOUS", "BACKGROUND_PUBLISH", "PIPELINE")
 
@@ -74,19 +78,6 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     success: float = float("nan")
     success_interval: tuple[float, float] = (float("nan"), float("nan"))
-
-
-def default_model() -> str:
-    for candidate in (
-        Path("outputs/tool_use_game_tiny/sft"),
-        Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache/llm_gym")) / "main-job/sft",
-    ):
-        if (candidate / "config.json").exists():
-            return str(candidate)
-    raise SystemExit(
-        "No SFT model: run the main job (README, set-up command 1) or pass --model PATH "
-        "(a ToolUseGame tool-calling model, e.g. outputs/tool_use_game_tiny/sft)."
-    )
 
 
 def contender_config(name: str, args: Args) -> dict[str, Any]:
@@ -176,32 +167,12 @@ def train_one(model: str, name: str, latency: float, args: Args, out: Path) -> t
 
 def evaluate(trainer: Any, args: Args) -> tuple[float, tuple[float, float]]:
     """Sampled success on test tasks: per-task rates, their mean and a 95% interval over tasks."""
-    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
-    from llm_gym.policies import HFPolicy
-    from llm_gym.rollout import collect_groups
-
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
-    policy = HFPolicy(
-        model,
-        trainer.processing_class,
-        temperature=1.0,
-        max_new_tokens=args.max_tokens_per_turn,
-        seed=1234,
-    )
-    tasks = list(get_tasks("test"))[: args.eval_tasks]
-    groups = collect_groups(
-        ToolUseGameEnv,
-        tasks,
-        policy,
-        episodes_per_task=args.eval_samples,
-        max_turns=args.max_turns,
-        max_model_length=args.max_model_length,
-        max_new_tokens=args.max_tokens_per_turn,
-    )
-    rates = [statistics.fmean(float(e.reward >= 1.0) for e in group) for group in groups]
-    mean = statistics.fmean(rates)
-    half = 1.959964 * statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else 0
-    return mean, (mean - half, mean + half)
+    return sampled_success(
+        model, trainer.processing_class, tasks=args.eval_tasks, samples=args.eval_samples,
+        max_turns=args.max_turns, max_model_length=args.max_model_length,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+    )  # fmt: skip
 
 
 def utilisation(run: Run) -> tuple[float, float]:
