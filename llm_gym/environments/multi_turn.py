@@ -15,7 +15,7 @@ import asyncio
 import inspect
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -28,7 +28,14 @@ from llm_gym.environments.records import (
 )
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["EnvironmentMultiTurn", "parse_chatml", "sft_messages"]
+__all__ = [
+    "EnvironmentMultiTurn",
+    "map_limited",
+    "opening_messages",
+    "parse_chatml",
+    "sft_messages",
+    "sft_target_messages",
+]
 
 
 class EnvironmentMultiTurn:
@@ -54,11 +61,7 @@ class EnvironmentMultiTurn:
     def start_episode(self, example: TaskExample, prompt_text: str) -> list[ChatMessage]:
         """The opening messages. Default: a system message with ``prompt_text`` (when it is not
         empty) and a user message with ``example.input``."""
-        messages: list[ChatMessage] = []
-        if prompt_text.strip():
-            messages.append({"role": "system", "content": prompt_text.strip()})
-        messages.append({"role": "user", "content": example.input})
-        return messages
+        return opening_messages(example, prompt_text)
 
     def max_episode_turns(self, example: TaskExample) -> int:
         """How many assistant actions may be sampled before the episode is forced to end."""
@@ -92,16 +95,7 @@ class EnvironmentMultiTurn:
     ) -> list[RewardResult]:
         """Grade a group of trajectories of one example. Default: ``score_episode`` for each,
         up to :attr:`max_score_concurrency` at a time (in worker threads), results in order."""
-        items = list(episodes)
-        if inspect.iscoroutinefunction(self.score_episode):
-            from llm_gym.aio import run_sync
-
-            return run_sync(_gather_limited(self, example, items))
-        workers = min(max(1, int(self.max_score_concurrency)), len(items))
-        if workers <= 1:
-            return [self.score_episode(example, episode) for episode in items]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score_episode") as pool:
-            return list(pool.map(lambda episode: self.score_episode(example, episode), items))
+        return map_limited(self.score_episode, example, episodes, self.max_score_concurrency)
 
     def sft_completion(self, example: TaskExample) -> list[ChatMessage]:
         """The SFT target messages of ``example`` (SFT never runs ``step_episode``).
@@ -111,39 +105,85 @@ class EnvironmentMultiTurn:
         messages; any other string or scalar is one assistant message. A ChatML-looking string
         that does not parse stays one assistant message, with a warning.
         """
-        output = example.output
-        if output is None:
-            raise InvalidArgumentError(
-                f"Example {example.id or example.input[:40]!r} has no output to train on; give it "
-                "an output (a reply or a target transcript) or override sft_completion."
-            )
-        if isinstance(output, Mapping):
-            return [_check_message(output, 0)]
-        if isinstance(output, Sequence) and not isinstance(output, str | bytes):
-            return [_check_message(m, i) for i, m in enumerate(output)]
-        text = output if isinstance(output, str) else str(output)
-        if "<|im_start|>" in text:
-            parsed = parse_chatml(text)
-            if parsed is not None:
-                return parsed
-            warnings.warn(
-                "sft_completion: example.output looks like a ChatML transcript but does not "
-                "parse; it is used as one assistant message (observation masking unproven).",
-                stacklevel=2,
-            )
-        return [{"role": "assistant", "content": text}]
+        return sft_target_messages(example)
+
+
+def opening_messages(example: TaskExample, prompt_text: str) -> list[ChatMessage]:
+    """The default opening: a system message with ``prompt_text`` (when it is not empty) and a
+    user message with ``example.input``.
+
+    Example:
+        >>> opening_messages(TaskExample(input="2 + 2?"), "")
+        [{'role': 'user', 'content': '2 + 2?'}]
+    """
+    messages: list[ChatMessage] = []
+    if prompt_text.strip():
+        messages.append({"role": "system", "content": prompt_text.strip()})
+    messages.append({"role": "user", "content": example.input})
+    return messages
+
+
+def map_limited(
+    hook: Callable[[TaskExample, Any], Any],
+    example: TaskExample,
+    items: Iterable[Any],
+    max_concurrency: int,
+) -> list[Any]:
+    """``[hook(example, item) for item in items]``, up to ``max_concurrency`` calls at a time:
+    synchronous hooks in worker threads, ``async def`` ones on an event loop; results in order.
+    (The default batch scorers, ``score_episodes`` and ``score_responses``, are this.)"""
+    items = list(items)
+    if inspect.iscoroutinefunction(hook):
+        from llm_gym.aio import run_sync
+
+        return run_sync(_gather_limited(hook, example, items, max_concurrency))
+    workers = min(max(1, int(max_concurrency)), len(items))
+    if workers <= 1:
+        return [hook(example, item) for item in items]
+    name = getattr(hook, "__name__", "hook")
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) as pool:
+        return list(pool.map(lambda item: hook(example, item), items))
+
+
+def sft_target_messages(example: TaskExample) -> list[ChatMessage]:
+    """The default ``sft_completion``: the SFT target messages of ``example.output`` (see
+    :meth:`EnvironmentMultiTurn.sft_completion`)."""
+    output = example.output
+    if output is None:
+        raise InvalidArgumentError(
+            f"Example {example.id or example.input[:40]!r} has no output to train on; give it "
+            "an output (a reply or a target transcript) or override sft_completion."
+        )
+    if isinstance(output, Mapping):
+        return [_check_message(output, 0)]
+    if isinstance(output, Sequence) and not isinstance(output, str | bytes):
+        return [_check_message(m, i) for i, m in enumerate(output)]
+    text = output if isinstance(output, str) else str(output)
+    if "<|im_start|>" in text:
+        parsed = parse_chatml(text)
+        if parsed is not None:
+            return parsed
+        warnings.warn(
+            "sft_completion: example.output looks like a ChatML transcript but does not "
+            "parse; it is used as one assistant message (observation masking unproven).",
+            stacklevel=3,
+        )
+    return [{"role": "assistant", "content": text}]
 
 
 async def _gather_limited(
-    env: EnvironmentMultiTurn, example: TaskExample, episodes: list[EnvironmentEpisode]
-) -> list[RewardResult]:
-    limit = asyncio.Semaphore(max(1, int(getattr(env, "max_score_concurrency", 8))))
+    hook: Callable[[TaskExample, Any], Any],
+    example: TaskExample,
+    items: list[Any],
+    max_concurrency: int,
+) -> list[Any]:
+    limit = asyncio.Semaphore(max(1, int(max_concurrency)))
 
-    async def one(episode: EnvironmentEpisode) -> RewardResult:
+    async def one(item: Any) -> Any:
         async with limit:
-            return await env.score_episode(example, episode)  # type: ignore[misc]
+            return await hook(example, item)
 
-    return list(await asyncio.gather(*(one(e) for e in episodes)))
+    return list(await asyncio.gather(*(one(item) for item in items)))
 
 
 def _check_message(message: Any, index: int) -> ChatMessage:
