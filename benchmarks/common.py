@@ -78,16 +78,17 @@ def sampled_success(
     max_tokens_per_turn: int,
     split: str = "test",
     seed: int = 1234,
+    temperature: float = 1.0,
 ) -> tuple[float, tuple[float, float]]:
-    """Held-out sampled success on ToolUseGame: ``samples`` episodes at temperature 1 for each
-    of the first ``tasks`` tasks of ``split``; the mean of the per-task rates and its 95%
-    interval over tasks."""
+    """Held-out success on ToolUseGame: ``samples`` episodes at ``temperature`` (1: sampled, 0:
+    greedy) for each of the first ``tasks`` tasks of ``split``; the mean of the per-task rates
+    and its 95% interval over tasks."""
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from llm_gym.policies import HFPolicy
     from llm_gym.rollout import collect_groups
 
     policy = HFPolicy(
-        model, tokenizer, temperature=1.0, max_new_tokens=max_tokens_per_turn, seed=seed
+        model, tokenizer, temperature=temperature, max_new_tokens=max_tokens_per_turn, seed=seed
     )
     groups = collect_groups(
         ToolUseGameEnv,

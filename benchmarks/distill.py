@@ -67,12 +67,21 @@ def evaluate(path_or_model: Any, tokenizer: Any, args: Args) -> dict[str, Any]:
         model = AutoModelForCausalLM.from_pretrained(model).eval()
         tokenizer = AutoTokenizer.from_pretrained(path_or_model)
     start = time.perf_counter()
-    mean, interval = sampled_success(
-        model, tokenizer, tasks=args.eval_tasks, samples=args.eval_samples,
-        max_turns=args.max_turns, max_model_length=args.max_model_length,
+    common = dict(
+        tasks=args.eval_tasks, max_turns=args.max_turns, max_model_length=args.max_model_length,
         max_tokens_per_turn=args.max_tokens_per_turn, split=args.eval_split,
     )  # fmt: skip
-    return {"success": mean, "interval": list(interval), "seconds": time.perf_counter() - start}
+    mean, interval = sampled_success(model, tokenizer, samples=args.eval_samples, **common)
+    greedy, greedy_interval = sampled_success(
+        model, tokenizer, samples=1, temperature=0.0, **common
+    )
+    return {
+        "success": mean,
+        "interval": list(interval),
+        "greedy_success": greedy,
+        "greedy_interval": list(greedy_interval),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def distill(student: str, teacher: str, args: Args, out: Path) -> tuple[Any, list[dict]]:
@@ -125,7 +134,11 @@ def summarise(logs: list[dict], before: dict, after: dict, teacher: dict) -> dic
 def render(summary: dict[str, Any], args: Args) -> str:
     def row(name: str, result: dict) -> str:
         low, high = result["interval"]
-        return f"| {name} | {result['success']:.3f} | [{low:.3f}, {high:.3f}] |"
+        g_low, g_high = result["greedy_interval"]
+        return (
+            f"| {name} | {result['success']:.3f} [{low:.3f}, {high:.3f}] | "
+            f"{result['greedy_success']:.3f} [{g_low:.3f}, {g_high:.3f}] |"
+        )
 
     s = summary
     return "\n".join(
@@ -141,10 +154,10 @@ def render(summary: dict[str, Any], args: Args) -> str:
             f"`kl_coef={args.kl_coef}`, `reward_weight=0`: the environment's reward never "
             "trains; the teacher's per-token logprobs on the student's own samples do.",
             f"- Held-out: {args.eval_tasks} `{args.eval_split}` tasks x {args.eval_samples} "
-            "sampled episodes (temperature 1); mean of per-task success rates, 95% interval "
-            "over tasks. Settings were chosen on the val split.",
+            "sampled episodes (temperature 1), and one greedy episode each; mean of per-task "
+            "success rates, [95% interval over tasks]. Settings were chosen on the val split.",
             "",
-            "| model | held-out sampled success | 95% interval |",
+            "| model | sampled success | greedy success |",
             "| --- | --- | --- |",
             row("student before", s["student_before"]),
             row("student after distillation", s["student_after"]),
@@ -194,12 +207,15 @@ def main(args: Args) -> dict[str, Any]:
     start = time.perf_counter()
     teacher_result = evaluate(teacher, None, args)
     before = evaluate(student, None, args)
-    print(f"before: student {before['success']:.3f}, teacher {teacher_result['success']:.3f}")
+    print(
+        f"before: student {before['success']:.3f} (greedy {before['greedy_success']:.3f}), "
+        f"teacher {teacher_result['success']:.3f} (greedy {teacher_result['greedy_success']:.3f})"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         trainer, logs = distill(student, teacher, args, Path(tmp))
         model = trainer.accelerator.unwrap_model(trainer.model).eval()
         after = evaluate(model, trainer.processing_class, args)
-    print(f"after:  student {after['success']:.3f}")
+    print(f"after:  student {after['success']:.3f} (greedy {after['greedy_success']:.3f})")
     summary = summarise(logs, before, after, teacher_result)
     summary.update(
         machine=machine_description(), threads=torch.get_num_threads(),

@@ -508,3 +508,20 @@ def test_reward_funcs_add_to_the_env_reward_with_their_weights(small_model_dir, 
 def test_per_turn_credit_is_refused_for_native_tool_calling_envs(small_model_dir, tmp_path):
     with pytest.raises(InvalidArgumentError, match="per_turn.*native tool-calling.*lookup"):
         _small_trainer(small_model_dir, str(tmp_path), credit_assignment="per_turn")
+
+
+def test_per_turn_credit_warns_when_a_multi_turn_group_falls_back() -> None:
+    import warnings
+    from types import SimpleNamespace
+
+    from trainers.advantages import warn_per_turn_fallback
+
+    def episode(turns: int, vector: list[float] | None):
+        return SimpleNamespace(turns=[None] * turns, per_turn_rewards=vector)
+
+    with pytest.warns(UserWarning, match="1 group\\(s\\) have multi-turn episodes"):
+        assert warn_per_turn_fallback([[episode(2, None), episode(1, [1.0])]]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # single-turn episodes: the same credit, no warning
+        assert warn_per_turn_fallback([[episode(1, None), episode(1, None)]]) == 0
+        assert warn_per_turn_fallback([[episode(2, [0.0, 1.0]), episode(3, [1, 1, 1])]]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
@@ -332,6 +333,25 @@ def per_turn_credit(
     for g, values in zip(eligible, computed, strict=True):
         credit.turns[g] = values  # type: ignore[assignment]
     return credit
+
+
+def warn_per_turn_fallback(groups: Sequence[Sequence[Any]]) -> int:
+    """Warn (document 002) when per-turn credit fell back to episode credit for a group because
+    an episode of more than one turn has no ``per_turn_rewards`` (a one-turn episode's credit is
+    the same either way: no warning); returns how many groups fell back."""
+    fell_back = sum(
+        1
+        for group in groups
+        if any(e.per_turn_rewards is None for e in group) and any(len(e.turns) > 1 for e in group)
+    )
+    if fell_back:
+        warnings.warn(
+            f"credit_assignment='per_turn': {fell_back} group(s) have multi-turn episodes without "
+            "per_turn_rewards (one finite value per assistant turn, in the score's metadata); "
+            "they use episode-level credit.",
+            stacklevel=2,
+        )
+    return fell_back
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {

@@ -34,6 +34,7 @@ from trainers.advantages import (
     advantage_estimator,
     refill_tasks,
     refuse_per_turn_with_native_tools,
+    warn_per_turn_fallback,
 )
 from trainers.async_collect import AsyncCollector
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
@@ -274,6 +275,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         advantages = advantage_estimator(args.credit_assignment)(
             rewards, turn_rewards, args.scale_rewards
         )
+        if args.credit_assignment == "per_turn":
+            warn_per_turn_fallback(groups)
         if args.log_completions:  # TRL's table (console, W&B) at its next log
             rows = completion_rows(groups, rewards, advantages.episode)
             extend_completion_logs(self._logs, rows, gather_object)
