@@ -20,6 +20,25 @@ from trainers.distillation import DistillationConfig
 
 __all__ = ["render", "PATH"]
 
+TRL_FIELDS_READ = (
+    "learning_rate",
+    "temperature",
+    "top_p",
+    "beta",
+    "loss_type",
+    "scale_rewards",
+    "epsilon",
+    "epsilon_high",
+    "reward_weights",
+    "chat_template_kwargs",
+    "log_completions",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_clip_max",
+)
+"""TRL fields with TRL's meaning that the multi-turn trainer reads (listed for reference)."""
+
 PATH = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 
@@ -32,7 +51,8 @@ def _default(field: dataclasses.Field) -> str:
 
 
 def _type(field: dataclasses.Field) -> str:
-    return str(field.type).replace("|", "\\|")
+    kind = field.type.__name__ if isinstance(field.type, type) else str(field.type)
+    return kind.replace("typing.", "").replace("|", "\\|")
 
 
 def render() -> str:
@@ -56,6 +76,20 @@ def render() -> str:
             continue
         help_text = " ".join(str(field.metadata.get("help", "")).split()).replace("|", "\\|")
         lines.append(f"| `{field.name}` | {_type(field)} | {_default(field)} | {help_text} |")
+    lines += [
+        "",
+        "## TRL's fields the multi-turn trainer reads",
+        "",
+        "With TRL's meaning; `temperature` and `top_p` also drive the rollouts, and",
+        "`chat_template_kwargs` reaches the rollouts, validation and the token samples.",
+        "",
+        "| field | type | default | what it does (TRL's help) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name in TRL_FIELDS_READ:
+        field = trl_defaults[name]
+        help_text = " ".join(str(field.metadata.get("help", "")).split()).replace("|", "\\|")
+        lines.append(f"| `{name}` | {_type(field)} | {_default(field)} | {help_text} |")
     lines += [
         "",
         "## `distillation`",
