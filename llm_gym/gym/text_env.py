@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import numbers
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -190,19 +191,32 @@ class TextEnv(gymnasium.Env[str, str]):
                 f"Unknown reset options {unknown}; allowed: 'task', 'split', 'index'."
             )
         split = options.get("split", self.split)
+        if split not in SPLITS:
+            raise InvalidArgumentError(
+                f"options['split'] must be one of {SPLITS}, actual value: {split!r}."
+            )
         if "task" in options:
+            if "index" in options:
+                raise InvalidArgumentError(
+                    "Give options['task'] or options['index'], not both: the index picks a task "
+                    "of the split."
+                )
             return as_task(options["task"], "options['task']"), split
         tasks = self.tasks(split)
         if not tasks:
             raise InvalidArgumentError(f"The {split!r} split has no tasks.")
         if "index" in options:
             index = options["index"]
-            if not isinstance(index, int) or not -len(tasks) <= index < len(tasks):
+            if (
+                isinstance(index, bool)
+                or not isinstance(index, numbers.Integral)
+                or not 0 <= index < len(tasks)
+            ):
                 raise InvalidArgumentError(
                     f"options['index'] must be an int in [0, {len(tasks)}), "
                     f"actual value: {index!r}."
                 )
-            return tasks[index], split
+            return tasks[int(index)], split
         return tasks[int(self.np_random.integers(len(tasks)))], split
 
     # --- gymnasium API -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from llm_gym.actions.codec import json_error_reason
 from llm_gym.core.types import JsonSchema
 from llm_gym.errors import ToolArgumentError
 from llm_gym.tools.arithmetic import SNIPPET_CHARS, format_number, safe_eval, snippet
@@ -82,9 +83,9 @@ def _expression_argument(arguments: str) -> str:
         )
     try:
         decoded = json.loads(arguments)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise ToolArgumentError(
-            f"calculator arguments are not valid JSON ({exc.msg} at position {exc.pos}): "
+            f"calculator arguments are not valid JSON ({json_error_reason(exc)}): "
             f"{snippet(arguments)!r}. {example}"
         ) from None
     if not isinstance(decoded, dict):

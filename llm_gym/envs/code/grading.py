@@ -94,7 +94,10 @@ def values_equal(actual: Any, expected: Any) -> bool:
     if isinstance(expected, float):
         if isinstance(actual, bool) or not isinstance(actual, int | float):
             return False
-        return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-9)
+        try:
+            return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-9)
+        except OverflowError:  # an int too large for a float (10**400) is no float's equal
+            return False
     if isinstance(expected, list):
         return (
             isinstance(actual, list)

@@ -194,6 +194,6 @@ def read_tool_results(content: str) -> list[dict[str, Any]] | None:
         return None
     try:
         entries = json.loads(match.group(1))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None

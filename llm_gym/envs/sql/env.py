@@ -228,7 +228,7 @@ def _reference_results(sql: str, messages: Sequence[Message]) -> list[str]:
                 function = call.get("function") or {}
                 try:
                     arguments = json.loads(function.get("arguments") or "{}")
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RecursionError):
                     arguments = {}
                 pending.append(
                     function.get("name") == "query"
