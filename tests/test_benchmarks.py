@@ -116,3 +116,18 @@ def test_async_speedup_smoke(small_model_dir, tmp_path) -> None:
     assert all(e["steps_per_hour"] > 0 for e in summary["entries"])
     assert json.loads((tmp_path / "async.json").read_text())["latency_with_s"] == 0.02
     assert (tmp_path / "async.md").exists() and (tmp_path / "async.png").exists()
+
+
+def test_distill_smoke(small_model_dir, tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("trl")
+    from benchmarks import distill
+
+    args = distill.parse(["--quick", "--teacher", str(small_model_dir)])
+    args.student, args.out_dir, args.write = str(small_model_dir), tmp_path, True
+    summary = distill.main(args)
+    assert len(summary["reverse_kl_per_step"]) == 2
+    assert 0.0 <= summary["student_after"]["success"] <= 1.0
+    assert (tmp_path / "distill.md").exists() and (tmp_path / "distill.png").exists()
+    assert "## Reading" in (tmp_path / "distill.md").read_text()
