@@ -116,18 +116,20 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
     )
     type_, str_, bytes_, int_, denied = type, str, bytes, int, PermissionError
     dir_entry = os.DirEntry
+    python_events = ("shutil.", "glob.")  # raised by Python code, before the C calls it makes
     folder_type, type_bits = 0o040000, 0o170000
 
-    def text(path):
-        """``path`` as a str, or ``None`` for any type but str, bytes and ``os.DirEntry``.
+    def text(path, any_pathlike=False):
+        """``path`` as a str; ``None`` for a type but str, bytes and ``os.DirEntry``, unless
+        ``any_pathlike`` (an event raised by Python code, whose own calls are checked again).
 
-        Not a PathLike of Python code: the C function has already called its ``__fspath__``,
-        and a second call here could answer differently (a counter, a ``__del__`` run by the
-        garbage collector in between), so what is checked would not be what is opened.
+        A C function raises its event after calling a PathLike's ``__fspath__``; a second
+        call here could answer differently (a counter, a ``__del__`` run by the garbage
+        collector in between), and what is checked would not be what is opened.
         """
         kind = type_(path)
-        if kind is dir_entry:  # a C type whose path is fixed
-            path = fspath(path)
+        if kind is dir_entry or (any_pathlike and kind is not str_ and kind is not bytes_):
+            path = fspath(path)  # (DirEntry: a C type whose path is fixed)
             kind = type_(path)
         if kind is bytes_:
             return bytes_.decode(path, "utf-8", "surrogateescape")
@@ -160,7 +162,7 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
     def checked(path, rule, event, anchored=True):
         """The normalised ``path``; refuses one that leads outside ``rule``, or that climbs when
         it may be relative to another folder than the current one (not ``anchored``)."""
-        path = text(path)
+        path = text(path, str_.startswith(event, python_events))
         if path is None:
             raise denied(
                 f"sandbox: {event}: a path must be a str or bytes (os.fspath(path) gives one)"
