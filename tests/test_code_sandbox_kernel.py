@@ -471,3 +471,55 @@ def test_links_to_folders_elsewhere_are_not_readable_roots(tmp_path: Path) -> No
     assert not _host._leads_elsewhere(str(tmp_path / "lib" / "in"))
     assert not _host._leads_elsewhere(str(tmp_path / "lib" / "inner"))
     assert not any(os.path.islink(p) and os.path.isdir(p) for p in RULES["read_dirs"])
+
+
+# --- the seccomp program itself (a pure function), read by a small BPF interpreter --------------
+
+
+def _bpf(program: list, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
+    """What the filter answers for one system call (classic BPF, the opcodes it uses)."""
+    args = (*args, *[0] * (6 - len(args)))
+    words = {0: nr, 4: arch}
+    for index, arg in enumerate(args):
+        words[16 + 8 * index], words[20 + 8 * index] = arg & 0xFFFFFFFF, arg >> 32
+    a, pc = 0, 0
+    while True:
+        code, jt, jf, k = program[pc]
+        pc += 1
+        if code == 0x20:
+            a = words[k]
+        elif code == 0x06:
+            return k
+        else:
+            taken = {0x15: a == k, 0x45: a & k != 0, 0x35: a >= k}[code]
+            pc += jt if taken else jf
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_seccomp_program_says_what_it_should(machine: str) -> None:
+    from llm_gym.envs.code import _child_kernel as kernel
+
+    table = kernel._SECCOMP_ARCHES[machine]
+    pointers = (0x7F00_1234_5678, 0x7F00_0000_1000, 0x5555_AAAA_0008)
+    allow, eperm, kill = 0x7FFF0000, 0x00050001, 0x80000000
+    for threads in (False, True):
+        program = kernel._seccomp_program(machine, pointers, threads)
+        arch = table["audit_arch"]
+        assert _bpf(program, arch, 0) == allow  # read (x86_64) / io_setup (aarch64)
+        assert _bpf(program, arch, 63) == allow  # uname / read
+        for number in table["denied"].values():
+            assert _bpf(program, arch, number) == eperm
+        assert _bpf(program, arch, table["clone3"]) == 0x00050026  # ENOSYS: libc falls back
+        assert _bpf(program, arch, table["clone"], (0x11,)) == eperm  # fork: SIGCHLD only
+        thread_flags = 0x3D0F00  # what glibc's pthread_create passes, CLONE_THREAD among them
+        assert _bpf(program, arch, table["clone"], (thread_flags,)) == (allow if threads else eperm)
+        assert _bpf(program, arch, table["execve"], pointers) == allow
+        for which in range(3):
+            for flip in (1, 1 << 40):
+                other = list(pointers)
+                other[which] ^= flip
+                assert _bpf(program, arch, table["execve"], tuple(other)) == eperm
+        assert _bpf(program, 0x40000003, 0) == kill  # another ABI (i386)
+        if table["x32_bit"]:
+            assert _bpf(program, arch, table["x32_bit"] | 0) == kill
+    assert kernel._seccomp_program("riscv64", pointers, False) is None

@@ -104,6 +104,7 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
     writable = ((tmp_prefix,), "only the work dir may be written to")
     readable = ((*stdlib_prefixes, tmp_prefix), "only the work dir and the stdlib may be read")
     loadable = (stdlib_prefixes, "only the standard library's extension modules may be loaded")
+    current = ((tmp_prefix,), "the current dir must stay inside the work dir")
     blocked, blocked_prefixes, blocked_imports = (
         _BLOCKED_EVENTS,
         _BLOCKED_PREFIXES,
@@ -169,8 +170,9 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
             )
         if not anchored and not str_.startswith(path, "/") and climbs(path):
             raise denied(
-                f"sandbox: {event} of {path!r}: a relative path may not climb above where it "
-                "starts ('..'); name a path inside the work dir"
+                f"sandbox: {event} {path!r} is not allowed (a relative path may not climb above "
+                "where it starts, '..': it may be relative to a dir_fd; name a path inside the "
+                "work dir)"
             )
         full = normalise(path)
         if not str_.startswith(full, rule[0]):
@@ -193,7 +195,8 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
             return  # nothing there: the open fails on its own
         if is_folder:
             raise denied(
-                f"sandbox: opening the folder {path!r} outside the work dir is not allowed"
+                f"sandbox: opening {path!r} is not allowed (a folder or an O_PATH descriptor, "
+                "usable as a dir_fd, may be opened only inside the work dir)"
             )
 
     def check_import(name, path):
@@ -217,7 +220,7 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
             check_import(args[0], args[1])
         elif event == "os.chdir":
             if type_(args[0]) is not int_:  # a descriptor: a folder of the work dir
-                checked(args[0], writable, "os.chdir")
+                checked(args[0], current, "os.chdir")
         elif event in write_events:
             paths, dir_fds = write_events[event]
             anchored = True
