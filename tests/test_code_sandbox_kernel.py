@@ -262,7 +262,8 @@ def test_a_bounded_fork_bomb_creates_no_process(kernel_layer: str, layers: tuple
 
 
 def test_threads_are_allowed_when_the_limits_allow_them(layers: tuple[str, ...]) -> None:
-    """``processes > 0`` lets threads start; processes stay refused."""
+    """``processes > 0`` lets threads start; processes stay refused. (``RLIMIT_NPROC`` counts
+    every process of the user, so the limit is high: the filter is under test.)"""
     code = (
         "import os, threading\n"
         "def f():\n"
@@ -278,7 +279,7 @@ def test_threads_are_allowed_when_the_limits_allow_them(layers: tuple[str, ...])
         "        out.append('refused')\n"
         "    return out\n"
     )
-    result = run(code, audit_hook=False, limits=SandboxLimits(processes=64))
+    result = run(code, audit_hook=False, limits=SandboxLimits(processes=2**20))
     assert value(result) == [45, "refused"]
 
 
@@ -297,7 +298,7 @@ _SOCKETS = (
     "    s.connect(address)\n"
     "    s.send(b'escaped')\n"
     "def f():\n"
-    "    return [attempt(lambda: unix(SOCK)), attempt(lambda: unix('\\0llm-gym-test-abstract')),\n"
+    "    return [attempt(lambda: unix(SOCK)), attempt(lambda: unix(ABSTRACT)),\n"
     "            attempt(socket.socketpair),\n"
     "            attempt(lambda: socket.create_connection(('127.0.0.1', 9), timeout=0.2)),\n"
     "            attempt(lambda: socket.socket(socket.AF_INET6)),\n"
@@ -314,11 +315,12 @@ def test_no_socket_of_any_family_reaches_the_host(
         pytest.skip("no seccomp on this machine")
     sock, accepted = unix_server
     abstract = socket.socket(socket.AF_UNIX)
-    abstract.bind("\0llm-gym-test-abstract")
+    name = f"\0llm-gym-test-{os.getpid()}"
+    abstract.bind(name)
     abstract.listen()
     abstract.setblocking(False)
     try:
-        code = f"SOCK = {sock!r}\n" + _SOCKETS
+        code = f"SOCK, ABSTRACT = {sock!r}, {name!r}\n" + _SOCKETS
         # the kernel alone: no namespaces, no Landlock, root kept; seccomp is what stands
         options = {} if hook else {"namespaces": False, "landlock": False, "drop_root": False}
         result = run(code, audit_hook=hook, **options)
