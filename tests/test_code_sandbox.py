@@ -397,8 +397,8 @@ def test_expected_outputs_never_enter_the_child(monkeypatch: pytest.MonkeyPatch)
 # --- the kernel layers on their own (audit hook off) ---------------------------------------------
 
 
-def _run_unhooked(code: str) -> SandboxResult:
-    result = run_function(code, "f", [[]], audit_hook=False)
+def _run_unhooked(code: str, **layers: bool) -> SandboxResult:
+    result = run_function(code, "f", [[]], audit_hook=False, **layers)
     assert "audit_hook" not in result.layers
     assert not os.path.exists(result.work_dir)
     assert leftover_processes(result.work_dir) == []
@@ -424,7 +424,7 @@ def test_landlock_alone_blocks_files_and_exec(layers: tuple[str, ...], world: di
         "            out.append(exc.errno)\n"
         "    return out\n"
     )
-    result = _run_unhooked(code)
+    result = _run_unhooked(code, seccomp=False)  # (seccomp refuses the exec first: EPERM)
     call = result.calls[0]
     assert call is not None and call.value == [13, 13, 13, 13]  # EACCES, four times
     assert_world_unchanged(world)
@@ -489,9 +489,9 @@ def test_broken_landlock_rules_fall_back_with_a_warning(
         pytest.skip("this kernel has no Landlock")
     rules = {**sandbox.read_rules(), "read_files": []}  # no interpreter binary, no libpython
     monkeypatch.setattr(sandbox, "read_rules", lambda: rules)
-    sandbox._landlock_usable.cache_clear()
+    sandbox._working_options.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="Landlock is off"):
-            assert sandbox._landlock_usable() is False
+            assert sandbox._working_options() == (False, True)
     finally:
-        sandbox._landlock_usable.cache_clear()
+        sandbox._working_options.cache_clear()

@@ -5,10 +5,11 @@ it, reads its source and hands that to a fresh interpreter
 (``python -I -S -B -c TRAMPOLINE SOURCE MODE CONFIG``) twice:
 
 1. ``launch``: trusted set-up in the new process, before any candidate code exists in it: new
-   namespaces (user, network, IPC, PID) where the kernel allows them, resource limits,
-   ``no_new_privs`` and a Landlock file-system / TCP / signal ruleset; then ``execv`` of the same
-   interpreter in ``run`` mode. Limits, namespaces and Landlock survive the exec; ctypes and
-   everything else the launcher loaded do not.
+   namespaces (user, network, IPC, PID) where the kernel allows them, ``nobody`` instead of root
+   (:mod:`llm_gym.envs.code._child_kernel`), resource limits, ``no_new_privs``, a Landlock
+   file-system / TCP / signal ruleset and a seccomp filter; then ``execve`` of the same
+   interpreter in ``run`` mode (the last ``exec`` the filter allows). The uid, limits, namespaces,
+   Landlock and seccomp survive the exec; ctypes and everything else the launcher loaded do not.
 2. ``run``: the harness. It reads the payload (the candidate's code, the entry function's name and
    the argument lists; never an expected output) from stdin, installs the audit hook, executes
    the code, calls the entry function on every input and writes one JSON line per call to the
@@ -17,13 +18,13 @@ it, reads its source and hands that to a fresh interpreter
 Both stages report what they put in place as the first records on the results pipe, so the
 parent knows which protections were in force (``SandboxResult.layers``).
 
-Its source text, followed by that of :mod:`llm_gym.envs.code._child_harness` (stage 2), is the
-whole program the child runs (where importing ``llm_gym`` is blocked): the two files are one
-program cut in two for reading, so neither imports the other; :data:`CHILD_FILES` lists them in
-order.
+Its source text, followed by those of :mod:`llm_gym.envs.code._child_kernel` (the rest of stage 1)
+and :mod:`llm_gym.envs.code._child_harness` (stage 2), is the whole program the child runs (where
+importing ``llm_gym`` is blocked): the files are one program cut in three for reading, so none
+imports another; :data:`CHILD_FILES` lists them in order.
 """
 
-# ruff: noqa: F821  (main calls _run, defined in _child_harness.py: the two are one program)
+# ruff: noqa: F821  (main calls _run, defined in _child_harness.py: the three are one program)
 import marshal
 import os
 
@@ -32,7 +33,7 @@ import os
 TRAMPOLINE = "import sys;exec(sys.argv[1]);main(sys.argv[1:])"
 """The ``-c`` program of both stages: run the source passed as the first argument, then main."""
 
-CHILD_FILES = ("_child.py", "_child_harness.py")
+CHILD_FILES = ("_child.py", "_child_kernel.py", "_child_harness.py")
 """The files whose sources, joined in this order, are the child's program."""
 
 
@@ -63,8 +64,12 @@ def _libc():
     return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
-def _unshare(libc, namespaces):
-    """Enter new namespaces; try the strongest set first. Returns the names that took effect."""
+def _unshare(libc, namespaces, as_root):
+    """Enter new namespaces; try the strongest set first. Returns the names that took effect.
+
+    Root (about to become ``nobody``) needs no user namespace: it makes the others directly,
+    then drops every capability, which a user namespace would hand back inside it.
+    """
     user, net, pid, ipc = _CLONE_NEWUSER, _CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWIPC
     attempts = [
         (user | net | pid | ipc, ["userns", "netns", "pidns", "ipcns"]),
@@ -72,6 +77,8 @@ def _unshare(libc, namespaces):
         (user | net | ipc, ["userns", "netns", "ipcns"]),
         (net, ["netns"]),
     ]
+    if as_root:
+        attempts = [attempt for attempt in attempts if not attempt[0] & user]
     if not namespaces:
         return []
     for flags, names in attempts:
@@ -184,7 +191,13 @@ def _launch(source, config_text):
     libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
     if os.getppid() != config["parent_pid"]:
         os._exit(1)
-    layers = ["new_session", *_unshare(libc, config["namespaces"])]
+    drop = config["drop_root"]  # (uid, gid, keep_read_search) when root, else None
+    layers = ["new_session", *_unshare(libc, config["namespaces"], drop is not None)]
+    if drop is not None:
+        layers += _drop_root(ctypes, libc, drop)
+        libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # a change of uid clears it
+        if os.getppid() != config["parent_pid"]:
+            os._exit(1)
     if "pidns" in layers:
         # The first child of a new PID namespace is its init: when it dies, the kernel kills
         # every process left in the namespace. This process stays outside as a plain reaper.
@@ -207,10 +220,15 @@ def _launch(source, config_text):
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         layers.append("no_new_privs")
     layers += _landlock(ctypes, libc, config)
+    python = config["python"]
+    argv = [python, "-I", "-S", "-B", "-c", TRAMPOLINE, source, "run", config_text]
+    exec_arguments = _exec_arguments(ctypes, argv)
+    if config["seccomp"] and "no_new_privs" in layers:
+        threads = config["limits"]["processes"] > 0
+        layers += _install_seccomp(ctypes, libc, exec_arguments[1], threads)
     names = ",".join(f'"{x}"' for x in layers)
     _emit(results_fd, f'{{"kind":"layers","layers":[{names}]}}\n')
-    python = config["python"]
-    os.execv(python, [python, "-I", "-S", "-B", "-c", TRAMPOLINE, source, "run", config_text])
+    _exec(ctypes, libc, argv, exec_arguments)
 
 
 def main(argv):

@@ -1,10 +1,11 @@
 """Stage 2 of the sandbox's child program: the harness (see :mod:`llm_gym.envs.code._child`).
 
-Not a module to import: ``sandbox.py`` appends this file's source to ``_child.py``'s and hands the
-joined text to a fresh interpreter, which runs ``main`` from ``_child.py``. Standard library only.
+Not a module to import: ``sandbox.py`` appends this file's source to those of ``_child.py`` and
+``_child_kernel.py`` and hands the joined text to a fresh interpreter, which runs ``main`` from
+``_child.py``. Standard library only.
 """
 
-# ruff: noqa: F821  (uses _emit and _decode from _child.py: the two are one program)
+# ruff: noqa: F821  (uses _emit and _decode from _child.py: the three are one program)
 import marshal
 import os
 import sys
@@ -50,27 +51,25 @@ _BLOCKED_IMPORTS = frozenset(
         "llm_gym",
     }
 )
-_WRITE_EVENTS = frozenset(
-    {
-        "os.remove",
-        "os.rename",
-        "os.rmdir",
-        "os.mkdir",
-        "os.chmod",
-        "os.chown",
-        "os.truncate",
-        "os.utime",
-        "os.setxattr",
-        "os.removexattr",
-        "shutil.rmtree",
-        "shutil.copyfile",
-        "shutil.copymode",
-        "shutil.copystat",
-        "shutil.copytree",
-        "shutil.move",
-        "shutil.chown",
-    }
-)
+_WRITE_EVENTS = {  # event: (positions of the paths written to, positions of their dir_fds)
+    "os.remove": ((0,), (1,)),
+    "os.rename": ((0, 1), (2, 3)),
+    "os.rmdir": ((0,), (1,)),
+    "os.mkdir": ((0,), (2,)),
+    "os.chmod": ((0,), (2,)),
+    "os.chown": ((0,), (3,)),
+    "os.truncate": ((0,), ()),
+    "os.utime": ((0,), (3,)),
+    "os.setxattr": ((0,), ()),
+    "os.removexattr": ((0,), ()),
+    "shutil.rmtree": ((0,), (1,)),
+    "shutil.copyfile": ((0, 1), ()),
+    "shutil.copymode": ((0, 1), ()),
+    "shutil.copystat": ((0, 1), ()),
+    "shutil.copytree": ((0, 1), ()),
+    "shutil.move": ((0, 1), ()),
+    "shutil.chown": ((0,), ()),
+}
 _READ_EVENTS = frozenset({"os.listdir", "os.scandir", "os.getxattr", "os.listxattr", "glob.glob"})
 _FUNCTION_ATTRIBUTES = frozenset({"__code__"})  # (namedtuple sets __defaults__: allowed)
 
@@ -79,16 +78,33 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
     """Refuse, inside this interpreter, what the candidate has no business doing.
 
     Defence in depth: a hook cannot stop code that escapes the interpreter, the kernel layers
-    (Landlock, namespaces, resource limits) are the wall. Hooks cannot be removed once added,
-    and this one reaches nothing the candidate can patch: every name it uses is bound here
-    (C functions, frozensets, str methods), and paths are normalised with str operations only.
+    (seccomp, Landlock, namespaces, ``nobody``, resource limits) are the wall. Hooks cannot be
+    removed once added, and this one reaches nothing the candidate can patch: every name it uses
+    is bound here (C functions, frozensets, str methods), and paths are normalised with str
+    operations only.
+
+    Paths are checked as text, against the current directory. Three rules keep that text honest
+    where the kernel would resolve it elsewhere (``dir_fd``, which the ``open`` event does not
+    carry): the current directory stays inside the work dir (``chdir`` elsewhere is refused), a
+    relative path may not climb above where it starts (``..``), and no folder outside the work
+    dir may be opened (so every descriptor usable as ``dir_fd`` is a folder of the work dir).
+
+    Extension modules load only from the standard library's own folders, under names none of
+    whose parts is blocked (``evil._posixsubprocess`` is ``_posixsubprocess``), and from files
+    whose name is not a blocked module's.
     """
-    getcwd, fspath = os.getcwd, os.fspath  # C functions, bound now
+    getcwd, fspath, stat = os.getcwd, os.fspath, os.stat  # C functions, bound now
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    folder_flags = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
     tmp_prefix = tmp.rstrip("/") + "/"
-    write_prefixes = (tmp_prefix,)
-    read_prefixes = (*(r.rstrip("/") + "/" for r in read_roots), tmp_prefix)
-    listable = frozenset(d.rstrip("/") + "/" for d in list_dirs)
+    stdlib_prefixes = tuple(r.rstrip("/") + "/" for r in read_roots)
+    module_prefixes = tuple(d.rstrip("/") + "/" for d in list_dirs)  # the stdlib's sys.path
+    listable = frozenset(module_prefixes)
+    # (where a path may lead, what to say when it leads elsewhere)
+    writable = ((tmp_prefix,), "only the work dir may be written to")
+    readable = ((*stdlib_prefixes, tmp_prefix), "only the work dir and the stdlib may be read")
+    loadable = (stdlib_prefixes, "only the standard library's extension modules may be loaded")
+    current = ((tmp_prefix,), "the current dir must stay inside the work dir")
     blocked, blocked_prefixes, blocked_imports = (
         _BLOCKED_EVENTS,
         _BLOCKED_PREFIXES,
@@ -100,17 +116,40 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
         _FUNCTION_ATTRIBUTES,
     )
     type_, str_, bytes_, int_, denied = type, str, bytes, int, PermissionError
+    dir_entry = os.DirEntry
+    python_events = ("shutil.", "glob.")  # raised by Python code, before the C calls it makes
+    folder_type, type_bits = 0o040000, 0o170000
+
+    def text(path, any_pathlike=False):
+        """``path`` as a str; ``None`` for a type but str, bytes and ``os.DirEntry``, unless
+        ``any_pathlike`` (an event raised by Python code, whose own calls are checked again).
+
+        A C function raises its event after calling a PathLike's ``__fspath__``; a second
+        call here could answer differently (a counter, a ``__del__`` run by the garbage
+        collector in between), and what is checked would not be what is opened.
+        """
+        kind = type_(path)
+        if kind is dir_entry or (any_pathlike and kind is not str_ and kind is not bytes_):
+            path = fspath(path)  # (DirEntry: a C type whose path is fixed)
+            kind = type_(path)
+        if kind is bytes_:
+            return bytes_.decode(path, "utf-8", "surrogateescape")
+        return path if kind is str_ else None
+
+    def climbs(path):
+        """Whether a relative ``path`` goes above its start (``..``), wherever it starts."""
+        depth = 0
+        for part in str_.split(path, "/"):
+            if part == "..":
+                depth -= 1
+                if depth < 0:
+                    return True
+            elif part not in ("", "."):
+                depth += 1
+        return False
 
     def normalise(path):
         """``path`` made absolute, ``.`` and ``..`` resolved lexically, plus a trailing "/"."""
-        kind = type_(path)
-        if kind is not str_ and kind is not bytes_:
-            path = fspath(path)  # a PathLike; whatever it returns is checked again
-            kind = type_(path)
-        if kind is bytes_:
-            path = bytes_.decode(path, "utf-8", "surrogateescape")
-        elif kind is not str_:
-            return None
         if not str_.startswith(path, "/"):
             path = getcwd() + "/" + path
         parts = []
@@ -121,36 +160,85 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
                 parts.append(part)
         return "/" + "/".join(parts) + "/"
 
-    def inside(path, prefixes):
-        if type_(path) is int_:
-            return True  # an already open descriptor (the pipes, or one opened legitimately)
+    def checked(path, rule, event, anchored=True):
+        """The normalised ``path``; refuses one that leads outside ``rule``, or that climbs when
+        it may be relative to another folder than the current one (not ``anchored``)."""
+        path = text(path, str_.startswith(event, python_events))
+        if path is None:
+            raise denied(
+                f"sandbox: {event}: a path must be a str or bytes (os.fspath(path) gives one)"
+            )
+        if not anchored and not str_.startswith(path, "/") and climbs(path):
+            raise denied(
+                f"sandbox: {event} {path!r} is not allowed (a relative path may not climb above "
+                "where it starts, '..': it may be relative to a dir_fd; name a path inside the "
+                "work dir)"
+            )
         full = normalise(path)
-        return full is not None and str_.startswith(full, prefixes)
+        if not str_.startswith(full, rule[0]):
+            raise denied(f"sandbox: {event} {path!r} is not allowed ({rule[1]})")
+        return full
+
+    def check_open(path, mode, flags):
+        if mode is None:
+            writing = (flags & write_flags) != 0
+        else:
+            writing = "w" in mode or "a" in mode or "x" in mode or "+" in mode
+        full = checked(path, writable if writing else readable, "opening", anchored=False)
+        if str_.startswith(full, tmp_prefix):
+            return
+        try:
+            is_folder = (
+                flags & folder_flags or stat(full[:-1] or "/").st_mode & type_bits == folder_type
+            )
+        except OSError:
+            return  # nothing there: the open fails on its own
+        if is_folder:
+            raise denied(
+                f"sandbox: opening {path!r} is not allowed (a folder or an O_PATH descriptor, "
+                "usable as a dir_fd, may be opened only inside the work dir)"
+            )
+
+    def check_import(name, path):
+        names = str_.split(name, ".") if type_(name) is str_ else [None]
+        if path is not None:  # an extension module: a file the dynamic loader maps
+            full = checked(path, loadable, "loading")
+            if not str_.startswith(full, module_prefixes):
+                raise denied(f"sandbox: loading {path!r} is not allowed ({loadable[1]})")
+            names.append(str_.split(str_.split(full[:-1], "/")[-1], ".")[0])
+        for part in names:
+            if part is None or part in blocked_imports:
+                raise denied(f"sandbox: importing {name} is not allowed")
 
     def hook(event, args):
         if event in blocked or str_.startswith(event, blocked_prefixes):
             raise denied(f"sandbox: {event} is not allowed")
         if event == "open":
-            path, mode, flags = args
-            if mode is None:
-                writing = (flags & write_flags) != 0
-            else:
-                writing = "w" in mode or "a" in mode or "x" in mode or "+" in mode
-            if not inside(path, write_prefixes if writing else read_prefixes):
-                raise denied(f"sandbox: opening {path!r} is not allowed")
+            if type_(args[0]) is not int_:  # an int: an already open descriptor
+                check_open(*args)
         elif event == "import":
-            if str_.partition(args[0], ".")[0] in blocked_imports:
-                raise denied(f"sandbox: importing {args[0]} is not allowed")
+            check_import(args[0], args[1])
+        elif event == "os.chdir":
+            if type_(args[0]) is not int_:  # a descriptor: a folder of the work dir
+                checked(args[0], current, "os.chdir")
         elif event in write_events:
-            for arg in args[:2]:
-                if type_(arg) is not int_ and arg is not None and not inside(arg, write_prefixes):
-                    raise denied(f"sandbox: {event} outside the work dir is not allowed")
+            paths, dir_fds = write_events[event]
+            anchored = True
+            for index in dir_fds:
+                if index < len(args) and type_(args[index]) is int_ and args[index] >= 0:
+                    anchored = False
+            for index in paths:
+                arg = args[index] if index < len(args) else None
+                if arg is not None and type_(arg) is not int_:
+                    checked(arg, writable, event, anchored)
         elif event in read_events:
             path = args[0] if args else None
-            if path is None or type_(path) is int_ or normalise(path) in listable:
+            if path is None or type_(path) is int_:
                 return
-            if not inside(path, read_prefixes):
-                raise denied(f"sandbox: {event} of {path!r} is not allowed")
+            full = text(path)
+            if full is not None and normalise(full) in listable:
+                return
+            checked(path, readable, event)
         elif event == "object.__setattr__" and len(args) > 1 and args[1] in function_attributes:
             raise denied(f"sandbox: setting {args[1]} is not allowed")
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
 
 from llm_gym.envs.code._process import minimal_env
 
-__all__ = ["interpreter", "read_rules"]
+__all__ = ["interpreter", "read_rules", "unprivileged_ids"]
 
 _SKIPPED_STDLIB_ENTRIES = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -35,6 +36,15 @@ _PROBE = (
     "except OSError: pass\n"
     "print(json.dumps({'path':sys.path,'maps':maps}))\n"
 )
+
+
+def _leads_elsewhere(path: str) -> bool:
+    """A link to a folder outside the one it sits in: the audit hook compares paths as text, so
+    ``link/secret`` would pass as inside while the kernel opens a file elsewhere."""
+    if not os.path.islink(path) or not os.path.isdir(path):
+        return False
+    folder = os.path.realpath(os.path.dirname(path))
+    return not os.path.realpath(path).startswith(folder + os.sep)
 
 
 @functools.cache
@@ -66,8 +76,9 @@ def read_rules() -> dict[str, list[str]]:
         for spelling in {os.path.abspath(entry), os.path.realpath(entry)}:
             list_dirs.add(spelling)
             for child in os.listdir(spelling):
-                if child not in _SKIPPED_STDLIB_ENTRIES:
-                    read_dirs.add(os.path.join(spelling, child))
+                path = os.path.join(spelling, child)
+                if child not in _SKIPPED_STDLIB_ENTRIES and not _leads_elsewhere(path):
+                    read_dirs.add(path)
     stdlib_roots = tuple(list_dirs)
     for mapped in probe["maps"]:
         if not mapped.startswith("/") or not os.path.isfile(mapped):
@@ -86,3 +97,50 @@ def read_rules() -> dict[str, list[str]]:
         "list_dirs": sorted(list_dirs),
         "read_files": sorted(read_files),
     }
+
+
+NOBODY = 65534
+"""The uid and gid a root grader runs candidates as (``nobody``/``nogroup`` on Linux), unless
+the password database names another ``nobody``."""
+
+
+def _nobody() -> tuple[int, int]:
+    try:
+        import pwd
+
+        entry = pwd.getpwnam("nobody")
+    except (ImportError, KeyError):
+        return NOBODY, NOBODY
+    return entry.pw_uid, entry.pw_gid
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Whether any user may read ``path`` (and enter every folder above it)."""
+    try:
+        mode = os.stat(path).st_mode
+        if not mode & stat.S_IROTH or (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH):
+            return False
+        parent = os.path.dirname(path)
+        while parent != path:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+            path, parent = parent, os.path.dirname(parent)
+    except OSError:
+        return False
+    return True
+
+
+@functools.cache
+def unprivileged_ids() -> tuple[int, int, bool] | None:
+    """``(uid, gid, keep_read_search)`` to run candidates as when this process is root, else
+    ``None``.
+
+    ``keep_read_search``: the interpreter or its standard library is not readable by other users
+    (a ``/root/.pyenv`` interpreter), so the child keeps ``CAP_DAC_READ_SEARCH`` to read them.
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    uid, gid = _nobody()
+    rules = read_rules()
+    needed = [interpreter(), *rules["list_dirs"], *rules["read_files"]]
+    return uid, gid, not all(_reachable_by_others(path) for path in needed)

@@ -27,29 +27,34 @@ is graded as a failure and nothing outside the work directory changes.
    ``TMPDIR``: no inherited secrets, no proxies), a new temporary directory as its working
    directory (removed afterwards), its own session and process group, stdin closed after the
    payload is read and every other descriptor closed.
-3. **Resource limits** set in the child before the candidate's interpreter is exec'd:
+3. **No root.** A grader running as root runs the candidate as ``nobody`` with no capability
+   (or only ``CAP_DAC_READ_SEARCH``, where root's interpreter lives in a folder ``nobody`` cannot
+   read), so the process limit below holds and root's powers (devices, signals, other users'
+   files, mounts) are gone.
+4. **Resource limits** set in the child before the candidate's interpreter is exec'd:
    ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` (0: no
    fork, no thread) and ``RLIMIT_CORE`` (0). The parent adds a wall-clock deadline that SIGKILLs
    the whole process group, caps stdout + stderr (a flood kills the run) and caps the results.
-   Note: Linux does not apply ``RLIMIT_NPROC`` to uid 0, so a parent running as root relies on
-   the PID namespace and the audit hook for the process limit.
-4. **Namespaces** (Linux, where the kernel lets an unprivileged process create them): a user
-   namespace (no capabilities in the parent namespace, even when the parent is root), a network
-   namespace (no interface but a down loopback: no network at all), an IPC namespace and a PID
-   namespace whose init is the candidate, so every process it could have left behind dies with it.
-   ``unshare(2)`` is called directly; the ``unshare`` binary is not needed. Where the kernel or a
-   container's seccomp profile refuses, the run goes on without them.
-5. **Landlock** (Linux >= 5.13): the process may read only the interpreter, its shared libraries
+5. **Namespaces** where the kernel allows them: network (no interface but a down loopback), IPC
+   and PID (the candidate is the init: every process it could leave behind dies with it); a user
+   namespace too when the grader is not root. ``unshare(2)`` is called directly; where the kernel
+   or a container refuses, the run goes on without them.
+6. **Landlock** (Linux >= 5.13): the process may read only the interpreter, its shared libraries
    and the standard library (``site-packages`` excluded), may read and write only its work
    directory, may execute nothing but the interpreter, and (ABI >= 4) may not bind or connect
    TCP sockets, (ABI >= 6) may not signal processes or reach abstract unix sockets outside itself.
-   Unprivileged, enforced by the kernel, inherited across ``exec`` and irreversible.
-6. **An audit hook** (:pep:`578`) in the candidate's interpreter refuses ``open`` outside the
-   allowed paths, writes outside the work directory, socket creation, ``fork``/``exec``/
-   ``posix_spawn``/``subprocess``/``system``, signals, ``ctypes`` and ``_posixsubprocess``,
-   symlinks, code-object construction and the like. Hooks are defence in depth: code that escapes
-   the interpreter (a CPython memory-safety bug) is not bound by them. The layers above are the
-   wall.
+7. **seccomp** (x86_64, aarch64): no process creation, no ``exec`` after the launcher's, no
+   socket of any family, no ``mknod``, ``ptrace``, namespaces, mounts or ``io_uring``; threads
+   only where ``SandboxLimits.processes`` allows them (see
+   :mod:`llm_gym.envs.code._child_kernel`). Layers 3 to 7 are enforced by the kernel, inherited
+   across ``exec`` and irreversible: they bind any interpreter or native code the candidate
+   reaches.
+8. **An audit hook** (:pep:`578`) in the candidate's interpreter refuses ``open`` outside the
+   allowed paths (and the ``dir_fd``/``chdir`` tricks that would mislead a path check), writes
+   outside the work directory, sockets, ``fork``/``exec``/``subprocess``, signals, ``ctypes``,
+   ``_posixsubprocess`` under any name, extension modules from outside the standard library,
+   symlinks, code-object construction and the like. Defence in depth: code that escapes the
+   interpreter is not bound by it; the kernel layers are the wall.
 
 :func:`sandbox_layers` reports which layers this machine provides; every
 :class:`SandboxResult` lists the layers that were in force for that run.
@@ -59,7 +64,9 @@ is graded as a failure and nothing outside the work directory changes.
 It does not hide CPU timing or the existence of paths (``stat`` is not restricted), does not
 limit the disk space of the temporary directory beyond ``RLIMIT_FSIZE`` per file, and trusts the
 Linux kernel. Without Landlock (an older kernel, another OS) file-system isolation rests on the
-audit hook alone; run untrusted models on Linux >= 5.13.
+audit hook alone; run untrusted models on Linux >= 5.13. Concurrent runs of a root grader share
+the uid ``nobody``: code that escaped the interpreter on a machine without Landlock and PID
+namespaces could reach another run's work dir or processes (not its expected outputs).
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.envs.code._child import CHILD_FILES, TRAMPOLINE
-from llm_gym.envs.code._host import interpreter, read_rules
+from llm_gym.envs.code._host import interpreter, read_rules, unprivileged_ids
 from llm_gym.envs.code._process import Streams, minimal_env, pump, remove_tree, stop
 from llm_gym.errors import InvalidArgumentError
 
@@ -112,7 +119,8 @@ class SandboxLimits:
     open_files: int = 32
     """``RLIMIT_NOFILE``."""
     processes: int = 0
-    """``RLIMIT_NPROC``: 0 forbids fork and threads (not enforced by Linux for uid 0)."""
+    """``RLIMIT_NPROC``: 0 forbids threads too; above 0, threads may start (seccomp refuses
+    new processes either way)."""
     output_bytes: int = 64 * 2**10
     """stdout + stderr above this kills the run."""
     result_bytes: int = 4 * 2**20
@@ -184,33 +192,48 @@ class SandboxResult:
 _CANARY = "import json, math\ndef f():\n    return json.loads(str(math.factorial(5)))\n"
 
 
-@functools.cache
-def _landlock_usable() -> bool:
-    """Whether a run under Landlock works here (checked once).
+@dataclass(frozen=True)
+class _Options:
+    """Which layers one run tries to put in place (each is skipped where the machine lacks it)."""
 
-    Landlock rules come from probing the interpreter; should they miss something it needs, every
-    run would fail. Then Landlock is left out (with a warning) rather than failing every episode.
+    audit_hook: bool = True
+    landlock: bool = True
+    namespaces: bool = True
+    seccomp: bool = True
+    drop_root: bool = True
+
+
+def _canary_passes(options: _Options) -> bool:
+    result = _run(_CANARY, "f", [[]], SandboxLimits(wall_seconds=30), options)
+    return result.calls == (CallResult(value=120),)
+
+
+@functools.cache
+def _working_options() -> tuple[bool, bool]:
+    """``(landlock, drop_root)``: whether runs work under each here (checked once).
+
+    Landlock rules come from probing the interpreter, and ``nobody`` may lack access to what
+    root's interpreter needs; should either break every run, it is left out (with a warning)
+    rather than failing every episode.
     """
-    calls = _run(_CANARY, "f", [[]], SandboxLimits(wall_seconds=30), True, True, True).calls
-    if calls == (CallResult(value=120),):
-        return True
-    fallback = _run(_CANARY, "f", [[]], SandboxLimits(wall_seconds=30), True, False, True).calls
-    if fallback == (CallResult(value=120),):
-        warnings.warn(
-            "Code-v0 sandbox: runs fail under the Landlock rules derived for this interpreter, so "
-            "Landlock is off; file-system isolation rests on the audit hook.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    return True  # the sandbox fails either way: not Landlock's doing
+    if _canary_passes(_Options()):
+        return True, True
+    for landlock, drop_root in ((False, True), (True, False), (False, False)):
+        if _canary_passes(_Options(landlock=landlock, drop_root=drop_root)):
+            off = ["Landlock is off (file isolation rests on the audit hook)"] * (not landlock)
+            off += ["the code runs as root, not as nobody"] * (not drop_root)
+            message = f"Code-v0 sandbox: runs fail with every layer on, so {' and '.join(off)}."
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            return landlock, drop_root
+    return True, True  # the sandbox fails either way: not these layers' doing
 
 
 def sandbox_layers() -> tuple[str, ...]:
     """The protections this machine puts in place, found by a trivial sandboxed run.
 
-    Example: ``("new_session", "userns", "netns", "pidns", "ipcns", "rlimits", "no_new_privs",
-    "landlock_fs", "landlock_tcp", "landlock_scope", "audit_hook")`` on Linux 6.x.
+    Example: ``("new_session", "netns", "pidns", "ipcns", "unprivileged_uid", "rlimits",
+    "no_new_privs", "landlock_fs", "landlock_tcp", "landlock_scope", "seccomp", "audit_hook")``
+    on Linux 6.x as root (``"userns"`` instead of ``"unprivileged_uid"`` as another user).
     """
     result = run_function("def f():\n    return 1\n", "f", [[]])
     return result.layers
@@ -270,6 +293,8 @@ def run_function(
     audit_hook: bool = True,
     landlock: bool = True,
     namespaces: bool = True,
+    seccomp: bool = True,
+    drop_root: bool = True,
 ) -> SandboxResult:
     """Run ``code`` in the sandbox and call ``entry(*args)`` for each ``args`` in ``inputs``.
 
@@ -281,6 +306,8 @@ def run_function(
         audit_hook: Install the audit hook (turned off only by tests of the kernel layers).
         landlock: Apply Landlock where the kernel supports it (tests only turn it off).
         namespaces: Enter new namespaces where allowed (tests only turn them off).
+        seccomp: Install the seccomp filter where the kernel supports it (tests only turn it off).
+        drop_root: Run as ``nobody`` when this process is root (tests only turn it off).
 
     Returns:
         What each call returned or raised; see :class:`SandboxResult`. Never raises for any
@@ -296,8 +323,15 @@ def run_function(
             f"{type(code).__name__}, {entry!r}."
         )
     limits = limits or SandboxLimits()
-    landlock = landlock and _landlock_usable()
-    return _run(code, entry, inputs, limits, audit_hook, landlock, namespaces)
+    landlock_works, drop_root_works = _working_options()
+    options = _Options(
+        audit_hook=audit_hook,
+        landlock=landlock and landlock_works,
+        namespaces=namespaces,
+        seccomp=seccomp,
+        drop_root=drop_root and drop_root_works,
+    )
+    return _run(code, entry, inputs, limits, options)
 
 
 def _run(
@@ -305,9 +339,7 @@ def _run(
     entry: str,
     inputs: Sequence[Sequence[Any]],
     limits: SandboxLimits,
-    audit_hook: bool,
-    landlock: bool,
-    namespaces: bool,
+    options: _Options,
 ) -> SandboxResult:
     """One run with every option decided (see :func:`run_function`)."""
     try:
@@ -320,6 +352,9 @@ def _run(
     n_calls = len(inputs)
     start = time.monotonic()
     tmp = os.path.realpath(tempfile.mkdtemp(prefix="llm_gym_code_"))
+    drop_root = unprivileged_ids() if options.drop_root else None
+    if drop_root is not None:
+        os.chown(tmp, drop_root[0], drop_root[1])  # the work dir is the only place it may write
     results_r, results_w = os.pipe()
     config = {
         "python": interpreter(),
@@ -334,9 +369,11 @@ def _run(
             "processes": limits.processes,
         },
         "max_value_chars": limits.result_bytes // 2,
-        "hooks": audit_hook,
-        "landlock": landlock,
-        "namespaces": namespaces,
+        "hooks": options.audit_hook,
+        "landlock": options.landlock,
+        "namespaces": options.namespaces,
+        "seccomp": options.seccomp,
+        "drop_root": drop_root,
         **read_rules(),
     }
     argv = [config["python"], "-I", "-S", "-B", "-c", TRAMPOLINE, _CHILD_SOURCE, "launch"]
