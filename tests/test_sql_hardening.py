@@ -37,6 +37,7 @@ from llm_gym.envs.sql import ReadOnlyDatabase, SQLEnv, build_tables, get_tasks, 
 from llm_gym.envs.sql.expansion import MAX_EXPANDED_TOKENS, check_expansion, expanded_size
 from llm_gym.envs.sql.guard import CHECKED_FUNCTIONS, SQLITE_LIMITS
 
+FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 SLACK_S = 1.0
 """Generous margin over a time limit (shared, loaded cores)."""
 A = "printf('%.*c', 19990, 'a')"  # a string near the 20,000-byte limit
@@ -136,8 +137,7 @@ ROWS = {
     + ") FROM s",
     "like in a loop": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
     f"SELECT count(*) FROM c, (SELECT {A} AS a) WHERE a || x LIKE '%' || {rep(198)} || 'b'",
-    "recursive": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
-    "SELECT count(*) FROM c",
+    "recursive": FOREVER,
 }
 
 
@@ -396,9 +396,6 @@ def test_the_time_limit_holds_on_the_query_threads(monkeypatch: pytest.MonkeyPat
     the runaway query is stopped at its limit on its thread."""
     slower = functools.partial(ReadOnlyDatabase, timeout_s=3.0)
     monkeypatch.setattr(env_module, "ReadOnlyDatabase", slower)
-    forever = (
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-    )
     order: list[str] = []
 
     async def episode(task_index: int, sql: str, name: str) -> str:
@@ -410,7 +407,7 @@ def test_the_time_limit_holds_on_the_query_threads(monkeypatch: pytest.MonkeyPat
         return result.messages[-1]["content"]
 
     async def run() -> tuple[str, str]:
-        slow = asyncio.create_task(episode(0, forever, "slow"))
+        slow = asyncio.create_task(episode(0, FOREVER, "slow"))
         await asyncio.sleep(0.05)
         return await episode(1, "SELECT COUNT(*) FROM sqlite_schema", "fast"), await slow
 
@@ -421,15 +418,15 @@ def test_the_time_limit_holds_on_the_query_threads(monkeypatch: pytest.MonkeyPat
     assert time.perf_counter() - start < 3.0 + SLACK_S
 
 
-def test_close_during_a_query_interrupts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_close_during_a_query_interrupts_it() -> None:
     db = ReadOnlyDatabase(build_tables("shop", 2), timeout_s=30.0)
-    forever = (
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-    )
     outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(timed(db, forever)[0]))
+    worker = threading.Thread(target=lambda: outcome.append(timed(db, FOREVER)[0]))
     worker.start()
-    time.sleep(0.2)
+    for _ in range(500):  # until the query runs
+        if db._running:
+            break
+        time.sleep(0.01)
     start = time.perf_counter()
     db.close()  # from another thread, while the query runs
     assert db.closed and time.perf_counter() - start < 0.1  # close() does not wait
@@ -442,10 +439,7 @@ def test_close_during_a_query_interrupts_it(monkeypatch: pytest.MonkeyPatch) -> 
 def test_one_query_at_a_time_per_database(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(database_module, "BUSY_WAIT_S", 0.1)
     db = ReadOnlyDatabase(build_tables("shop", 2), timeout_s=1.0)
-    forever = (
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-    )
-    worker = threading.Thread(target=timed, args=(db, forever))
+    worker = threading.Thread(target=timed, args=(db, FOREVER))
     worker.start()
     time.sleep(0.2)
     text, _elapsed = timed(db, "SELECT 1")

@@ -14,15 +14,10 @@ interrupts the running query, whose thread then closes the connection.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
-import resource
 import sqlite3
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +30,8 @@ from llm_gym.envs.sql.guard import (
     CheckedFunctions,
     apply_limits,
     explain_limit,
+    memory_meter,
+    resident_memory_bytes,
 )
 from llm_gym.errors import ToolArgumentError
 
@@ -79,43 +76,6 @@ MAX_FETCH_CHARS = 1_000_000
 BUSY_WAIT_S = 5.0
 """How long a query waits for the same database's previous query (still running on another
 thread after its caller gave up on it) before it is refused."""
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def resident_memory_bytes() -> int:
-    """The process's resident memory now (Linux), else its peak resident memory."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak * (1 if sys.platform == "darwin" else 1024)
-
-
-@functools.cache
-def memory_meter() -> Callable[[], int]:
-    """A function returning the memory SQLite holds now (``sqlite3_memory_used``).
-
-    Read through ``ctypes`` from the library the ``sqlite3`` module uses. Where that counter is
-    unavailable (a build without memory statistics), the process's resident memory stands in:
-    coarser, since memory SQLite frees may stay in the process.
-    """
-    try:
-        import _sqlite3
-
-        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
-        used.restype, used.argtypes = ctypes.c_int64, []
-        probe = sqlite3.connect(":memory:")
-        try:
-            if used() > 0:
-                return used
-        finally:
-            probe.close()
-    except (ImportError, OSError, AttributeError):
-        pass
-    return resident_memory_bytes
 
 
 # --- schema ---------------------------------------------------------------------------------------
@@ -261,14 +221,21 @@ class ReadOnlyDatabase:
                 f"the SQL text is not valid Unicode (a lone surrogate at character {exc.start})."
             ) from None
 
-    def _claim(self) -> sqlite3.Connection:
-        """The open connection, marked running (one query at a time per database)."""
+    def _claim(self, defined: frozenset[str], budget_s: float) -> sqlite3.Connection:
+        """The open connection, marked running with the statement's state set (one query at a
+        time per database; under the lock, so that :meth:`close` cannot come in between)."""
         waited_until = time.perf_counter() + BUSY_WAIT_S
         while True:
             with self._state:
                 connection = self._require_open()
                 if not self._running:
                     self._running = True
+                    self._authorizer.begin(defined)
+                    self._functions.error = None
+                    self._stop_reason = None
+                    self._progress_calls = 0
+                    self._memory_start = self._memory_used()
+                    self._deadline = time.perf_counter() + budget_s
                     return connection
             if time.perf_counter() > waited_until:
                 raise ToolArgumentError(
@@ -302,15 +269,9 @@ class ReadOnlyDatabase:
         self._require_open()
         self._check_text(sql)
         defined = check_expansion(sql)
-        connection = self._claim()
+        budget = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        connection = self._claim(defined, budget)
         try:
-            self._authorizer.begin(defined)
-            self._functions.error = None
-            self._stop_reason = None
-            self._progress_calls = 0
-            self._memory_start = self._memory_used()
-            budget = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
-            self._deadline = time.perf_counter() + budget
             return self._run(connection, sql, max_rows)
         finally:
             self._release(connection)
@@ -437,6 +398,7 @@ class ReadOnlyDatabase:
         with self._state:
             connection, self._connection = self._connection, None
             running = self._running
+            self._deadline = 0.0  # a running query also stops at its next check
         if connection is None:
             return
         if running:

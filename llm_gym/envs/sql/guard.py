@@ -28,8 +28,12 @@ instruction). So:
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
+import resource
 import sqlite3
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,6 +52,8 @@ __all__ = [
     "CheckedFunctions",
     "apply_limits",
     "explain_limit",
+    "memory_meter",
+    "resident_memory_bytes",
 ]
 
 # --- limits --------------------------------------------------------------------------------------
@@ -99,6 +105,45 @@ def explain_limit(message: str) -> str:
         if fragment in lower:
             return f"{message} ({hint})"
     return message
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_memory_bytes() -> int:
+    """The process's resident memory now (Linux), else its peak resident memory."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak * (1 if sys.platform == "darwin" else 1024)
+
+
+@functools.cache
+def memory_meter() -> Callable[[], int]:
+    """A function returning the memory SQLite holds now (``sqlite3_memory_used``).
+
+    Read through ``ctypes`` from the library the ``sqlite3`` module uses. Where that counter is
+    unavailable (a build without memory statistics), the process's resident memory stands in:
+    coarser, since memory SQLite frees may stay in the process.
+    """
+    try:
+        import _sqlite3
+
+        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+        used.restype, used.argtypes = ctypes.c_int64, []
+        probe = sqlite3.connect(":memory:")
+        try:
+            if used() > 0:
+                return used
+        finally:
+            probe.close()
+    except (ImportError, OSError, AttributeError):
+        pass
+    return resident_memory_bytes
 
 
 # --- the authorizer ------------------------------------------------------------------------------
