@@ -32,6 +32,7 @@ MODULES = [
     "llm_gym.envs.refund.tasks",
     "llm_gym.envs.refund.world",
     "llm_gym.envs.sql.database",
+    "llm_gym.envs.sql.expansion",
     "llm_gym.scaffold",
 ]
 # Not here: the registration modules' examples register ids as a side effect.

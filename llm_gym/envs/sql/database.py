@@ -1,28 +1,38 @@
 """``ReadOnlyDatabase``: an in-memory SQLite database the model may only read.
 
 The database is built from plain rows, then locked: ``PRAGMA query_only=ON``, a default-deny
-authorizer (only ``SELECT``, reads, functions other than ``load_extension``, recursive CTEs and a
-few read-only introspection pragmas pass), no attached databases (``SQLITE_LIMIT_ATTACHED = 0``),
-bounded strings and blobs, temporary storage in memory. Each query runs under a wall-clock
-deadline enforced by a progress handler, returns at most :data:`MAX_ROWS` rows and
-:data:`MAX_OUTPUT_CHARS` characters, and is a single statement. Every refusal raises
-:class:`~llm_gym.errors.ToolArgumentError` with a message that names the problem, which
-``ToolEnv`` turns into a ``tool_error: ...`` tool message.
+authorizer with allow-lists, SQLite's limits set low (:mod:`llm_gym.envs.sql.guard`), temporary
+storage in memory. Each query runs under a wall-clock deadline enforced by a progress handler,
+returns at most :data:`MAX_ROWS` rows and :data:`MAX_OUTPUT_CHARS` characters, and is a single
+statement. Every refusal raises :class:`~llm_gym.errors.ToolArgumentError` with a message that
+names the problem, which ``ToolEnv`` turns into a ``tool_error: ...`` tool message.
+
+A query may run on any thread (the env runs it on a worker thread, off the event loop), one at a
+time per database; :meth:`ReadOnlyDatabase.close` may be called from another thread meanwhile: it
+interrupts the running query, whose thread then closes the connection.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
-import resource
 import sqlite3
-import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.envs.sql.expansion import check_expansion
+from llm_gym.envs.sql.guard import (
+    MAX_SQL_CHARS,
+    MAX_VALUE_BYTES,
+    TABLE_VALUED_FUNCTIONS,
+    Authorizer,
+    CheckedFunctions,
+    apply_limits,
+    explain_limit,
+    memory_meter,
+    resident_memory_bytes,
+)
 from llm_gym.errors import ToolArgumentError
 
 __all__ = [
@@ -40,10 +50,8 @@ __all__ = [
     "resident_memory_bytes",
 ]
 
-# --- limits --------------------------------------------------------------------------------------
+# --- limits (SQLite's own limits and the allow-lists are in llm_gym.envs.sql.guard) ---------------
 
-MAX_SQL_CHARS = 4_000
-"""Longest SQL text accepted by :meth:`ReadOnlyDatabase.query`."""
 MAX_ROWS = 50
 """Rows shown per query; more are cut with a note."""
 MAX_CELL_CHARS = 200
@@ -52,96 +60,22 @@ MAX_OUTPUT_CHARS = 4_000
 """Characters of one query result; longer output is cut with a note."""
 QUERY_TIMEOUT_S = 1.0
 """Wall-clock budget of one query (preparing, running and fetching its rows)."""
-MAX_VALUE_BYTES = 100_000
-"""``SQLITE_LIMIT_LENGTH``: the largest string or blob a query may build."""
 MAX_QUERY_MEMORY_BYTES = 64 * 2**20
 """How much SQLite's memory may grow while one query runs (sorts, DISTINCT and temporary tables
-live in memory); a query that passes it is stopped."""
+live in memory); a query that passes it is stopped. The counter is the process's (SQLite keeps
+no count per connection): queries of several episodes running at once add up in it."""
 PROGRESS_INTERVAL = 1_000
 """SQLite virtual-machine instructions between two deadline checks."""
 MEMORY_CHECK_EVERY = 10
 """Deadline checks between two memory checks."""
-
-_READ_ONLY_PRAGMAS = frozenset(
-    {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "foreign_key_list"}
-)
-"""Introspection pragmas the model may run (none of them can change anything)."""
-
-_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
-
-_ACTION_NAMES = {
-    getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ")
-    for name in (
-        "CREATE_INDEX",
-        "CREATE_TABLE",
-        "CREATE_TEMP_INDEX",
-        "CREATE_TEMP_TABLE",
-        "CREATE_TEMP_TRIGGER",
-        "CREATE_TEMP_VIEW",
-        "CREATE_TRIGGER",
-        "CREATE_VIEW",
-        "DELETE",
-        "DROP_INDEX",
-        "DROP_TABLE",
-        "DROP_TEMP_INDEX",
-        "DROP_TEMP_TABLE",
-        "DROP_TEMP_TRIGGER",
-        "DROP_TEMP_VIEW",
-        "DROP_TRIGGER",
-        "DROP_VIEW",
-        "INSERT",
-        "PRAGMA",
-        "TRANSACTION",
-        "UPDATE",
-        "ATTACH",
-        "DETACH",
-        "ALTER_TABLE",
-        "REINDEX",
-        "ANALYZE",
-        "CREATE_VTABLE",
-        "DROP_VTABLE",
-        "FUNCTION",
-        "SAVEPOINT",
-    )
-}
-"""Authorizer action codes by name, for refusal messages."""
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def resident_memory_bytes() -> int:
-    """The process's resident memory now (Linux), else its peak resident memory."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak * (1 if sys.platform == "darwin" else 1024)
-
-
-@functools.cache
-def memory_meter() -> Callable[[], int]:
-    """A function returning the memory SQLite holds now (``sqlite3_memory_used``).
-
-    Read through ``ctypes`` from the library the ``sqlite3`` module uses. Where that counter is
-    unavailable (a build without memory statistics), the process's resident memory stands in:
-    coarser, since memory SQLite frees may stay in the process.
-    """
-    try:
-        import _sqlite3
-
-        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
-        used.restype, used.argtypes = ctypes.c_int64, []
-        probe = sqlite3.connect(":memory:")
-        try:
-            if used() > 0:
-                return used
-        finally:
-            probe.close()
-    except (ImportError, OSError, AttributeError):
-        pass
-    return resident_memory_bytes
+WARM_UP_SQL = " UNION ALL ".join(f"SELECT NULL FROM {f}" for f in TABLE_VALUED_FUNCTIONS)
+"""Uses each of :data:`~llm_gym.envs.sql.guard.TABLE_VALUED_FUNCTIONS` once (0.2 ms)."""
+MAX_FETCH_CHARS = 1_000_000
+"""Characters of text and blob values fetched per query before the rest is cut (the output shows
+4,000): 51 rows of 199 values of 20,000 bytes took 240 MB and 1.3 s to fetch."""
+BUSY_WAIT_S = 5.0
+"""How long a query waits for the same database's previous query (still running on another
+thread after its caller gave up on it) before it is refused."""
 
 
 # --- schema ---------------------------------------------------------------------------------------
@@ -212,8 +146,10 @@ class ReadOnlyDatabase:
         self._progress_calls = 0
         self._memory_start = 0
         self._memory_used = memory_meter()
-        self._refused: str | None = None
         self._tables = tuple(tables)
+        self._authorizer = Authorizer(t.name for t in self._tables)
+        self._state = threading.Lock()  # guards _connection and _running
+        self._running = False
         connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         try:
             connection.execute("BEGIN")
@@ -224,10 +160,11 @@ class ReadOnlyDatabase:
             connection.execute("COMMIT")
             connection.execute("PRAGMA temp_store = MEMORY")
             connection.execute("PRAGMA query_only = ON")
-            connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-            connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-            connection.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_CHARS * 4)
-            connection.set_authorizer(self._authorize)
+            # Table-valued functions are created on first use: before the authorizer.
+            connection.execute(f"{WARM_UP_SQL} LIMIT 0").fetchall()
+            apply_limits(connection)
+            self._functions = CheckedFunctions(connection, self._check_deadline)
+            connection.set_authorizer(self._authorizer)
             connection.set_progress_handler(self._check_limits, PROGRESS_INTERVAL)
         except BaseException:
             connection.close()
@@ -235,27 +172,11 @@ class ReadOnlyDatabase:
         self._connection: sqlite3.Connection | None = connection
 
     # --- guards -----------------------------------------------------------------------------------
-    def _authorize(
-        self, action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None
-    ) -> int:
-        if action in _ALLOWED_ACTIONS:
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() != "load_extension":
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _READ_ONLY_PRAGMAS:
-            return sqlite3.SQLITE_OK
-        what = _ACTION_NAMES.get(action, f"action {action}")
-        if action == sqlite3.SQLITE_FUNCTION:
-            detail = f"function {arg2}()"
-        elif action == sqlite3.SQLITE_PRAGMA:
-            detail = f"PRAGMA {arg1}" + (f" = {arg2}" if arg2 is not None else "")
-        elif action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-            detail = f"{what} {arg1!r}"
-        else:
-            detail = f"{what} on {arg1}" if arg1 else what
-        if self._refused is None:
-            self._refused = detail[:120]
-        return sqlite3.SQLITE_DENY
+    def _check_deadline(self) -> None:
+        """Raise (which stops the statement) once the deadline has passed."""
+        if time.perf_counter() > self._deadline:
+            self._stop_reason = "time"
+            raise TimeoutError("the query's deadline has passed")
 
     def _check_limits(self) -> int:
         """SQLite's progress handler: a nonzero return interrupts the running statement."""
@@ -282,18 +203,7 @@ class ReadOnlyDatabase:
             raise ToolArgumentError("no database is open: the episode has ended.")
         return self._connection
 
-    def execute(
-        self, sql: str, *, max_rows: int = MAX_ROWS, timeout_s: float | None = None
-    ) -> tuple[list[str], list[tuple], bool]:
-        """Run one read-only statement; return (column names, up to ``max_rows`` rows, cut).
-
-        ``timeout_s`` (default: the database's) bounds the wall-clock time of this statement.
-
-        Raises:
-            ToolArgumentError: the SQL is empty, too long, not a single statement, writes,
-                fails, or runs past the deadline.
-        """
-        connection = self._require_open()
+    def _check_text(self, sql: str) -> None:
         if not isinstance(sql, str):
             raise ToolArgumentError(f"Expected SQL text, actual type: {type(sql).__name__}.")
         if not sql.strip():
@@ -304,16 +214,81 @@ class ReadOnlyDatabase:
             )
         if "\x00" in sql:
             raise ToolArgumentError("the SQL text contains a NUL character.")
-        self._refused = None
-        self._stop_reason = None
-        self._progress_calls = 0
-        self._memory_start = self._memory_used()
+        try:
+            sql.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ToolArgumentError(
+                f"the SQL text is not valid Unicode (a lone surrogate at character {exc.start})."
+            ) from None
+
+    def _claim(self, defined: frozenset[str], budget_s: float) -> sqlite3.Connection:
+        """The open connection, marked running with the statement's state set (one query at a
+        time per database; under the lock, so that :meth:`close` cannot come in between)."""
+        waited_until = time.perf_counter() + BUSY_WAIT_S
+        while True:
+            with self._state:
+                connection = self._require_open()
+                if not self._running:
+                    self._running = True
+                    self._authorizer.begin(defined)
+                    self._functions.error = None
+                    self._stop_reason = None
+                    self._progress_calls = 0
+                    self._memory_start = self._memory_used()
+                    self._deadline = time.perf_counter() + budget_s
+                    return connection
+            if time.perf_counter() > waited_until:
+                raise ToolArgumentError(
+                    "the previous query of this episode is still running; wait for its result."
+                )
+            time.sleep(0.005)
+
+    def _release(self, connection: sqlite3.Connection) -> None:
+        with self._state:
+            self._running = False
+            closed = self._connection is None
+        if closed:  # close() came while the query ran: this thread closes the connection
+            self._close(connection)
+
+    def _close(self, connection: sqlite3.Connection) -> None:
+        connection.close()
+        self._functions.close()
+
+    def execute(
+        self, sql: str, *, max_rows: int = MAX_ROWS, timeout_s: float | None = None
+    ) -> tuple[list[str], list[tuple], bool]:
+        """Run one read-only statement; return (column names, up to ``max_rows`` rows, cut).
+
+        ``timeout_s`` (default: the database's) bounds the wall-clock time of this statement.
+        Callable from any thread; queries of one database run one at a time.
+
+        Raises:
+            ToolArgumentError: the SQL is empty, too long, not a single statement, too large
+                once its CTEs are expanded, writes, fails, or runs past the deadline.
+        """
+        self._require_open()
+        self._check_text(sql)
+        defined = check_expansion(sql)
         budget = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
-        self._deadline = time.perf_counter() + budget
+        connection = self._claim(defined, budget)
+        try:
+            return self._run(connection, sql, max_rows)
+        finally:
+            self._release(connection)
+
+    def _run(
+        self, connection: sqlite3.Connection, sql: str, max_rows: int
+    ) -> tuple[list[str], list[tuple], bool]:
         cursor = connection.cursor()
         try:
             cursor.execute(sql)
-            rows = cursor.fetchmany(max_rows + 1)
+            rows, fetched = [], 0
+            while len(rows) <= max_rows and fetched <= MAX_FETCH_CHARS:
+                row = cursor.fetchone()
+                if row is None:
+                    break
+                rows.append(row)
+                fetched += sum(len(v) for v in row if isinstance(v, str | bytes))
             columns = [d[0] for d in cursor.description or ()]
         except sqlite3.ProgrammingError as exc:
             if "one statement at a time" in str(exc):
@@ -321,40 +296,56 @@ class ReadOnlyDatabase:
                     "only one SQL statement per query is allowed; send the statements one at a "
                     "time (a trailing semicolon is fine)."
                 ) from None
-            raise ToolArgumentError(f"SQL error: {exc}") from None
+            raise ToolArgumentError(f"SQL error: {explain_limit(str(exc))}") from None
         except sqlite3.Error as exc:
             raise self._explain(exc) from None
+        except MemoryError:  # SQLITE_NOMEM: the program outgrew SQLITE_LIMIT_VDBE_OP
+            raise ToolArgumentError(
+                "the query is too complex to compile (its program grew past SQLite's limit); "
+                "split it into smaller queries."
+            ) from None
         finally:
             cursor.close()
-        return columns, rows[:max_rows], len(rows) > max_rows
+        return columns, rows[:max_rows], len(rows) > max_rows or fetched > MAX_FETCH_CHARS
 
     def _explain(self, exc: sqlite3.Error) -> ToolArgumentError:
-        message = str(exc)
-        denied = ("not authorized", "authorization", "readonly", "read-only")
-        if self._refused is not None or any(word in message for word in denied):
-            refused = f" (refused: {self._refused})" if self._refused else ""
-            return ToolArgumentError(
-                f"the database is read-only: only reading statements (SELECT, WITH, PRAGMA "
-                f"table_info) are allowed{refused}."
-            )
-        if message == "interrupted" and self._stop_reason == "time":
+        message, refused = str(exc), self._authorizer.refused
+        if self._stop_reason == "time":
             return ToolArgumentError(
                 f"the query ran longer than its time limit ({self._timeout_s:g} s at most) and "
                 "was stopped; add a WHERE clause or LIMIT, or check a recursive CTE for an end "
                 "condition."
             )
-        if message == "interrupted" and self._stop_reason == "memory":
+        if self._stop_reason == "memory":
             return ToolArgumentError(
                 f"the query needed more than {MAX_QUERY_MEMORY_BYTES // 2**20} MiB of memory "
                 "and was stopped; select fewer or shorter values, or add LIMIT."
             )
-        if "too big" in message:
+        if "user-defined function" in message:  # a checked built-in: its own error
+            message = self._functions.error or (
+                "LIKE, GLOB, instr, replace or trim could not read its arguments (text that is "
+                "not valid UTF-8?)"
+            )
+        if refused is not None and refused.startswith("function "):
             return ToolArgumentError(
-                f"SQL error: {message} (values are limited to {MAX_VALUE_BYTES:,} bytes)."
+                f"the SQL {refused} is not allowed; allowed: SQLite's core, aggregate, window, "
+                "date and time, math and JSON functions."
+            )
+        if refused is not None and refused.startswith("reading "):
+            return ToolArgumentError(
+                f"{refused} is not allowed; the tables are: {', '.join(self.table_names())} "
+                "(and sqlite_schema, json_each, json_tree, pragma_table_info, ...)."
+            )
+        denied = ("not authorized", "authorization", "readonly", "read-only")
+        if refused is not None or any(word in message for word in denied):
+            detail = f" (refused: {refused})" if refused else ""
+            return ToolArgumentError(
+                f"the database is read-only: only reading statements (SELECT, WITH, PRAGMA "
+                f"table_info) are allowed{detail}."
             )
         if "attached" in message:
             return ToolArgumentError("attaching other databases is not allowed.")
-        return ToolArgumentError(f"SQL error: {message}")
+        return ToolArgumentError(f"SQL error: {explain_limit(message)}")
 
     def query(self, sql: str, *, timeout_s: float | None = None) -> str:
         """Run one read-only statement and render its result as text.
@@ -368,7 +359,7 @@ class ReadOnlyDatabase:
         text = "\n".join(lines)
         if cut:
             footer = (
-                f"(showing the first {MAX_ROWS} rows; the query returned more: "
+                f"(showing the first {len(rows)} rows; the query returned more: "
                 "aggregate or add LIMIT)"
             )
         else:
@@ -402,7 +393,15 @@ class ReadOnlyDatabase:
         return {t.name: len(t.rows) for t in self._tables}
 
     def close(self) -> None:
-        """Close the connection. Safe to call more than once."""
-        if self._connection is not None:
+        """Close the connection. Safe to call more than once, and from any thread: a query
+        running meanwhile is interrupted, and its thread closes the connection."""
+        with self._state:
             connection, self._connection = self._connection, None
-            connection.close()
+            running = self._running
+            self._deadline = 0.0  # a running query also stops at its next check
+        if connection is None:
+            return
+        if running:
+            connection.interrupt()
+        else:
+            self._close(connection)

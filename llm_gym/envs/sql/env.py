@@ -8,9 +8,13 @@ module reads top to bottom: constants, scoring, the environment and its tools, t
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from llm_gym.core.task import Task
@@ -25,10 +29,12 @@ from llm_gym.errors import InvalidArgumentError, ToolArgumentError
 __all__ = [
     "EPISODE_QUERY_BUDGET_S",
     "ORACLE_MAX_QUERIES",
+    "QUERY_THREADS",
     "SYSTEM_PROMPT",
     "VERSION",
     "SQLEnv",
     "oracle_action",
+    "query_pool",
     "strip_answer",
 ]
 
@@ -50,6 +56,10 @@ EPISODE_QUERY_BUDGET_S = 10.0
 after ``QUERY_TIMEOUT_S``), so that many slow calls cannot stall a rollout."""
 ORACLE_MAX_QUERIES = 3
 """The oracle re-runs its reference query at most this many times before giving up."""
+QUERY_THREADS = min(32, (os.cpu_count() or 1) + 4)
+"""Worker threads that run the queries of all SQL-v0 episodes of a process, off the event loop:
+a slow query (up to ``QUERY_TIMEOUT_S``) holds one thread, never the loop. Python's default for
+``asyncio.to_thread``; a pool of its own, so other work's threads are not taken."""
 
 _QUOTES = ('"', "'", "`", "**", "*")
 
@@ -65,6 +75,30 @@ def strip_answer(answer: str) -> str:
                 text, changed = text[len(mark) : -len(mark)].strip(), True
                 break
     return text
+
+
+# --- the query threads ----------------------------------------------------------------------------
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:  # a forked child has none of its parent's threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def query_pool() -> ThreadPoolExecutor:
+    """The process's :data:`QUERY_THREADS` query threads (started on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            executor = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="llm_gym-sql")
+            _pool = (os.getpid(), executor)
+        return _pool[1]
 
 
 # --- the environment ------------------------------------------------------------------------------
@@ -128,7 +162,7 @@ class SQLEnv(ToolEnv):
         """
         return self._database().describe(table)
 
-    def query(self, sql: str) -> str:
+    async def query(self, sql: str) -> str:
         """Run one read-only SQL statement (SELECT or WITH) and return the rows as text.
 
         Args:
@@ -142,11 +176,25 @@ class SQLEnv(ToolEnv):
                 "reply with your answer."
             )
         self._queries += 1
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(query_pool(), self._timed_query, database, sql, remaining)
+
+    def _timed_query(self, database: ReadOnlyDatabase, sql: str, budget_s: float) -> str:
+        """One query, on a query thread; its time (not the wait for a thread) is the episode's."""
         start = time.perf_counter()
         try:
-            return database.query(sql, timeout_s=remaining)
+            return database.query(sql, timeout_s=budget_s)
         finally:
-            self._query_seconds += time.perf_counter() - start
+            if database is self._db:  # not a query the episode's caller gave up on
+                self._query_seconds += time.perf_counter() - start
+
+    @property
+    def synchronous(self) -> bool:
+        """True, although ``query`` awaits a query thread: a synchronous caller (``TextEnv``)
+        then drives each step directly and finishes only a query step on its event loop, as
+        ``Env.synchronous`` allows. Saves the loop round trip of the other steps (a final answer
+        through ``gym.make``: median 92 -> 70 us on 2 loaded cores)."""
+        return True
 
     # --- episode ----------------------------------------------------------------------------------
     async def reset(self, task: Task) -> list[Message]:
