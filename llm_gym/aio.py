@@ -7,10 +7,10 @@ import threading
 import types
 import weakref
 from asyncio.events import _get_running_loop, _set_running_loop
-from collections.abc import Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["LoopRunner", "run_sync"]
+__all__ = ["LoopRunner", "run_sync", "within"]
 
 T = TypeVar("T")
 
@@ -40,6 +40,19 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     except RuntimeError:
         return asyncio.run(coro)
     return _in_thread(coro)
+
+
+async def within(
+    call: Awaitable[T], timeout_s: float | None, error: Callable[[], BaseException]
+) -> T:
+    """``await call``; when ``timeout_s`` (None: no limit) passes first, ``call`` is cancelled
+    and ``error()`` is raised instead of the ``TimeoutError``."""
+    if timeout_s is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except TimeoutError:
+        raise error() from None
 
 
 @types.coroutine

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 __all__ = [  # the exception classes; did_you_mean (below) is the registries' shared hint
     "CalculatorError",
+    "EnvTimeoutError",
     "InvalidArgumentError",
     "LlmGymError",
     "ToolArgumentError",
@@ -33,6 +34,11 @@ class ToolArgumentError(LlmGymError, ValueError):
 
 class CalculatorError(LlmGymError, ValueError):
     """The safe arithmetic evaluator refused or could not evaluate an expression."""
+
+
+class EnvTimeoutError(LlmGymError, TimeoutError):
+    """An environment call outlasted its time limit and was cancelled (the episode driver's
+    ``env_timeout_s``)."""
 
 
 class UnknownNameError(LlmGymError, KeyError):

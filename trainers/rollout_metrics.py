@@ -32,6 +32,7 @@ EPISODE_KEYS = (
     "max_turns_ratio",
     "env_truncated_ratio",
     "deadline_ratio",
+    "policy_error_ratio",
     "success_rate",
     "turns_mean",
     "tool_calls_mean",

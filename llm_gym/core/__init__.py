@@ -14,6 +14,7 @@ from llm_gym.core.factories import (
 )
 from llm_gym.core.registry import EnvEntry, env_entry, registered_envs
 from llm_gym.core.task import Task
+from llm_gym.core.text import clean_json, clean_message, clean_text
 from llm_gym.core.tool import FunctionTool, Tool, ToolResult, decode_arguments, tool, tool_to_spec
 from llm_gym.core.tool_env import ToolEnv, answers_match, extract_answer
 from llm_gym.core.types import (
@@ -37,6 +38,10 @@ __all__ = [
     "ToolSpec",
     "FunctionSpec",
     "StepResult",
+    # valid text
+    "clean_text",
+    "clean_message",
+    "clean_json",
     "TruncationCause",
     # tools
     "Tool",

@@ -35,6 +35,11 @@ class TruncationCause(enum.StrEnum):
     DEADLINE = "deadline"
     """The policy missed its generation deadline twice (the turn was aborted and retried
     once); nothing it produced reached the environment. Reward 0."""
+    POLICY_ERROR = "policy_error"
+    """The policy failed to answer this episode's turn (its request raised: an endpoint error
+    that outlasted the policy's own retries, a request the backend refused); the error is in
+    the episode's ``error`` and nothing reached the environment. Reward 0. The other episodes
+    go on; a collection whose every episode ends this way raises the ``PolicyError``."""
 
     @property
     def gets_overlong_penalty(self) -> bool:

@@ -8,7 +8,8 @@ The seeds' ``MathEnv`` becomes::
 
 A reply without tool calls is the final answer, scored by :meth:`ToolEnv.score`; tool calls run
 concurrently-safe one after the other, a raising tool becomes a ``tool_error: ...`` message, and a
-tool whose result asks to stop ends the episode.
+tool whose result asks to stop ends the episode. Tool results and error messages are made valid
+UTF-8 (:func:`~llm_gym.core.text.clean_text`) and cut at :data:`MAX_TOOL_RESULT_CHARS`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 from llm_gym.core.env import Env, StepResult
 from llm_gym.core.task import Task
+from llm_gym.core.text import clean_text
 from llm_gym.core.tool import Tool, run_tool, tool_to_spec
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, did_you_mean
@@ -30,15 +32,39 @@ __all__ = ["MAX_TOOL_RESULT_CHARS", "ToolEnv", "answers_match", "extract_answer"
 MAX_TOOL_RESULT_CHARS = 8_000
 """Tool results longer than this are cut (with a note) so one call cannot flood the context."""
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
 
 
 def extract_answer(content: str) -> str:
-    """The answer part of a final reply: ``<think>`` blocks removed, whitespace stripped."""
-    text = _THINK.sub("", content)
-    if "</think>" in text:  # an opened-but-unclosed think block was closed by the template
-        text = text.rsplit("</think>", 1)[1]
+    """The answer part of a final reply: ``<think>`` blocks removed, whitespace stripped.
+
+    Each ``<think>`` is closed by the next ``</think>`` (a ``<think>`` with no ``</think>``
+    after it is kept as text); when a ``</think>`` is left over (the template opened the block
+    in the prompt), the answer is what follows the last one. Linear in the length of the text
+    (``str.find`` scans; a non-greedy regular expression took quadratic time on many openers).
+
+    Example:
+        >>> extract_answer("<think>hmm</think> 42 ")
+        '42'
+        >>> extract_answer("reasoning the template opened</think>\\n7")
+        '7'
+    """
+    if _THINK_CLOSE not in content:
+        return content.strip()
+    kept: list[str] = []
+    pos = 0
+    while (start := content.find(_THINK_OPEN, pos)) != -1:
+        end = content.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end == -1:  # no block closes after here: the rest stays as it is
+            break
+        kept.append(content[pos:start])
+        pos = end + len(_THINK_CLOSE)
+    kept.append(content[pos:])
+    text = "".join(kept)
+    if _THINK_CLOSE in text:  # an opened-but-unclosed think block was closed by the template
+        text = text.rsplit(_THINK_CLOSE, 1)[1]
     return text.strip()
 
 
@@ -64,6 +90,19 @@ def answers_match(
         return answer.strip().rstrip(".").casefold() == expected
     value = _as_number(answer)
     return value is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception's message for the model (its repr when the message is empty; its type when
+    even that fails: an exception's ``__str__`` is code too)."""
+    for describe in (str, repr):
+        try:
+            text = describe(exc)
+        except Exception:
+            continue
+        if text:
+            return text
+    return type(exc).__name__
 
 
 _TOOL_ATTRIBUTES = ("name", "description", "parameters_schema", "execute")
@@ -175,7 +214,8 @@ class ToolEnv(Env):
             content, stop = str(result.content), bool(result.should_stop)
         except Exception as exc:  # a bad call is an episode outcome, never a crash
             self._tool_errors += 1
-            return f"tool_error: {exc}" if str(exc) else f"tool_error: {exc!r}", False
+            content, stop = f"tool_error: {_describe(exc)}", False
+        content = clean_text(content)  # a tool or its error may quote undecodable bytes
         if len(content) > MAX_TOOL_RESULT_CHARS:
             content = content[:MAX_TOOL_RESULT_CHARS] + f"\n[cut at {MAX_TOOL_RESULT_CHARS} chars]"
         return content, stop

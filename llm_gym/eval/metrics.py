@@ -122,7 +122,8 @@ def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[
     ``success_ci_high``, ``terminated_ratio``, ``truncated_ratio``, one ``<cause>_ratio`` per
     :class:`TruncationCause` (plus ``env_truncated_ratio`` as an alias of ``env_ratio``),
     ``turns_mean``, ``tool_calls_mean``, ``tool_error_rate`` (errors per tool call),
-    ``tool_errors_mean``, ``env_error_ratio`` (reset/step raised), ``completion_tokens_mean``,
+    ``tool_errors_mean``, ``env_error_ratio`` (reset/step/close raised; a policy's error counts in
+    ``policy_error_ratio`` instead), ``completion_tokens_mean``,
     ``prompt_tokens_mean``, ``episodes``.
     """
     n = len(episodes)
@@ -148,7 +149,11 @@ def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[
         "tool_calls_mean": tool_calls / n,
         "tool_errors_mean": tool_errors / n,
         "tool_error_rate": tool_errors / tool_calls if tool_calls else 0.0,
-        "env_error_ratio": sum(e.error is not None for e in episodes) / n,
+        "env_error_ratio": sum(
+            e.error is not None and e.truncation_cause is not TruncationCause.POLICY_ERROR
+            for e in episodes
+        )
+        / n,
         "completion_tokens_mean": sum(e.completion_tokens for e in episodes) / n,
         "prompt_tokens_mean": sum(e.prompt_tokens for e in episodes) / n,
     }

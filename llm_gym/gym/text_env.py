@@ -36,6 +36,7 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym.spaces import UnicodeText
 from llm_gym.rollout.driver import (
     DEFAULT_FAILED_PARSE_REWARD,
+    MAX_ACTION_CHARS,
     EpisodeDriver,
     EpisodeEnd,
     require_turn_limit,
@@ -55,7 +56,6 @@ __getattr__ = moved_names(
 )
 
 MAX_OBSERVATION_CHARS = 1_000_000
-MAX_ACTION_CHARS = 1_000_000
 
 
 def render_transcript(messages: Sequence[Message]) -> str:
@@ -81,10 +81,14 @@ class TextEnv(gymnasium.Env[str, str]):
     after ``step`` is the text of the environment's reply (tool results), empty when it ended.
 
     ## Action Space
-    ``UnicodeText(max_action_chars)``: the assistant's text, parsed by the action format.
+    ``UnicodeText(max_action_chars)``: the assistant's text, parsed by the action format. A
+    longer text is model output like any other, not a caller error: the step ends the episode
+    as ``PARSE_FAILURE`` (``info["parse_error"]`` gives its length and the limit) and the inner
+    env never sees it. A lone surrogate in the text reaches the env as U+FFFD.
 
     ## Observation Space
     ``UnicodeText(max_observation_chars)``; structured messages are in ``info["messages"]``.
+    Observations are valid UTF-8: a lone surrogate the inner env wrote becomes U+FFFD.
 
     ## Reward
     The inner environment's reward on the step that ends the episode; ``failed_parse_reward``
@@ -141,6 +145,7 @@ class TextEnv(gymnasium.Env[str, str]):
             max_turns=max_turns,
             failed_parse_reward=failed_parse_reward,
             runner=self._runner,
+            max_action_chars=max_action_chars,
         )
         self._task_source = as_task_source(tasks)
         self.action_format = self._driver.action_format
@@ -231,7 +236,7 @@ class TextEnv(gymnasium.Env[str, str]):
         self._frozen_source, self._frozen = [], []
         self._task_split = split
         messages = driver.start_sync(task)
-        specs = driver.env.tool_specs  # type: ignore[union-attr]
+        specs = driver.tool_specs
         # Pickled once per episode: each info unpickles a fresh copy (gymnasium's checker
         # forbids sharing objects between infos), twice as fast as json.loads or deepcopy.
         self._specs_pickle = pickle.dumps(specs) if specs else b""
@@ -317,8 +322,7 @@ class TextEnv(gymnasium.Env[str, str]):
 
     def _opening_text(self, messages: Sequence[Message]) -> str:
         parts = []
-        env = self._driver.env
-        specs = env.tool_specs if env is not None else []
+        specs = self._driver.tool_specs
         for message in messages:
             if message.get("role") == "system":
                 parts.append(message.get("content") or "")

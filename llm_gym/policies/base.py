@@ -31,7 +31,24 @@ __all__ = [
 
 
 class PolicyError(LlmGymError, RuntimeError):
-    """The policy itself failed (not the model's output): collection stops."""
+    """The policy itself failed (not the model's output).
+
+    The episode loop ends the episodes whose turn failed as ``POLICY_ERROR`` (the error kept in
+    each record) and lets the others go on; it stops the collection with this error when every
+    episode of it failed so (the policy looks down), or at once when the error is ``fatal``.
+
+    Args:
+        fatal: Nothing this policy would answer can succeed (bad credentials, a wrong URL, a
+            closed engine): the collection stops at the first such error instead of ending
+            episodes one by one.
+    """
+
+    fatal: bool = False
+    """Whether the error concerns every request, not just the one(s) that raised it."""
+
+    def __init__(self, *args: object, fatal: bool = False) -> None:
+        super().__init__(*args)
+        self.fatal = fatal
 
 
 @dataclass

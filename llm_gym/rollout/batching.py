@@ -3,6 +3,12 @@
 :class:`Waves` batches the action requests of all live episodes into one ``policy.act`` call per
 wave; :class:`Streamed` hands each episode's turns to a :class:`~llm_gym.policies.PolicyStream`.
 Both can :meth:`abort` a turn whose generation missed its deadline.
+
+A failure reaches only the turns it concerns, as a :class:`~llm_gym.policies.PolicyError`: a
+stream fails the one episode's turn; a wave's batched call that raises is sent again one
+request per call (concurrently), since a backend may fail a whole batch for one bad request
+(``OpenAIPolicy`` cancels the rest of its batch), and each request that fails alone fails its
+own turn. A ``fatal`` error fails the whole wave at once, without the second try.
 """
 
 from __future__ import annotations
@@ -12,7 +18,17 @@ from collections.abc import Hashable
 
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 
-__all__ = ["Streamed", "Waves"]
+__all__ = ["Streamed", "Waves", "as_policy_error"]
+
+
+def as_policy_error(exc: BaseException, policy: Policy, what: str) -> PolicyError:
+    """``exc`` itself when it is a :class:`PolicyError`, else one that names the policy and
+    chains ``exc``."""
+    if isinstance(exc, PolicyError):
+        return exc
+    error = PolicyError(f"{type(policy).__name__}{what} failed: {exc!r}")
+    error.__cause__ = exc
+    return error
 
 
 class Waves:
@@ -54,12 +70,14 @@ class Waves:
                     f"{type(self.policy).__name__}.act returned {len(generations)} generations "
                     f"for {len(batch)} requests."
                 )
-        except Exception as exc:  # the policy failed: the collection fails, loudly
-            error = PolicyError(f"{type(self.policy).__name__}.act failed: {exc!r}")
-            error.__cause__ = exc
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(error)
+        except Exception as exc:  # the policy failed: each turn it concerns fails
+            error = as_policy_error(exc, self.policy, ".act")
+            live = [item for item in batch if not item[1].done()]
+            if len(live) > 1 and not error.fatal:  # which request(s)? each alone, once
+                await asyncio.gather(*(self._run([item]) for item in live))
+                return
+            for _, future in live:
+                future.set_exception(error)
             return
         for (_, future), generation in zip(batch, generations, strict=True):
             if not future.done():
@@ -84,11 +102,10 @@ class Streamed:
     async def act(self, request: PolicyRequest, key: Hashable = None) -> Generation:
         try:
             return await self.stream.act(key, request)
-        except (asyncio.CancelledError, PolicyError):
+        except PolicyError:
             raise
-        except Exception as exc:  # the policy failed: the collection fails, loudly
-            error = PolicyError(f"{type(self.policy).__name__} stream failed: {exc!r}")
-            raise error from exc
+        except Exception as exc:  # the policy failed this episode's turn
+            raise as_policy_error(exc, self.policy, " stream") from exc
 
     def episode_done(self, key: Hashable = None) -> None:
         self.stream.release(key)

@@ -5,15 +5,20 @@
 an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text view over one driver;
 ``collect_groups`` drives many concurrently. The rules, here and nowhere else:
 
+* Text is valid UTF-8 both ways: the assistant's text, the opening messages, the tool specs and
+  each message a step adds pass :mod:`llm_gym.core.text` (a lone surrogate becomes U+FFFD).
 * The text is parsed with the action format. Text that cannot be parsed ends the episode:
   truncated, ``PARSE_FAILURE``, reward ``failed_parse_reward``, the parser's reason in
-  ``parse_error``; the environment never sees it.
+  ``parse_error``; the environment never sees it. Text longer than ``max_action_chars`` is such
+  a failure too, before any parsing.
 * An environment with ``raw_text_actions`` gets the raw text as the assistant message's
   ``content`` and parses it itself, so there is no parse failure (the parse is kept as a record
   when ``record_parse`` is set).
 * The episode ends when the environment's step says so: terminated (its reward and metrics), or
   truncated (cause ``ENV``).
 * A step that raises ends the episode: truncated, ``ENV``, reward 0, the traceback in ``error``.
+  With ``env_timeout_s``, a ``reset``, ``step``, ``conclude`` or ``close`` of the async methods
+  that has not returned by then is cancelled and counts as raising (``EnvTimeoutError``).
 * After the turn limit without an end: truncated, ``MAX_TURNS``, reward 0. The limit is the
   smaller of the run's ``max_turns`` and the environment's own cap when it declares one
   (``Env.max_turns``, for example document 002's ``max_episode_turns``). An environment that
@@ -31,22 +36,31 @@ The driver never renders text and never tokenizes: those belong to its callers.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
-from llm_gym.aio import LoopRunner
+from llm_gym.aio import LoopRunner, within
 from llm_gym.core.env import Env, StepResult, SyncEnv, TruncationCause
 from llm_gym.core.factories import EnvFactory
 from llm_gym.core.task import Task
-from llm_gym.core.types import Message
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.core.text import clean_json, clean_messages, clean_text
+from llm_gym.core.types import Message, ToolSpec
+from llm_gym.errors import EnvTimeoutError, InvalidArgumentError
 
-__all__ = ["DEFAULT_FAILED_PARSE_REWARD", "EpisodeDriver", "EpisodeEnd", "require_turn_limit"]
+__all__ = [
+    "DEFAULT_FAILED_PARSE_REWARD",
+    "MAX_ACTION_CHARS",
+    "EpisodeDriver",
+    "EpisodeEnd",
+    "require_turn_limit",
+]
 
 DEFAULT_FAILED_PARSE_REWARD = -0.1
 """The reward of an episode whose last action could not be parsed (the seeds' default)."""
+MAX_ACTION_CHARS = 1_000_000
+"""The longest assistant text the driver hands to a parser (longer: a parse failure)."""
 
 
 def require_turn_limit(value: object, name: str = "max_turns") -> int:
@@ -65,9 +79,8 @@ def require_turn_limit(value: object, name: str = "max_turns") -> int:
 class EpisodeEnd:
     """How an episode ended: what the act (or :meth:`EpisodeDriver.end`) that ended it says.
 
-    A record to read. Not frozen on purpose: a frozen dataclass takes several times longer to
-    build, and one is built at the end of every episode (a sizeable share of a short episode's
-    steps, ``benchmarks/before_after.py``).
+    A record to read. Not frozen on purpose: a frozen one is several times slower to build, and
+    one is built per episode (``benchmarks/before_after.py``).
 
     Example:
         >>> EpisodeEnd(0.0, terminated=False, truncation_cause=TruncationCause.MAX_TURNS).truncated
@@ -107,6 +120,10 @@ class EpisodeDriver:
             (:attr:`parsed`); the rollout loop counts tool calls with it.
         runner: The event loop runner of the synchronous methods, for envs that are not
             :class:`SyncEnv` (one is made when needed).
+        max_action_chars: Longer assistant text is a parse failure, never parsed.
+        env_timeout_s: Seconds an env's async ``reset``/``step``/``conclude``/``close`` may take
+            (None: no limit). It cannot stop a call that blocks the event loop (a SyncEnv's
+            plain methods), nor work in threads or processes (that is the env's ``close``).
 
     After each :meth:`act`: :attr:`messages` is the whole conversation, :attr:`action` the
     assistant message the environment got, :attr:`parsed` the parse (or None), and
@@ -117,6 +134,7 @@ class EpisodeDriver:
     __slots__ = (
         "_acting",
         "_cut",
+        "_dirty",
         "_eager",
         "_plain",
         "_step_sync",
@@ -126,8 +144,10 @@ class EpisodeDriver:
         "env",
         "env_cap",
         "env_factory",
+        "env_timeout_s",
         "failed_parse_reward",
         "limit",
+        "max_action_chars",
         "max_turns",
         "messages",
         "parsed",
@@ -136,6 +156,7 @@ class EpisodeDriver:
         "reply_start",
         "runner",
         "task",
+        "tool_specs",
         "turn",
     )
 
@@ -148,7 +169,15 @@ class EpisodeDriver:
         failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD,
         record_parse: bool = False,
         runner: LoopRunner | None = None,
+        max_action_chars: int = MAX_ACTION_CHARS,
+        env_timeout_s: float | None = None,
     ) -> None:
+        if env_timeout_s is not None and not env_timeout_s > 0:
+            raise InvalidArgumentError(
+                f"env_timeout_s must be None or > 0 seconds, actual value: {env_timeout_s!r}."
+            )
+        self.max_action_chars = require_turn_limit(max_action_chars, "max_action_chars")
+        self.env_timeout_s = env_timeout_s
         self.env_factory = env_factory
         self.action_format = get_action_format(action_format)
         self.max_turns = require_turn_limit(max_turns)
@@ -159,6 +188,8 @@ class EpisodeDriver:
         """The current episode's environment (None before the first start and after close)."""
         self.task: Task | None = None
         """The current episode's task."""
+        self.tool_specs: list[ToolSpec] = []
+        """The current episode's tool specs, read from the env once after its reset."""
         self.messages: list[Message] = []
         """The conversation so far (a parse failure's message included): the list the env's last
         step returned, never changed in place by the driver. Copy it to keep it past the next
@@ -178,9 +209,7 @@ class EpisodeDriver:
         """Where the environment's replies to the last action start in :attr:`messages`."""
         self.ending: EpisodeEnd | None = None
         """How the episode ended, once it has."""
-        self._plain = False
-        self._acting = False
-        self._cut = False
+        self._plain = self._acting = self._cut = self._dirty = False
 
     # --- starting -----------------------------------------------------------------------------
     def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
@@ -191,7 +220,10 @@ class EpisodeDriver:
         else:
             self._eager = env.synchronous
             self._step_sync = self._step_on_runner
-        self.messages = list(opening)
+        cleaned = clean_messages(opening)
+        self._dirty = cleaned is not None  # then each step's whole list is checked
+        self.messages = cleaned or list(opening)
+        self.tool_specs = clean_json(list(getattr(env, "tool_specs", None) or ()))
         self.task, self.turn, self.ending, self._acting = task, 0, None, True
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
         # getattr: a factory may return an env-like object that does not subclass Env.
@@ -216,7 +248,7 @@ class EpisodeDriver:
         :meth:`close`). Close the previous episode first.
         """
         env = self._new_env(task)
-        return self._begin(env, task, await env.reset(task))
+        return self._begin(env, task, await self._bounded(env.reset(task), "reset"))
 
     def start_sync(self, task: Task) -> list[Message]:
         """:meth:`start` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
@@ -234,6 +266,13 @@ class EpisodeDriver:
             )
         self.turn = turn = self.turn + 1
         self.reply_start = len(self.messages)
+        if not text.isascii():
+            text = clean_text(text)
+        if len(text) > (limit := self.max_action_chars):
+            reason = f"the reply has {len(text):,} characters, over max_action_chars={limit:,}"
+            self.parsed = parsed = ParsedAction.failure(text, reason)
+            self.action = parsed.message
+            return self._failed(parsed)
         if self.raw_text:
             if self.record_parse:
                 self.parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
@@ -242,18 +281,14 @@ class EpisodeDriver:
         self.parsed = parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
         self.action = action = parsed.message
         if parsed.kind is ParseKind.PARSE_FAILURE:
-            self.messages = [*self.messages, action]
-            self.reply_start = len(self.messages)
-            self._finish(
-                EpisodeEnd(
-                    self.failed_parse_reward,
-                    terminated=False,
-                    truncation_cause=TruncationCause.PARSE_FAILURE,
-                    parse_error=parsed.error,
-                )
-            )
-            return None
+            return self._failed(parsed)
         return action
+
+    def _failed(self, parsed: ParsedAction) -> None:  # the env never sees an unparsed action
+        self.messages = [*self.messages, parsed.message]
+        self.reply_start = len(self.messages)
+        cause = TruncationCause.PARSE_FAILURE
+        self._finish(EpisodeEnd(self.failed_parse_reward, False, cause, parse_error=parsed.error))
 
     def _absorb(self, result: StepResult) -> EpisodeEnd | None:
         """Take the environment's step result; the ending, if this step ended the episode."""
@@ -262,12 +297,18 @@ class EpisodeDriver:
         messages = result.messages
         if type(messages) is not list:
             messages = list(messages)
+        start = check = self.reply_start
+        if len(messages) > start:
+            echo = messages[start]
+            if echo is self.action:  # the env echoed the action: replies start after it
+                self.reply_start = check = start + 1  # (valid: the driver made it)
+            elif echo.get("role") == "assistant":
+                self.reply_start = start + 1
+        # What the step added must be valid text. The env's list is never edited (a copy); once
+        # it held invalid text, all of it is checked.
+        if (cleaned := clean_messages(messages, 0 if self._dirty else check)) is not None:
+            self._dirty, messages = True, cleaned
         self.messages = messages
-        start = self.reply_start
-        if len(messages) > start and (
-            messages[start] is self.action or messages[start].get("role") == "assistant"
-        ):
-            self.reply_start = start + 1  # the env echoed the action: replies start after it
         if result.terminated or result.truncated:  # positional arguments: it runs at every end
             cause = None if result.terminated else TruncationCause.ENV
             if cause is not None and self.env_cap is not None and self.turn >= self.env_cap:
@@ -302,7 +343,7 @@ class EpisodeDriver:
         if conclusion is None:
             return self.ending
         try:
-            return self._concluded(await conclusion)
+            return self._concluded(await self._bounded(conclusion, "conclude"))
         except Exception:
             return self._finish(
                 EpisodeEnd(0.0, False, TruncationCause.ENV, error=traceback.format_exc())
@@ -315,8 +356,17 @@ class EpisodeDriver:
         return self._finish(EpisodeEnd(0.0, False, TruncationCause.ENV, error=error))
 
     def _finish(self, ending: EpisodeEnd) -> EpisodeEnd:
+        if ending.error is not None:  # a traceback may quote the env's invalid text
+            ending.error = clean_text(ending.error)
         self.ending, self._acting = ending, False
         return ending
+
+    async def _bounded(self, call: Awaitable[Any], name: str, env: Any = None) -> Any:
+        """Await an env call within ``env_timeout_s`` (cancelled after, as EnvTimeoutError)."""
+        if (limit := self.env_timeout_s) is None:
+            return await call
+        what = f"{type(env or self.env).__name__}.{name} did not return within env_timeout_s"
+        return await within(call, limit, lambda: EnvTimeoutError(f"{what}={limit} s: cancelled."))
 
     async def act(self, text: str) -> EpisodeEnd | None:
         """Act with the assistant's ``text``: None while the episode goes on, else its end."""
@@ -324,7 +374,7 @@ class EpisodeDriver:
         if action is None:
             return self.ending
         try:
-            result = await self.env.step(action)  # type: ignore[union-attr]
+            result = await self._bounded(self.env.step(action), "step")  # type: ignore[union-attr]
         except Exception:
             return self._raised(action)
         if self._absorb(result) is not None and self._cut:
@@ -349,10 +399,11 @@ class EpisodeDriver:
         a failure around it): truncated, reward 0."""
         return self._finish(EpisodeEnd(0.0, False, cause, error=error))
 
-    async def cut(self, cause: TruncationCause) -> EpisodeEnd:
-        """:meth:`end` the episode for a budget (``CONTEXT_OVERFLOW``, ``DEADLINE``); an env that
+    async def cut(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:
+        """:meth:`end` the episode for a budget or a failure outside the env
+        (``CONTEXT_OVERFLOW``, ``DEADLINE``, ``POLICY_ERROR`` with its ``error``); an env that
         scores cut episodes is concluded, and the ending takes its reward and metrics."""
-        self.end(cause)
+        self.end(cause, error)
         self._cut = True
         ending = await self._conclude()
         assert ending is not None
@@ -368,7 +419,7 @@ class EpisodeDriver:
         """Close the current environment (always call it; safe to call twice)."""
         env, self.env, self._acting = self.env, None, False
         if env is not None:
-            await env.close()
+            await self._bounded(env.close(), "close", env)
 
     def close_sync(self) -> None:
         """:meth:`close` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""

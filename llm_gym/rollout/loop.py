@@ -9,6 +9,12 @@ the running batch without waiting for the others. With any other policy an episo
 current *wave*; a wave is sent to the policy as one batched ``act`` call as soon as every live
 episode is waiting (none is inside an environment step), so a model generates for all groups at
 once while environment steps overlap with each other on the event loop.
+
+One episode's failure never loses the others: an environment that raises (or outlasts
+``env_timeout_s``) ends its own episode as ``ENV``; a policy that fails an episode's turn ends
+that episode as ``POLICY_ERROR`` (:mod:`llm_gym.rollout.batching` finds which requests failed).
+The collection raises the :class:`~llm_gym.policies.PolicyError` only when it is ``fatal`` or
+when every episode ended that way: a policy that is down fails the collection at once.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from llm_gym.compat import moved_names
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
+from llm_gym.core.text import clean_text
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 from llm_gym.rollout.batching import Streamed, Waves
@@ -67,6 +74,10 @@ class RolloutSettings:
     """``(shortest, longest)`` seconds a policy may take for one turn, growing with the
     context (:func:`generation_deadline`); a missed deadline aborts the turn and retries it once,
     a second miss ends the episode as ``DEADLINE``. None: no deadline."""
+    env_timeout_s: float | None = None
+    """Seconds an environment's async ``reset``/``step``/``close`` may take before it is
+    cancelled and its episode ends as ``ENV`` (the episode driver's ``env_timeout_s``).
+    None: no limit (document 002: deadlines do not cover environment calls)."""
 
     def __post_init__(self) -> None:
         require_turn_limit(self.max_turns)
@@ -139,6 +150,7 @@ async def _run_episode(
     tracker: TokenTracker | None = None
     ending = None
     env = None
+    failure: PolicyError | None = None
     try:
         messages = await driver.start(task)
         env = driver.env
@@ -146,7 +158,7 @@ async def _run_episode(
         if defer is not None:  # scored with its whole group (document 002's score_episodes)
             defer()
         episode.num_opening_messages = len(messages)
-        tool_specs = list(env.tool_specs)  # type: ignore[union-attr]
+        tool_specs = driver.tool_specs
         episode.tool_specs = tool_specs
         if tokenizer is not None:
             tracker = TokenTracker(tokenizer, tool_specs, settings.chat_template_kwargs)
@@ -181,6 +193,7 @@ async def _run_episode(
             if generation is None:  # missed twice: the env never sees a timed-out output
                 ending = await driver.cut(TruncationCause.DEADLINE)
                 break
+            generation.text = clean_text(generation.text)  # records, tokens and env agree
             note_tokens = getattr(env, "note_tokens", None)
             if note_tokens is not None and tracker is not None:  # document 002's total_tokens
                 note_tokens(tracker.context_length + len(generation.token_ids or ()))
@@ -200,8 +213,14 @@ async def _run_episode(
             capped = ending is None or ending.truncation_cause is TruncationCause.MAX_TURNS
             if tracker is not None and turns[-1].env_messages and capped:
                 tracker.add_environment(turns[-1].env_messages)
-    except (asyncio.CancelledError, PolicyError):
+    except asyncio.CancelledError:
         raise
+    except PolicyError as exc:
+        if exc.fatal:
+            raise
+        failure = exc  # this episode's turn failed in the policy: the others go on
+        error = "".join(traceback.format_exception(exc))
+        ending = await driver.cut(TruncationCause.POLICY_ERROR, error)
     except Exception:
         ending = driver.end(TruncationCause.ENV, error=traceback.format_exc())
     finally:
@@ -211,7 +230,7 @@ async def _run_episode(
         except Exception:
             episode.error = traceback.format_exc()
         waves.episode_done(key)
-    return Ended(episode, ending, tracker, env, start)
+    return Ended(episode, ending, tracker, env, start, failure)
 
 
 @dataclass
@@ -246,6 +265,7 @@ async def collect_groups_async(
     stream: PolicyStream | None = None,
     key_space: Hashable = None,
     generation_deadline_s: tuple[float, float] | None = None,
+    env_timeout_s: float | None = None,
 ) -> list[list[Episode]]:
     """Run ``episodes_per_task`` episodes of every task, all concurrently; one group per task.
 
@@ -273,6 +293,11 @@ async def collect_groups_async(
             (episode keys become ``(key_space, group, index)``).
         generation_deadline_s: ``(shortest, longest)`` seconds per turn, by context size (see
             :func:`generation_deadline`); None: no deadline.
+        env_timeout_s: Seconds an environment's async ``reset``/``step``/``close`` may take
+            before its episode ends as ``ENV``; None: no limit.
+
+    Raises:
+        PolicyError: The policy failed every episode, or failed with a ``fatal`` error.
 
     Returns:
         ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
@@ -288,6 +313,7 @@ async def collect_groups_async(
         failed_parse_reward=failed_parse_reward,
         chat_template_kwargs=chat_template_kwargs,
         generation_deadline_s=generation_deadline_s,
+        env_timeout_s=env_timeout_s,
     )
     factory = as_env_factory(env_factory)
     fmt = get_action_format(action_format)
@@ -313,6 +339,8 @@ async def collect_groups_async(
             leave=False,
         )
 
+    failures: list[PolicyError] = []  # the episodes the policy failed
+
     async def one(group: int, index: int, task: Task) -> Ended:
         driver = EpisodeDriver(
             factory,
@@ -320,6 +348,7 @@ async def collect_groups_async(
             max_turns=settings.max_turns,
             failed_parse_reward=settings.failed_parse_reward,
             record_parse=True,
+            env_timeout_s=settings.env_timeout_s,
         )
         key = (group, index) if key_space is None else (key_space, group, index)
         ended = await _run_episode(
@@ -327,6 +356,8 @@ async def collect_groups_async(
         )
         if bar is not None:
             bar.update(1)
+        if ended.failure is not None:
+            failures.append(ended.failure)
         return ended
 
     async def whole_group(group: int, task: Task) -> list[Episode]:
@@ -342,6 +373,12 @@ async def collect_groups_async(
             bar.close()
         if stream is not None and own_stream:
             await stream.aclose()
+    if failures and len(failures) == total:
+        raise PolicyError(
+            f"The policy failed every one of the {total} episodes of this collection; the "
+            f"first error: {failures[0]}",
+            fatal=True,
+        ) from failures[0]
     if stats is not None:
         stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
     return list(groups)

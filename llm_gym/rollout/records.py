@@ -18,7 +18,7 @@ from typing import Any
 
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.types import Message
-from llm_gym.policies.base import Generation
+from llm_gym.policies.base import Generation, PolicyError
 from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.tokens import TokenTracker
@@ -64,6 +64,8 @@ class Ended:
     tracker: TokenTracker | None
     env: Any
     start: float
+    failure: PolicyError | None = None
+    """The policy's error, when it ended the episode (``POLICY_ERROR``)."""
 
 
 async def score_group(ended: list[Ended]) -> None:

@@ -64,11 +64,19 @@ a slow query (up to ``QUERY_TIMEOUT_S``) holds one thread, never the loop. Pytho
 _QUOTES = ('"', "'", "`", "**", "*")
 
 
+_MAX_QUOTE_LAYERS = 8
+"""Layers of quotes :func:`strip_answer` removes at most (each copies the text: a bound keeps a
+reply of a million backticks linear)."""
+
+
 def strip_answer(answer: str) -> str:
-    """A final reply without surrounding quotes, backticks or bold markers (``"Oslo"`` -> Oslo)."""
+    """A final reply without surrounding quotes, backticks or bold markers (``"Oslo"`` -> Oslo),
+    up to :data:`_MAX_QUOTE_LAYERS` layers of them."""
     text = answer.strip()
     changed = True
-    while changed and len(text) >= 2:
+    for _ in range(_MAX_QUOTE_LAYERS):
+        if not changed or len(text) < 2:
+            break
         changed = False
         for mark in _QUOTES:
             if len(text) > 2 * len(mark) - 1 and text.startswith(mark) and text.endswith(mark):
