@@ -259,7 +259,8 @@ def test_hermes_lone_surrogates() -> None:
     parsed = HERMES.parse("x\udc00 " + raw)
     check_invariants(parsed)
     assert parsed.message["content"] == "x\udc00"
-    assert names_and_args(parsed) == [("f\ud800", {"s": "\udfff", "e": "\ud800"})]
+    # Decoded names and arguments are valid text (issue 15): surrogates become U+FFFD.
+    assert names_and_args(parsed) == [("f\ufffd", {"s": "\ufffd", "e": "\ufffd"})]
     rendered = HERMES.render_message(parsed.message)
     assert rendered.startswith("x\udc00\n<tool_call>")  # content is written as it is
     rendered.removeprefix("x\udc00").encode("utf-8")  # surrogates inside the JSON are escaped
@@ -459,7 +460,7 @@ def test_json_lone_surrogates() -> None:
     assert JSON.parse("\ud800").message["content"] == "\ud800"
     parsed = JSON.parse('{"name": "f\udfff", "arguments": {"s": "\ud800", "e": "\\udc00"}}')
     check_invariants(parsed)
-    assert names_and_args(parsed) == [("f\udfff", {"s": "\ud800", "e": "\udc00"})]
+    assert names_and_args(parsed) == [("f\ufffd", {"s": "\ufffd", "e": "\ufffd"})]
     rendered = JSON.render_message(parsed.message)
     rendered.encode("utf-8")
     assert names_and_args(JSON.parse(rendered)) == names_and_args(parsed)

@@ -252,3 +252,42 @@ def test_max_action_chars_is_checked() -> None:
 
     with pytest.raises(InvalidArgumentError, match="max_action_chars"):
         EpisodeDriver(lambda task: Counting(), max_action_chars=0)
+
+
+# --- surrogates the model writes as JSON escapes --------------------------------------------
+
+ESCAPED = '"\\ud800 x \\udfff"'  # valid ASCII text that decodes to lone surrogates
+
+
+@pytest.mark.parametrize(
+    ("format_name", "text"),
+    [
+        (
+            "hermes",
+            '<tool_call>{"name": ' + ESCAPED + ', "arguments": {"q": ' + ESCAPED + "}}</tool_call>",
+        ),
+        (
+            "hermes",
+            '<tool_call>{"name": "f", "arguments": {'
+            + ESCAPED
+            + ": ["
+            + ESCAPED
+            + "]}}</tool_call>",
+        ),
+        ("json", '{"name": ' + ESCAPED + ', "arguments": {"q": ' + ESCAPED + "}}"),
+        ("json", '{"answer": ' + ESCAPED + "}"),
+        ("json", '{"answer": {"k": ' + ESCAPED + "}}"),
+    ],
+)
+def test_parsed_actions_decode_escaped_surrogates_to_valid_text(
+    format_name: str, text: str
+) -> None:
+    from llm_gym.actions import get_action_format
+    from llm_gym.core.tool import decode_arguments
+
+    parsed = get_action_format(format_name).parse(text, call_id_prefix="c")
+    assert not parsed.is_failure and encodes(parsed.message)
+    decoded = [parsed.message["content"]]
+    for call in parsed.tool_calls:  # what a tool gets once it decodes its arguments
+        decoded += [call["function"]["name"], decode_arguments(call["function"]["arguments"])]
+    assert encodes(decoded) and "\ufffd" in json.dumps(decoded, ensure_ascii=False)

@@ -153,7 +153,10 @@ class ActionFormat(abc.ABC):
     def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:
         """Parse the model's raw assistant text.
 
-        Never raises on any ``str`` input; malformed tool calls give a parse failure.
+        Never raises on any ``str`` input; malformed tool calls give a parse failure. Given
+        text that encodes to UTF-8, the message encodes too: a surrogate written as a JSON
+        escape (``"\\ud800"``) in a name, an argument or an answer is decoded to U+FFFD
+        (:func:`llm_gym.core.text.clean_text`), so the episode driver can echo it to a policy.
 
         Args:
             text: The raw assistant text.

@@ -6,6 +6,8 @@ Rules shared by every built-in format (see :func:`decode_tool_call`):
   are empty or whitespace-only are rejected. ``arguments`` may be missing (meaning ``{}``) or a JSON
   string that itself decodes to an object. Other keys are ignored.
 * At most :data:`~llm_gym.actions.base.MAX_TOOL_CALLS` calls per message.
+* Decoded names and argument values are valid text: a surrogate the JSON spelled as an escape
+  becomes U+FFFD (:mod:`llm_gym.core.text`), so neither a tool nor a policy gets one.
 * Every parsed call gets an id ``f"{prefix}_{i}"`` (``i`` from 0). ``prefix`` is the
   ``call_id_prefix`` argument when given (deterministic ids), else ``"call_"`` plus 12 random hex
   digits, fresh per parse (globally unique ids).
@@ -22,6 +24,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import ToolCall
 from llm_gym.errors import InvalidArgumentError
 
@@ -103,7 +106,7 @@ def decode_tool_call(obj: Any, number: int) -> tuple[str, dict[str, Any]] | str:
         return (
             f"'arguments' of tool call {number} must be a JSON object, got {_json_type(arguments)}"
         )
-    return name, arguments
+    return clean_text(name), clean_json(arguments)
 
 
 def new_call_id_prefix() -> str:

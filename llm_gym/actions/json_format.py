@@ -38,6 +38,7 @@ from llm_gym.actions.codec import (
     require_text,
     tool_call_to_object,
 )
+from llm_gym.core.text import clean_json
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 from llm_gym.errors import InvalidArgumentError
 
@@ -109,7 +110,7 @@ class JsonFormat(ActionFormat):
 
         if isinstance(value, dict):
             if "name" not in value and len(value) == 1 and next(iter(value)) in ANSWER_KEYS:
-                answer = next(iter(value.values()))
+                answer = clean_json(next(iter(value.values())))  # JSON may escape surrogates
                 if isinstance(answer, str):
                     return ParsedAction.final(answer)
                 try:

@@ -313,7 +313,7 @@ class EpisodeDriver:
             cause = None if result.terminated else TruncationCause.ENV
             if cause is not None and self.env_cap is not None and self.turn >= self.env_cap:
                 cause = TruncationCause.MAX_TURNS  # the env's own turn cap: a length budget
-            metrics = dict(result.metrics)
+            metrics = clean_json(dict(result.metrics))  # records are written as JSON
             return self._finish(EpisodeEnd(float(result.reward), cause is None, cause, metrics))
         if self.turn >= self.limit:
             self._cut = True  # the run's limit, not the env: the env may score what it has
@@ -335,7 +335,7 @@ class EpisodeDriver:
         ending = self.ending
         assert ending is not None
         if result is not None:
-            ending.reward, ending.metrics = float(result.reward), dict(result.metrics)
+            ending.reward, ending.metrics = float(result.reward), clean_json(dict(result.metrics))
         return ending
 
     async def _conclude(self) -> EpisodeEnd | None:

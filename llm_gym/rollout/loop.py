@@ -228,7 +228,7 @@ async def _run_episode(
         try:
             await driver.close()
         except Exception:
-            episode.error = traceback.format_exc()
+            episode.error = clean_text(traceback.format_exc())
         waves.episode_done(key)
     return Ended(episode, ending, tracker, env, start, failure)
 

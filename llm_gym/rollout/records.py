@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.core.env import TruncationCause
+from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import Message
 from llm_gym.policies.base import Generation, PolicyError
 from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
@@ -82,11 +83,11 @@ async def score_group(ended: list[Ended]) -> None:
             results = [exc] * len(members)
         for member, result in zip(members, results, strict=True):
             if isinstance(result, BaseException):
-                error = "".join(traceback.format_exception(result))
+                error = clean_text("".join(traceback.format_exception(result)))
                 member.ending = EpisodeEnd(0.0, False, TruncationCause.ENV, error=error)
             else:
                 member.ending.reward = float(result.reward)
-                member.ending.metrics = dict(result.metrics)
+                member.ending.metrics = clean_json(dict(result.metrics))
 
 
 def finalize(ended: Ended) -> Episode:
