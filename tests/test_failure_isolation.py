@@ -13,7 +13,14 @@ import pytest
 from llm_gym import Env, Task, TruncationCause
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from llm_gym.eval import summarize_episodes
-from llm_gym.policies import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+from llm_gym.policies import (
+    Generation,
+    Policy,
+    PolicyBatchError,
+    PolicyError,
+    PolicyRequest,
+    PolicyStream,
+)
 from llm_gym.rollout import collect_groups
 
 TASKS = list(get_tasks("val")[:4])
@@ -52,6 +59,36 @@ def test_a_failing_request_ends_only_its_episode() -> None:
     assert policy.calls == [8, 1, 1, 1, 1, 1, 1, 1, 1]
     summary = summarize_episodes(episodes)
     assert summary["policy_error_ratio"] == 0.25 and summary["env_error_ratio"] == 0.0
+
+
+class KnowsWhich(Policy):
+    """Like :class:`Picky`, but says which requests failed (one request per episode, as an HTTP
+    backend sends them), so nothing is sent twice."""
+
+    def __init__(self, bad: set[str]) -> None:
+        self.bad, self.calls = bad, []
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        self.calls.append(len(requests))
+        outcomes = [
+            ConnectionResetError("reset by peer")
+            if request.task.id in self.bad
+            else Generation(text="12")
+            for request in requests
+        ]
+        if any(isinstance(o, BaseException) for o in outcomes):
+            raise PolicyBatchError("some requests failed", outcomes)
+        return outcomes  # type: ignore[return-value]
+
+
+def test_a_backend_that_names_the_failed_requests_is_not_asked_twice() -> None:
+    policy = KnowsWhich({TASKS[2].id})
+    groups = collect_groups(ToolUseGameEnv, TASKS, policy, episodes_per_task=2, max_turns=2)
+    assert policy.calls == [8]
+    causes = [[e.truncation_cause for e in group] for group in groups]
+    assert causes[2] == [TruncationCause.POLICY_ERROR] * 2
+    assert causes[0] == causes[1] == causes[3] == [None, None]
+    assert "reset by peer" in groups[2][0].error
 
 
 def test_a_policy_that_is_down_fails_the_collection_fast() -> None:

@@ -33,7 +33,6 @@ REPLACEMENT_CHARACTER = "\ufffd"
 """What a surrogate becomes."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_REPLACE_SURROGATES = {code: REPLACEMENT_CHARACTER for code in range(0xD800, 0xE000)}
 
 
 def _valid(text: str) -> bool:
@@ -65,7 +64,7 @@ def _valid_value(value: Any) -> bool:
 
 def clean_text(text: str) -> str:
     """``text`` itself when it encodes to UTF-8, else a copy with each surrogate replaced by
-    U+FFFD (one ``str.translate``: linear, and fast even when every character is one).
+    U+FFFD (one substitution by a character class: linear; a scan in C between surrogates).
 
     Example:
         >>> clean_text("ok")
@@ -75,7 +74,7 @@ def clean_text(text: str) -> str:
     """
     if _valid(text):
         return text
-    return text.translate(_REPLACE_SURROGATES)
+    return _SURROGATE.sub(REPLACEMENT_CHARACTER, text)
 
 
 def _clean_value(value: Any) -> Any:

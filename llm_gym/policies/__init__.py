@@ -11,6 +11,7 @@ from llm_gym.policies.base import (
     Generation,
     Oracle,
     Policy,
+    PolicyBatchError,
     PolicyError,
     PolicyRequest,
     PolicyStream,
@@ -34,6 +35,7 @@ __all__ = [
     "Generation",
     "PolicyStream",
     "PolicyError",
+    "PolicyBatchError",
     "Oracle",
     # backends
     "RandomPolicy",

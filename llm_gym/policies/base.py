@@ -24,6 +24,7 @@ __all__ = [
     "Generation",
     "Oracle",
     "Policy",
+    "PolicyBatchError",
     "PolicyError",
     "PolicyRequest",
     "PolicyStream",
@@ -49,6 +50,22 @@ class PolicyError(LlmGymError, RuntimeError):
     def __init__(self, *args: object, fatal: bool = False) -> None:
         super().__init__(*args)
         self.fatal = fatal
+
+
+class PolicyBatchError(PolicyError):
+    """Some requests of one ``act`` call failed and others did not; raised by a backend that
+    knows which (one HTTP request per episode, say), so that the loop ends only the episodes
+    whose request failed and keeps the others' generations, sending nothing twice.
+
+    Args:
+        message: What failed, for the log.
+        outcomes: One per request, in order: its :class:`Generation`, or the exception that
+            failed it.
+    """
+
+    def __init__(self, message: str, outcomes: Sequence[Generation | BaseException]) -> None:
+        super().__init__(message)
+        self.outcomes = list(outcomes)
 
 
 @dataclass

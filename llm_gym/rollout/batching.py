@@ -5,9 +5,10 @@ wave; :class:`Streamed` hands each episode's turns to a :class:`~llm_gym.policie
 Both can :meth:`abort` a turn whose generation missed its deadline.
 
 A failure reaches only the turns it concerns, as a :class:`~llm_gym.policies.PolicyError`: a
-stream fails the one episode's turn; a wave's batched call that raises is sent again one
-request per call (concurrently), since a backend may fail a whole batch for one bad request
-(``OpenAIPolicy`` cancels the rest of its batch), and each request that fails alone fails its
+stream fails the one episode's turn; a wave's batched call that raises a
+:class:`~llm_gym.policies.PolicyBatchError` fails the requests it names and delivers the rest;
+one that raises anything else is sent again one request per call (concurrently), since a
+backend may fail a whole batch for one bad request, and each request that fails alone fails its
 own turn. A ``fatal`` error fails the whole wave at once, without the second try.
 """
 
@@ -16,7 +17,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
-from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+from llm_gym.policies.base import (
+    Generation,
+    Policy,
+    PolicyBatchError,
+    PolicyError,
+    PolicyRequest,
+    PolicyStream,
+)
 
 __all__ = ["Streamed", "Waves", "as_policy_error"]
 
@@ -70,18 +78,34 @@ class Waves:
                     f"{type(self.policy).__name__}.act returned {len(generations)} generations "
                     f"for {len(batch)} requests."
                 )
-        except Exception as exc:  # the policy failed: each turn it concerns fails
-            error = as_policy_error(exc, self.policy, ".act")
-            live = [item for item in batch if not item[1].done()]
-            if len(live) > 1 and not error.fatal:  # which request(s)? each alone, once
-                await asyncio.gather(*(self._run([item]) for item in live))
+        except PolicyBatchError as exc:  # the backend says which requests failed
+            if len(exc.outcomes) == len(batch) and not exc.fatal:
+                for (_, future), outcome in zip(batch, exc.outcomes, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(as_policy_error(outcome, self.policy, ".act"))
+                    else:
+                        future.set_result(outcome)
                 return
-            for _, future in live:
-                future.set_exception(error)
+            await self._failed(batch, exc)
+        except Exception as exc:  # the policy failed: each turn it concerns fails
+            await self._failed(batch, exc)
+        else:
+            for (_, future), generation in zip(batch, generations, strict=True):
+                if not future.done():
+                    future.set_result(generation)
+
+    async def _failed(
+        self, batch: list[tuple[PolicyRequest, asyncio.Future[Generation]]], exc: Exception
+    ) -> None:
+        error = as_policy_error(exc, self.policy, ".act")
+        live = [item for item in batch if not item[1].done()]
+        if len(live) > 1 and not error.fatal:  # which request(s)? each alone, once
+            await asyncio.gather(*(self._run([item]) for item in live))
             return
-        for (_, future), generation in zip(batch, generations, strict=True):
-            if not future.done():
-                future.set_result(generation)
+        for _, future in live:
+            future.set_exception(error)
 
 
 class Streamed:
