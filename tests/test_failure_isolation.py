@@ -93,9 +93,23 @@ def test_a_backend_that_names_the_failed_requests_is_not_asked_twice() -> None:
 
 def test_a_policy_that_is_down_fails_the_collection_fast() -> None:
     policy = Picky({t.id for t in TASKS})
-    with pytest.raises(PolicyError, match="every one of the 4 episodes.*endpoint refused"):
+    with pytest.raises(PolicyError, match="failed 4 of the 4 episodes.*endpoint refused"):
         collect_groups(ToolUseGameEnv, TASKS, policy, max_turns=2)
     assert policy.calls == [4, 1, 1, 1, 1]  # one wave, then each request once
+
+
+class ResetFails(ToolUseGameEnv):
+    async def reset(self, task):
+        if task.id == TASKS[0].id:
+            raise RuntimeError("no such database")
+        return await super().reset(task)
+
+
+def test_a_policy_that_answered_nothing_fails_the_collection() -> None:
+    """One episode never reached the policy (its reset raised); the only request failed."""
+    policy = Picky({TASKS[1].id})
+    with pytest.raises(PolicyError, match="failed 1 of the 2 episodes.*answered 0 turns"):
+        collect_groups(ResetFails, TASKS[:2], policy, max_turns=2)
 
 
 def test_a_fatal_policy_error_stops_at_once() -> None:

@@ -13,8 +13,9 @@ once while environment steps overlap with each other on the event loop.
 One episode's failure never loses the others: an environment that raises (or outlasts
 ``env_timeout_s``) ends its own episode as ``ENV``; a policy that fails an episode's turn ends
 that episode as ``POLICY_ERROR`` (:mod:`llm_gym.rollout.batching` finds which requests failed).
-The collection raises the :class:`~llm_gym.policies.PolicyError` only when it is ``fatal`` or
-when every episode ended that way: a policy that is down fails the collection at once.
+The collection raises the :class:`~llm_gym.policies.PolicyError` only when it is ``fatal``, when
+every episode ended that way, or when the policy answered no turn at all: a policy that is down
+fails the collection at once.
 """
 
 from __future__ import annotations
@@ -297,7 +298,8 @@ async def collect_groups_async(
             before its episode ends as ``ENV``; None: no limit.
 
     Raises:
-        PolicyError: The policy failed every episode, or failed with a ``fatal`` error.
+        PolicyError: The policy failed every episode, or answered no turn and failed some, or
+            failed with a ``fatal`` error.
 
     Returns:
         ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
@@ -340,6 +342,7 @@ async def collect_groups_async(
         )
 
     failures: list[PolicyError] = []  # the episodes the policy failed
+    answered = 0  # turns the policy answered
 
     async def one(group: int, index: int, task: Task) -> Ended:
         driver = EpisodeDriver(
@@ -356,6 +359,8 @@ async def collect_groups_async(
         )
         if bar is not None:
             bar.update(1)
+        nonlocal answered
+        answered += len(ended.episode.turns)
         if ended.failure is not None:
             failures.append(ended.failure)
         return ended
@@ -373,10 +378,10 @@ async def collect_groups_async(
             bar.close()
         if stream is not None and own_stream:
             await stream.aclose()
-    if failures and len(failures) == total:
+    if failures and (len(failures) == total or not answered):
         raise PolicyError(
-            f"The policy failed every one of the {total} episodes of this collection; the "
-            f"first error: {failures[0]}",
+            f"The policy failed {len(failures)} of the {total} episodes of this collection and "
+            f"answered {answered} turns (it looks down); the first error: {failures[0]}",
             fatal=True,
         ) from failures[0]
     if stats is not None:
