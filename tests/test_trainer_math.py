@@ -525,3 +525,22 @@ def test_per_turn_credit_warns_when_a_multi_turn_group_falls_back() -> None:
         warnings.simplefilter("error")  # single-turn episodes: the same credit, no warning
         assert warn_per_turn_fallback([[episode(1, None), episode(1, None)]]) == 0
         assert warn_per_turn_fallback([[episode(2, [0.0, 1.0]), episode(3, [1, 1, 1])]]) == 0
+
+
+def test_episodes_the_infrastructure_ended_neither_train_nor_enter_the_baseline() -> None:
+    from types import SimpleNamespace
+
+    from llm_gym.core.env import TruncationCause
+    from trainers.advantages import per_episode_credit, without_void_episodes
+
+    def episode(cause=None):
+        return SimpleNamespace(truncation_cause=cause, per_turn_rewards=None)
+
+    ok, wrong = episode(), episode(TruncationCause.PARSE_FAILURE)
+    failed, hung = episode(TruncationCause.POLICY_ERROR), episode(TruncationCause.DEADLINE)
+    groups, rewards = without_void_episodes(
+        [[ok, wrong, failed], [hung, hung]], [[1.0, 0.0, 0.0], [0.0, 0.0]]
+    )
+    assert groups == [[ok, wrong]] and rewards == [[1.0, 0.0]]  # the all-void group is gone
+    # the baseline is the mean of the two real episodes (0.5), not of three (0.33)
+    assert per_episode_credit(rewards, [[None, None]], "none").episode == [[0.5, -0.5]]

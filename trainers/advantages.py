@@ -335,6 +335,36 @@ def per_turn_credit(
     return credit
 
 
+VOID_CAUSES = frozenset({TruncationCause.POLICY_ERROR, TruncationCause.DEADLINE})
+"""Endings that are the infrastructure's doing, not the policy's: a failed policy endpoint, a
+generation that missed its deadline twice. Such episodes neither train nor enter a baseline."""
+
+
+def without_void_episodes(
+    groups: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]]
+) -> tuple[list[list[Any]], list[list[float]]]:
+    """The groups and their rewards without the episodes a :data:`VOID_CAUSES` ending cut short
+    (a group left empty is dropped).
+
+    Example:
+        >>> from types import SimpleNamespace as E
+        >>> ok, failed = E(truncation_cause=None), E(truncation_cause=TruncationCause.POLICY_ERROR)
+        >>> without_void_episodes([[ok, failed], [failed]], [[1.0, 0.0], [0.0]])[1]
+        [[1.0]]
+    """
+    kept_groups, kept_rewards = [], []
+    for group, group_rewards in zip(groups, rewards, strict=True):
+        pairs = [
+            (e, r)
+            for e, r in zip(group, group_rewards, strict=True)
+            if e.truncation_cause not in VOID_CAUSES
+        ]
+        if pairs:
+            kept_groups.append([e for e, _ in pairs])
+            kept_rewards.append([r for _, r in pairs])
+    return kept_groups, kept_rewards
+
+
 def warn_per_turn_fallback(groups: Sequence[Sequence[Any]]) -> int:
     """Warn (document 002) when per-turn credit fell back to episode credit for a group because
     an episode of more than one turn has no ``per_turn_rewards`` (a one-turn episode's credit is

@@ -64,11 +64,16 @@ class ScoringMixin:
             pad_id=pad_id,
         )
         accelerator = self.accelerator  # type: ignore[attr-defined]
-        if args.max_samples_per_episode is None:  # a row per sample, as many on every rank
-            most = accelerator.gather(torch.tensor([len(rows)], device=accelerator.device))
-            rows = pad_rows(
-                rows, multiple=args.steps_per_generation, at_least=int(most.max()), pad_id=pad_id
-            )
+        # As many rows on every rank (a row per sample varies; void episodes leave gaps), and
+        # at least the batch TRL expects, in whole micro-batches.
+        most = accelerator.gather(torch.tensor([len(rows)], device=accelerator.device))
+        expected = args.per_device_train_batch_size * args.steps_per_generation
+        rows = pad_rows(
+            rows,
+            multiple=args.steps_per_generation,
+            at_least=max(int(most.max()), expected),
+            pad_id=pad_id,
+        )
         batch = rows_to_tensors(rows, pad_id, accelerator.device)
         metrics: dict[str, float] = {}
         settings = args.distillation_settings

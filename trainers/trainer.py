@@ -35,6 +35,7 @@ from trainers.advantages import (
     refill_tasks,
     refuse_per_turn_with_native_tools,
     warn_per_turn_fallback,
+    without_void_episodes,
 )
 from trainers.async_collect import AsyncCollector
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
@@ -268,9 +269,11 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             pool = self._lockstep_pool(inputs, wanted)
         # Fill the batch: signal-carrying groups first, then zero-variance ones (their
         # advantages are all zero, so they only keep the batch shape).
-        groups, rewards = pool.batch()
+        all_groups, all_rewards = pool.batch()
         rollout_seconds = time.perf_counter() - start
-
+        # Episodes the infrastructure ended (the policy's endpoint failed, a generation hung)
+        # say nothing about the policy: they neither train nor enter a baseline.
+        groups, rewards = without_void_episodes(all_groups, all_rewards)
         turn_rewards = [[e.per_turn_rewards for e in group] for group in groups]
         advantages = advantage_estimator(args.credit_assignment)(
             rewards, turn_rewards, args.scale_rewards
@@ -283,8 +286,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         batch, dropped, batch_metrics = self._training_batch(groups, advantages)
         async_metrics.update(batch_metrics)
         part = RolloutPart(
-            episodes=[e for g in groups for e in g],
-            shaped=[r for g in rewards for r in g],
+            episodes=[e for g in all_groups for e in g],
+            shaped=[r for g in all_rewards for r in g],
             collected_groups=pool.collected,
             zero_variance=pool.zero_variance,
             dropped=dropped,
