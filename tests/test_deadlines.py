@@ -121,3 +121,16 @@ def test_deadline_settings_are_checked(tmp_path) -> None:
             generation_deadline_min_s=60,
             generation_deadline_max_s=10,
         )
+
+
+def test_env_timeout_reaches_the_trainers_rollouts(tmp_path) -> None:
+    pytest.importorskip("trl")
+    from llm_gym.errors import InvalidArgumentError
+    from trainers import GRPOConfig
+
+    config = GRPOConfig(output_dir=str(tmp_path), max_turns=2, batch_size=2, env_timeout_s=5.0)
+    assert config.rollout_settings(2).env_timeout_s == 5.0
+    assert GRPOConfig(output_dir=str(tmp_path), max_turns=2, batch_size=2).env_timeout_s is None
+    for bad in (0, -1.0, True, "5"):
+        with pytest.raises(InvalidArgumentError, match="env_timeout_s"):
+            GRPOConfig(output_dir=str(tmp_path), max_turns=2, batch_size=2, env_timeout_s=bad)

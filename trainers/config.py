@@ -243,6 +243,13 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "the episode as DEADLINE (episodes/deadline_ratio). None: no deadline."
         },
     )
+    env_timeout_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds an environment's reset/step may take before its episode ends as "
+            "ENV (a hung service holds only its own episode). None: no limit (document 002)."
+        },
+    )
     generation_deadline_max_s: float = field(
         default=3600.0, metadata={"help": "Generation deadline at max_model_length, seconds."}
     )
@@ -405,6 +412,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             generation_deadline_s=None
             if self.generation_deadline_min_s is None
             else (float(self.generation_deadline_min_s), float(self.generation_deadline_max_s)),
+            env_timeout_s=self.env_timeout_s,
         )
 
     def lora_config(self) -> Any:

@@ -88,7 +88,12 @@ def check_async(config: Any, refuse: Any) -> None:
 
 def check_deadline(config: Any, refuse: Any) -> None:
     """``generation_deadline_min_s`` / ``_max_s``: None turns deadlines off; else
-    ``0 < min <= max``."""
+    ``0 < min <= max``. ``env_timeout_s``: None or > 0."""
+    timeout = config.env_timeout_s
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        refuse("env_timeout_s", timeout, "None (no limit) or a number of seconds > 0")
     low, high = config.generation_deadline_min_s, config.generation_deadline_max_s
     if low is None:
         return

@@ -75,6 +75,7 @@ def collect_episode_groups(
             tokenizer=tokenizer,
             chat_template_kwargs=settings.chat_template_kwargs,
             generation_deadline_s=settings.generation_deadline_s,
+            env_timeout_s=settings.env_timeout_s,
         )
 
     if not sequential:
