@@ -116,3 +116,18 @@ def test_async_speedup_smoke(small_model_dir, tmp_path) -> None:
     assert all(e["steps_per_hour"] > 0 for e in summary["entries"])
     assert json.loads((tmp_path / "async.json").read_text())["latency_with_s"] == 0.02
     assert (tmp_path / "async.md").exists() and (tmp_path / "async.png").exists()
+
+
+def test_serve_load_smoke(small_model_dir, tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("uvicorn")
+    from benchmarks import serve_load
+
+    args = serve_load.Args.quick(model=str(small_model_dir), duration_s=2.0, out_dir=tmp_path)
+    args.write = True
+    summary = serve_load.main(args)
+    assert summary["ok"] >= 1 and summary["resets"] == 0 and summary["errors"] == 0
+    assert summary["latency"]["p99_s"] >= summary["latency"]["p50_s"] > 0
+    for suffix in ("md", "json", "png"):
+        assert (tmp_path / f"serve_load.{suffix}").exists()

@@ -416,6 +416,23 @@ def test_a_client_that_leaves_stops_the_generation(
     assert client.chat.completions.create(model="tiny", messages=USER, max_tokens=1).choices
 
 
+def test_a_request_whose_client_left_is_not_generated(
+    served: ChatCompletionServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts = scripted(monkeypatch, served, "word " * 400, delay=0.005)
+    body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 400}).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((served.host, served.port)) as sock:
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.3)  # the client gives up (a timeout) before the answer
+    deadline = time.monotonic() + 10
+    before = -1
+    while counts["emitted"] != before and time.monotonic() < deadline:
+        before = counts["emitted"]
+        time.sleep(0.3)
+    assert counts["emitted"] < 300
+
+
 def test_close_ends_streams_in_flight(
     served: ChatCompletionServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -430,3 +447,26 @@ def test_close_ends_streams_in_flight(
     assert time.monotonic() - start < 10
     with pytest.raises(OSError):
         socket.create_connection(address, timeout=1).close()
+
+
+def test_cli_serve_takes_the_template_allow_list(
+    small_model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from llm_gym.cli import main
+
+    codes = []
+
+    def wait(self: ChatCompletionServer) -> None:  # instead of blocking until Ctrl-C
+        for kwargs in ({"custom": 1}, {"enable_thinking": True}):
+            body = {"model": "t", "messages": USER, "max_tokens": 1, "chat_template_kwargs": kwargs}
+            codes.append(post(self, "/v1/chat/completions", json.dumps(body).encode(), JSON)[0])
+
+    monkeypatch.setattr(ChatCompletionServer, "wait", wait)
+    args = ["serve", str(small_model_dir), "--port", "0", "--model-name", "t", "--quiet"]
+    assert (
+        main([*args, "--template-kwargs", "custom", "--tool-parser", "json"], out=io.StringIO())
+        == 0
+    )
+    assert codes == [200, 400]

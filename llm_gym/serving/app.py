@@ -13,6 +13,9 @@ limits, before anything else looks at it:
 * the bytes are decoded and checked by :func:`~llm_gym.serving.body.decode_json_body` (in a
   worker thread when large, so the event loop keeps answering).
 
+A client that closes its connection before the answer is ready is not generated for: a queued
+request is skipped and a running generation stops at the next token (streams too).
+
 Errors are OpenAI-shaped (``{"error": {...}}``): 4xx name what was wrong, 404 and 405 list the
 endpoints, and any other failure is a 500 that says what happened. Generation runs in the
 engine's one worker thread; the event loop only reads, writes and waits.
@@ -20,13 +23,15 @@ engine's one worker thread; the event loop only reads, writes and waits.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
 from llm_gym.serving.body import decode_json_body
 from llm_gym.serving.chat_protocol import parse_chat_request
-from llm_gym.serving.engine import Engine
+from llm_gym.serving.engine import ClientGone, Engine
 from llm_gym.serving.protocol import APIError, parse_completion_request
 from llm_gym.serving.responses import dumps
 from llm_gym.serving.streaming import chat_stream, completion_stream
@@ -116,20 +121,38 @@ def build_app(engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
+    async def answer(request: Request, work: Callable[..., Any], parsed: Any) -> Response:
+        """Run ``work(parsed, cancelled)`` in the engine, cancelled when the client leaves (a
+        timed-out client's request is then skipped, not generated for nobody)."""
+        gone = threading.Event()
+
+        async def watch() -> None:  # the body is read: the next message is the disconnect
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return json_response(await engine.submit(work, parsed, gone.is_set))
+        except ClientGone:
+            return error_response(APIError(499, "the client closed the connection"))
+        finally:
+            watcher.cancel()
+
     @endpoint
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
         parsed = parse_chat_request(body, engine.model_name, engine.chat_template_kwargs)
         if parsed.stream:
             return stream_response(await chat_stream(engine, parsed))
-        return json_response(await engine.submit(engine.chat_completion, parsed))
+        return await answer(request, engine.chat_completion, parsed)
 
     @endpoint
     async def completions(request: Request) -> Response:
         parsed = parse_completion_request(await read_json(request), engine.model_name)
         if parsed.stream:
             return stream_response(await completion_stream(engine, parsed))
-        return json_response(await engine.submit(engine.completion, parsed))
+        return await answer(request, engine.completion, parsed)
 
     model_card = {
         "id": engine.model_name,

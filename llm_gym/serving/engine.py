@@ -33,7 +33,7 @@ from llm_gym.serving.generation import (
 from llm_gym.serving.protocol import CompletionRequest, bad_request
 from llm_gym.serving.responses import assistant_message, chat_body, logprobs_content
 
-__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT", "Engine"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT", "ClientGone", "Engine"]
 
 DEFAULT_MAX_TOKENS = 256
 """Tokens per completion when a request sets no ``max_tokens``."""
@@ -41,6 +41,15 @@ DEFAULT_MAX_TOKENS_LIMIT = 4096
 """The most tokens one completion may have when the model's context length is unknown."""
 
 T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready: nobody reads it."""
+
+
+def _check_cancelled(cancelled: Callable[[], bool]) -> None:
+    if cancelled():
+        raise ClientGone
 
 
 class Engine:
@@ -214,13 +223,18 @@ class Engine:
             logprobs=request.top_logprobs if request.logprobs else None,
         )
 
-    def chat_completion(self, request: ChatRequest) -> dict[str, Any]:
-        """Answer a checked, non-streamed chat request (in the worker thread)."""
+    def chat_completion(
+        self, request: ChatRequest, cancelled: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any]:
+        """Answer a checked, non-streamed chat request (in the worker thread); ``cancelled()``
+        true (the client left) skips or stops the generation."""
+        _check_cancelled(cancelled)
         prompt_ids = self.chat_prompt(request)
         sampling = self.chat_sampling(request, len(prompt_ids))
         assembler = TextAssembler(self.tokenizer, self.eos_ids, request.stops)
         pieces: list[Piece] = []
-        self.run(prompt_ids, sampling, assembler, pieces.append)
+        self.run(prompt_ids, sampling, assembler, pieces.append, cancelled)
+        _check_cancelled(cancelled)
         text = "".join(p.text for p in pieces)
         tools = self.action_format if request.parse_tool_calls else None
         message, finish = assistant_message(text, assembler.finish or "length", tools)
@@ -238,8 +252,12 @@ class Engine:
             token_ids=(prompt_ids, assembler.generated) if request.return_token_ids else None,
         )
 
-    def completion(self, request: CompletionRequest) -> dict[str, Any]:
-        """Answer a checked, non-streamed ``/v1/completions`` request (in the worker thread)."""
+    def completion(
+        self, request: CompletionRequest, cancelled: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any]:
+        """Answer a checked, non-streamed ``/v1/completions`` request (in the worker thread);
+        skipped when ``cancelled()`` is already true."""
+        _check_cancelled(cancelled)
         return text_completion(
             request,
             model=self.model,
