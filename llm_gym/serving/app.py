@@ -134,6 +134,9 @@ def build_app(engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
         watcher = asyncio.ensure_future(watch())
         try:
             return json_response(await engine.submit(work, parsed, gone.is_set))
+        except asyncio.CancelledError:  # the server is shutting down
+            gone.set()
+            raise
         except ClientGone:
             return error_response(APIError(499, "the client closed the connection"))
         finally:

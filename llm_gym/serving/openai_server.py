@@ -147,6 +147,15 @@ class ChatCompletionServer:
         self.model_name = model_name
         self._closed = False
         self._socket = _listen(host, port, backlog)
+        try:
+            self._start(uvicorn, max_body_bytes, backlog, max_connections, log)
+        except BaseException:
+            self._socket.close()
+            raise
+
+    def _start(
+        self, uvicorn: Any, max_body_bytes: int, backlog: int, max_connections: int, log: bool
+    ) -> None:
         config = uvicorn.Config(
             build_app(self.engine, max_body_bytes=max_body_bytes),
             loop="asyncio",
@@ -173,7 +182,7 @@ class ChatCompletionServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.close()
+                self._server.should_exit = True
                 raise RuntimeError("the server thread did not start listening (see the log)")
             time.sleep(0.01)
 

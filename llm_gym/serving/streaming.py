@@ -73,9 +73,11 @@ async def _start(
     engine: Engine,
     prepare: Callable[[], tuple[Any, list[int], Sampling]],
     assembler: TextAssembler,
+    convert: Callable[[Piece], Any],
 ) -> tuple[Any, _Feed]:
     """Queue ``prepare`` then the generation in the worker; return ``prepare``'s first value once
-    it succeeded (its :class:`APIError` is raised here)."""
+    it succeeded (its :class:`APIError` is raised here). Pieces reach the feed through
+    ``convert``, in the worker: the tokenizer is only ever used from that one thread."""
     loop = asyncio.get_running_loop()
     feed = _Feed(loop)
     prepared: asyncio.Future[Any] = loop.create_future()
@@ -92,7 +94,13 @@ async def _start(
             return
         loop.call_soon_threadsafe(settle, result, False)
         try:
-            engine.run(prompt_ids, sampling, assembler, feed.put, feed.cancelled.is_set)
+            engine.run(
+                prompt_ids,
+                sampling,
+                assembler,
+                lambda piece: feed.put(convert(piece)),
+                feed.cancelled.is_set,
+            )
         except BaseException as exc:
             feed.put(exc)
         else:
@@ -167,7 +175,12 @@ async def chat_stream(engine: Engine, request: ChatRequest) -> AsyncIterator[byt
         prompt_ids = engine.chat_prompt(request)
         return len(prompt_ids), prompt_ids, engine.chat_sampling(request, len(prompt_ids))
 
-    prompt_tokens, feed = await _start(engine, prepare, assembler)
+    def convert(piece: Piece) -> tuple[str, list[dict[str, Any]]]:
+        if not request.logprobs:
+            return piece.text, []
+        return piece.text, logprobs_content(piece.tokens, request.top_logprobs, engine.token_text)
+
+    prompt_tokens, feed = await _start(engine, prepare, assembler, convert)
     return _chat_events(engine, request, assembler, feed, prompt_tokens)
 
 
@@ -196,10 +209,9 @@ async def _chat_events(
                 yield _error_event(item)
                 yield SSE_DONE
                 return
-            piece: Piece = item
-            if request.logprobs:
-                lps.extend(logprobs_content(piece.tokens, request.top_logprobs, engine.token_text))
-            text = piece.text if hold is None else hold.push(piece.text)
+            text, entries = item
+            lps.extend(entries)
+            text = text if hold is None else hold.push(text)
             if text:
                 yield content(text)
         finish = assembler.finish or "length"
@@ -226,7 +238,7 @@ async def completion_stream(engine: Engine, request: CompletionRequest) -> Async
     """The events of a streamed ``/v1/completions`` request (see the module docstring)."""
     assembler = TextAssembler(engine.tokenizer, engine.eos_ids)
 
-    def prepare() -> tuple[int, list[int], Sampling]:
+    def prepare() -> tuple[tuple[int, str], list[int], Sampling]:
         ids, budget = completion_prompt(
             request,
             model=engine.model,
@@ -235,11 +247,20 @@ async def completion_stream(engine: Engine, request: CompletionRequest) -> Async
             default_max_tokens=engine.default_max_tokens,
             max_tokens_limit=engine.max_tokens_limit,
         )
+        echo = ""
+        if request.echo:
+            echo = (
+                request.prompt
+                if isinstance(request.prompt, str)
+                else engine.tokenizer.decode(
+                    ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+            )
         sampling = Sampling(budget, request.temperature, request.top_p, request.seed)
-        return ids, ids, sampling
+        return (len(ids), echo), ids, sampling
 
-    prompt_ids, feed = await _start(engine, prepare, assembler)
-    return _completion_events(engine, request, assembler, feed, prompt_ids)
+    (prompt_tokens, echo), feed = await _start(engine, prepare, assembler, lambda piece: piece.text)
+    return _completion_events(engine, request, assembler, feed, prompt_tokens, echo)
 
 
 async def _completion_events(
@@ -247,28 +268,24 @@ async def _completion_events(
     request: CompletionRequest,
     assembler: TextAssembler,
     feed: _Feed,
-    prompt_ids: list[int],
+    prompt_tokens: int,
+    echo: str,
 ) -> AsyncIterator[bytes]:
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": engine.model_name}
     with_usage = request.include_usage
     try:
-        if request.echo:
-            prompt = request.prompt
-            if not isinstance(prompt, str):
-                prompt = engine.tokenizer.decode(
-                    prompt_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-                )
-            yield sse(completion_chunk(head, prompt, None, with_usage))
+        if echo:
+            yield sse(completion_chunk(head, echo, None, with_usage))
         while (item := await feed.queue.get()) is not _END:
             if isinstance(item, BaseException):
                 yield _error_event(item)
                 yield SSE_DONE
                 return
-            if item.text:
-                yield sse(completion_chunk(head, item.text, None, with_usage))
+            if item:
+                yield sse(completion_chunk(head, item, None, with_usage))
         yield sse(completion_chunk(head, "", assembler.finish or "length", with_usage))
         if with_usage:
-            counts = usage(len(prompt_ids), len(assembler.generated))
+            counts = usage(prompt_tokens, len(assembler.generated))
             yield sse({**head, "object": "text_completion", "choices": [], "usage": counts})
         yield SSE_DONE
     finally:
