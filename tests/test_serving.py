@@ -146,6 +146,27 @@ def test_body_limits(served: ChatCompletionServer) -> None:
         assert chunked.startswith(b"HTTP/1.1 413")
 
 
+def test_slow_clients_are_cut_off(served: ChatCompletionServer) -> None:
+    with ChatCompletionServer(
+        served.model, served.tokenizer, model_name="tiny", request_timeout_s=1
+    ) as strict:
+        start = time.monotonic()
+        assert raw_exchange(strict, b"") == b""  # never sends a request: closed
+        assert raw_exchange(strict, b"POST /v1/chat/comp") == b""  # a head that trickles
+        assert time.monotonic() - start < 6
+        stalled = raw_exchange(
+            strict,
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        )
+        assert stalled.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in stalled
+        # a prompt client is answered, twice on one kept-alive connection
+        connection = http.client.HTTPConnection(strict.host, strict.port, timeout=10)
+        for _ in range(2):
+            connection.request("GET", "/health")
+            assert connection.getresponse().read() == b'{"status":"ok"}'
+        connection.close()
+
+
 def post(
     server: ChatCompletionServer, path: str, body: bytes, headers: dict[str, str]
 ) -> tuple[int, dict]:

@@ -10,6 +10,7 @@ limits, before anything else looks at it:
 * a body over ``max_body_bytes`` is a 413, refused from its ``Content-Length`` before it is read,
   or as soon as a chunked body passes the limit (a malformed ``Content-Length`` never gets here:
   the HTTP layer answers 400 and closes the connection);
+* a body that has not arrived ``body_timeout_s`` after its head is a 408;
 * the bytes are decoded and checked by :func:`~llm_gym.serving.body.decode_json_body` (in a
   worker thread when large, so the event loop keeps answering).
 
@@ -55,7 +56,9 @@ def _json_content_type(value: str | None) -> bool:
     return media in ("", "application/json") or media.endswith("+json")
 
 
-def build_app(engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
+def build_app(
+    engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = 30.0
+) -> Any:
     """The ASGI application serving ``engine`` (see the module docstring)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -85,12 +88,24 @@ def build_app(engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise too_large
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+
+        async def read() -> int:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+            return size
+
+        try:
+            size = await asyncio.wait_for(read(), body_timeout_s)
+        except TimeoutError:
+            raise APIError(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"the body did not arrive within {body_timeout_s:g} s",
+            ) from None
         raw = b"".join(chunks)
         if size > _THREAD_PARSE_BYTES:
             return await run_in_threadpool(decode_json_body, raw)
@@ -104,7 +119,7 @@ def build_app(engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
                 return await handler(request)
             except APIError as exc:
                 # A refused body may be left unread: close the connection rather than read it.
-                headers = {"Connection": "close"} if exc.status == 413 else None
+                headers = {"Connection": "close"} if exc.status in (408, 413) else None
                 return error_response(exc, headers)
             except Exception as exc:  # generation failed: the client sees why
                 return error_response(

@@ -33,12 +33,15 @@ Endpoints:
 
 Errors come back as ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request
 (the message names the field), 404 for an unknown path or model, 405 for a wrong method, 413
-for a body over ``max_body_bytes``, 415 for a body that is not JSON, 503 past
-``max_connections``, 500 when generation itself fails (:mod:`llm_gym.serving.app`).
+for a body over ``max_body_bytes``, 415 for a body that is not JSON, 408 for a body that
+does not arrive within ``request_timeout_s`` (a request head that does not arrive in that time
+closes the connection), 503 past ``max_connections``, 500 when generation itself fails
+(:mod:`llm_gym.serving.app`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -57,6 +60,7 @@ from llm_gym.serving.responses import dumps
 
 __all__ = [
     "DEFAULT_BACKLOG",
+    "DEFAULT_HEAD_TIMEOUT_S",
     "DEFAULT_HOST",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_TOKENS",
@@ -74,12 +78,49 @@ DEFAULT_BACKLOG = 2048
 """Connections the kernel queues before the server accepts them (capped by ``somaxconn``)."""
 DEFAULT_MAX_CONNECTIONS = 1024
 """Connections and requests at once; past it new requests get a 503 (OpenAI clients retry)."""
+DEFAULT_HEAD_TIMEOUT_S = 30.0
+"""Seconds a connection may take to send a request's head (and, in :mod:`.app`, its body)."""
 STARTUP_TIMEOUT_S = 30.0
 """How long :class:`ChatCompletionServer` waits for the server thread to listen."""
 
 _SERVE_EXTRA = (
     "llm-gym serve needs the serve extra: pip install 'llm-gym[serve]' (starlette, uvicorn)"
 )
+
+
+def _protocol_with_head_timeout(timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request head has not arrived within
+    ``timeout_s`` of its opening or of the previous answer (uvicorn itself only times out idle
+    keep-alive connections, and a few bytes reset that: a client that trickles or never sends a
+    request would hold a connection slot for good)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(timeout_s, self._head_timeout)
+
+        def _head_timeout(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:  # no request head since
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+    return Protocol
 
 
 def _listen(host: str, port: int, backlog: int) -> socket.socket:
@@ -112,6 +153,8 @@ class ChatCompletionServer:
         max_body_bytes: The largest request body.
         backlog: The listen backlog.
         max_connections: Connections and requests at once (503 past it).
+        request_timeout_s: Seconds a client may take to send a request's head, and its body:
+            a connection that trickles or stalls is closed (head) or answered 408 (body).
     """
 
     def __init__(
@@ -129,6 +172,7 @@ class ChatCompletionServer:
         max_body_bytes: int = MAX_BODY_BYTES,
         backlog: int = DEFAULT_BACKLOG,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
     ) -> None:
         try:
             import uvicorn
@@ -148,18 +192,24 @@ class ChatCompletionServer:
         self._closed = False
         self._socket = _listen(host, port, backlog)
         try:
-            self._start(uvicorn, max_body_bytes, backlog, max_connections, log)
+            self._start(uvicorn, max_body_bytes, backlog, max_connections, request_timeout_s, log)
         except BaseException:
             self._socket.close()
             raise
 
     def _start(
-        self, uvicorn: Any, max_body_bytes: int, backlog: int, max_connections: int, log: bool
+        self,
+        uvicorn: Any,
+        max_body_bytes: int,
+        backlog: int,
+        max_connections: int,
+        timeout_s: float,
+        log: bool,
     ) -> None:
         config = uvicorn.Config(
-            build_app(self.engine, max_body_bytes=max_body_bytes),
+            build_app(self.engine, max_body_bytes=max_body_bytes, body_timeout_s=timeout_s),
             loop="asyncio",
-            http="h11",
+            http=_protocol_with_head_timeout(timeout_s),
             ws="none",
             lifespan="off",
             backlog=backlog,
@@ -268,7 +318,8 @@ def serve(
         default_max_tokens: Tokens per completion when a request sets none.
         log: Log one line per request.
         options: More :class:`ChatCompletionServer` arguments (``tool_parser``,
-            ``chat_template_kwargs``, ``max_body_bytes``, ``backlog``, ``max_connections``).
+            ``chat_template_kwargs``, ``max_body_bytes``, ``backlog``, ``max_connections``,
+            ``request_timeout_s``).
 
     Returns:
         The running server: ``.url`` is the base URL (``http://HOST:PORT/v1``), ``.close()``
