@@ -289,3 +289,14 @@ def test_stop_strings_are_held_back_and_cut() -> None:
     out, assembler = pieces("abc", ["zz"])
     assert "".join(out) == "abc" and assembler.finish == "stop"  # the end-of-sequence token
     assert len(assembler.generated) == 4 and assembler.ids == [97, 98, 99]
+
+
+def test_masked_alternatives_are_finite_logprobs() -> None:
+    from llm_gym.serving.generation import TokenText
+    from llm_gym.serving.responses import MIN_LOGPROB, dumps, logprobs_content
+
+    token = TokenOut(104, -0.1, ((104, -0.1), (105, float("-inf"))))
+    [entry] = logprobs_content([token], 2, TokenText(CharTokenizer()))
+    assert entry["token"] == "h" and entry["bytes"] == [104]
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [-0.1, MIN_LOGPROB]
+    dumps(entry)  # valid JSON: no -Infinity

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from llm_gym.actions import ActionFormat
 from llm_gym.serving.generation import TokenOut, TokenText
 
 __all__ = [
+    "MIN_LOGPROB",
     "SSE_DONE",
     "assistant_message",
     "chat_body",
@@ -63,8 +65,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+MIN_LOGPROB = -9999.0
+"""What a logprob of minus infinity (a token a logits processor masked) is written as (vLLM's)."""
+
+
 def _token_entry(token_id: int, logprob: float, text: TokenText) -> dict[str, Any]:
     token = text(token_id)
+    logprob = logprob if math.isfinite(logprob) else MIN_LOGPROB
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
 
 
