@@ -141,8 +141,12 @@ def run_load(args: Args, port: int, pid: int) -> dict[str, Any]:
         ).encode()
         for stream in (False, True)
     }
+    alone = []  # one request at a time: the service time without a queue
     for _ in range(args.warmup_requests):
+        sent = time.perf_counter()
         one_request(port, bodies[False], False, args.request_timeout_s)
+        alone.append(time.perf_counter() - sent)
+    load_at_start = list(os.getloadavg())
     rss: list[tuple[float, float]] = []
     records: list[tuple[float, float, str, int, bool]] = []  # start, latency, outcome, tokens
     lock = threading.Lock()
@@ -179,7 +183,10 @@ def run_load(args: Args, port: int, pid: int) -> dict[str, Any]:
     done.set()
     sampler.join()
     rss_end = _rss_mib(pid)
-    return summarize(args, records, rss, rss_start, rss_end, threads_start, _threads(pid), wall)
+    summary = summarize(args, records, rss, rss_start, rss_end, threads_start, _threads(pid), wall)
+    summary["load_average_at_start"] = load_at_start
+    summary["alone_s"] = statistics.median(alone[1:] or alone) if alone else None
+    return summary
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -215,7 +222,7 @@ def summarize(
     return {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(args).items()},
         "machine": machine_description(),
-        "load_average_at_start": list(os.getloadavg()),
+        "load_average_at_end": list(os.getloadavg()),
         "wall_s": wall,
         "requests": len(records),
         "ok": len(ok),
@@ -229,6 +236,10 @@ def summarize(
         "latency_plain": stats([r[1] for r in ok if not r[4]]),
         "latency_stream": stats([r[1] for r in ok if r[4]]),
         "latencies_s": latencies,
+        "slowest": [
+            {"sent_at_s": r[0], "latency_s": r[1], "outcome": r[2], "stream": r[4]}
+            for r in sorted(records, key=lambda r: -r[1])[:10]
+        ],
         "rss_mib": {
             "start": rss_start,
             "end": rss_end,
@@ -243,6 +254,8 @@ def write_results(summary: dict[str, Any], out_dir: Path) -> None:
     a, lat, mem = summary["args"], summary["latency"], summary["rss_mib"]
     ms = {k: 1000 * v for k, v in lat.items()}
     growth = (mem["end"] or 0) - (mem["start"] or 0)
+    samples = mem["samples"]
+    steady = samples[-1][1] - samples[0][1] if samples else 0.0
     lines = [
         "# `llm-gym serve` under load",
         "",
@@ -251,9 +264,10 @@ def write_results(summary: dict[str, Any], out_dir: Path) -> None:
         f"(`{a['model']}`); chat completions of at most {a['max_tokens']} tokens, every "
         f"{a['stream_every']}th request streamed, each request on a new connection.",
         "",
-        f"Machine: {summary['machine']}. Load average when it started: "
-        f"{', '.join(f'{x:.2f}' for x in summary['load_average_at_start'])} (the cores are shared "
-        "with other work when that is above 0: timings are noisy). Server and clients share the "
+        f"Machine: {summary['machine']}. Load average (1, 5, 15 min) when it started: "
+        f"{', '.join(f'{x:.2f}' for x in summary['load_average_at_start'])}; at the end: "
+        f"{', '.join(f'{x:.2f}' for x in summary['load_average_at_end'])} (above the core count, "
+        "other work was sharing the cores: timings are noisy). Server and clients share the "
         f"cores; the server ran torch on {a['torch_threads']} thread(s) and had "
         f"{summary['server_threads']['start']} threads in all after the warm-up "
         f"and {summary['server_threads']['end']} at the end.",
@@ -262,6 +276,7 @@ def write_results(summary: dict[str, Any], out_dir: Path) -> None:
         "| --- | --- |",
         f"| requests answered | {summary['ok']} of {summary['requests']} |",
         f"| requests per second | {summary['requests_per_s']:.1f} |",
+        f"| one request alone (warm-up median) | {1000 * (summary['alone_s'] or 0):.0f} ms |",
         f"| completion tokens per second | {summary['completion_tokens_per_s']:.1f} |",
         f"| latency p50 / p90 / p99 / max | {ms['p50_s']:.0f} / {ms['p90_s']:.0f} / "
         f"{ms['p99_s']:.0f} / {ms['max_s']:.0f} ms |",
@@ -270,11 +285,13 @@ def write_results(summary: dict[str, Any], out_dir: Path) -> None:
         f"| other errors | {summary['errors'] - summary['resets'] - summary['refused']} "
         f"({summary['outcomes']}) |",
         f"| server RSS after warm-up / end / max | {mem['start']:.0f} / {mem['end']:.0f} / "
-        f"{mem['max']:.0f} MiB (growth {growth:+.1f} MiB) |",
+        f"{mem['max']:.0f} MiB (growth {growth:+.1f} MiB; {steady:+.1f} MiB from the first "
+        "sample, 1 s in, to the end) |",
         "",
         "Latency is from sending the request to its last byte; with one generation at a time it "
         "is mostly the queue: about (clients - 1) generations ahead of each request. The "
-        "latency distribution and the server's memory over time are in `serve_load.png`.",
+        "latency distribution and the server's memory over time are in `serve_load.png`; the "
+        "ten slowest requests, with when they were sent, in `serve_load.json` (`slowest`).",
         "",
         "    python -m benchmarks.serve_load",
         "",

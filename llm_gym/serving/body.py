@@ -36,6 +36,10 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+"""One decoder for every body (``json.loads`` with options builds a new one per call)."""
+
+
 def field_path(parent: str, key: str | int) -> str:
     """``messages[0].content``-style paths, as error messages and ``param`` name fields.
 
@@ -111,7 +115,7 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
             f"the body is not valid UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})"
         ) from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise bad_request(
             f"the body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"
