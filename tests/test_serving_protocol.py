@@ -300,3 +300,23 @@ def test_masked_alternatives_are_finite_logprobs() -> None:
     assert entry["token"] == "h" and entry["bytes"] == [104]
     assert [t["logprob"] for t in entry["top_logprobs"]] == [-0.1, MIN_LOGPROB]
     dumps(entry)  # valid JSON: no -Infinity
+
+
+def test_serving_imports_no_web_stack_and_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, llm_gym.serving; print(sorted({'starlette', 'uvicorn'} & set(sys.modules)))"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "[]"
+    )
+    from llm_gym.serving import serve
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"pip install 'llm-gym\[serve\]'"):
+        serve("no/such/model")
