@@ -152,6 +152,12 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         dtype=args.dtype,
         default_max_tokens=args.max_tokens,
         log=not args.quiet,
+        tool_parser=args.tool_parser,
+        **(
+            {}
+            if args.template_kwargs is None
+            else {"chat_template_kwargs": [n for n in args.template_kwargs.split(",") if n]}
+        ),
     )
     print(f"serving {server.model_name!r} at {server.url} (Ctrl-C stops)", file=out, flush=True)
     try:
@@ -278,6 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="torch dtype of the weights")
     p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
     p.add_argument("--quiet", action="store_true", help="no log line per request")
+    p.add_argument(
+        "--tool-parser",
+        default="hermes",
+        help="the action format that parses tool calls out of replies to requests with tools",
+    )
+    p.add_argument(
+        "--template-kwargs",
+        default=None,
+        help="comma-separated chat_template_kwargs names clients may set (default: "
+        "enable_thinking,thinking,reasoning_effort; client templates are always refused)",
+    )
     p.set_defaults(func=_cmd_serve)
 
     _add_new_env(sub)

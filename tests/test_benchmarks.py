@@ -131,3 +131,18 @@ def test_distill_smoke(small_model_dir, tmp_path) -> None:
     assert 0.0 <= summary["student_after"]["success"] <= 1.0
     assert (tmp_path / "distill.md").exists() and (tmp_path / "distill.png").exists()
     assert "## Reading" in (tmp_path / "distill.md").read_text()
+
+
+def test_serve_load_smoke(small_model_dir, tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("uvicorn")
+    from benchmarks import serve_load
+
+    args = serve_load.Args.quick(model=str(small_model_dir), duration_s=2.0, out_dir=tmp_path)
+    args.write = True
+    summary = serve_load.main(args)
+    assert summary["ok"] >= 1 and summary["resets"] == 0 and summary["errors"] == 0
+    assert summary["latency"]["p99_s"] >= summary["latency"]["p50_s"] > 0
+    for suffix in ("md", "json", "png"):
+        assert (tmp_path / f"serve_load.{suffix}").exists()

@@ -489,7 +489,10 @@ def test_real_server_through_run_and_report(served: Any) -> None:
 def post(url: str, body: Any, method: str = "POST") -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(
-        url, data=data if method == "POST" else None, method=method, headers={}
+        url,
+        data=data if method == "POST" else None,
+        method=method,
+        headers={"Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as response:
@@ -543,7 +546,7 @@ def test_serve_answers_like_openai(served: Any) -> None:
         ),
         (
             "/chat/completions",
-            {"model": "tiny", "messages": [{"role": "user"}], "stream": True},
+            {"model": "tiny", "messages": [{"role": "user"}], "stream": "yes"},
             "POST",
             400,
             "stream",

@@ -117,7 +117,12 @@ def served(small_model_dir) -> Iterator[Any]:
 
 
 def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as response:
             return response.status, json.loads(response.read())

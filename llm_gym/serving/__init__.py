@@ -1,4 +1,12 @@
-"""Serving a local model: OpenAI-compatible chat and legacy completions (``llm-gym serve``)."""
+"""Serving a local model: OpenAI-compatible chat and legacy completions (``llm-gym serve``).
+
+Layers, top to bottom: :mod:`.openai_server` (the running server and :func:`serve`), :mod:`.app`
+(HTTP: routes, body limits, errors), :mod:`.streaming` (server-sent events), :mod:`.engine` (the
+model, one generation at a time), :mod:`.generation` (sampling and text pieces),
+:mod:`.completions` (``/v1/completions``), :mod:`.responses` (answer bodies), :mod:`.protocol`,
+:mod:`.chat_protocol` and :mod:`.body` (request checks). Starlette and uvicorn (the ``serve``
+extra) are imported only when a server starts.
+"""
 
 from llm_gym.serving.openai_server import (
     DEFAULT_HOST,

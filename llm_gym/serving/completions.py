@@ -1,4 +1,4 @@
-"""``POST /v1/completions`` of :mod:`llm_gym.serving.openai_server`: text and logprobs out.
+"""``POST /v1/completions`` of :mod:`llm_gym.serving`: text and logprobs out.
 
 Legacy OpenAI completions plus vLLM's ``prompt_logprobs``, enough for a distillation teacher
 (:class:`trainers.teacher.EndpointTeacher`) to score token sequences:
@@ -14,6 +14,10 @@ Legacy OpenAI completions plus vLLM's ``prompt_logprobs``, enough for a distilla
   token ``{decoded token: logprob}`` of the ``k`` most likely and the token itself), over the
   echoed prompt (with ``echo``) and the generated tokens.
 
+* ``return_token_ids`` adds ``prompt_token_ids`` and ``choices[0].token_ids`` (vLLM's names).
+* ``stream`` (text only) is served by :mod:`llm_gym.serving.streaming`, with the same prompt
+  checks (:func:`completion_prompt`).
+
 Logprobs are the model's own distribution (temperature 1) in float32, whatever ``temperature``
 sampled with, as vLLM reports them by default.
 """
@@ -27,9 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.serving.generation import TokenText
 from llm_gym.serving.protocol import CompletionRequest, bad_request
 
-__all__ = ["TokenScores", "score_tokens", "text_completion"]
+__all__ = ["TokenScores", "completion_prompt", "score_tokens", "text_completion"]
 
 Generate = Callable[[list[int], int, float, float, int | None], list[int]]
 """``generate(prompt_ids, budget, temperature, top_p, seed) -> new token ids``."""
@@ -81,29 +86,18 @@ def _prompt_ids(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> 
     return list(request.prompt)
 
 
-def text_completion(
+def completion_prompt(
     request: CompletionRequest,
     *,
     model: Any,
     tokenizer: Any,
-    model_name: str,
     context: int | None,
     default_max_tokens: int,
-    eos_ids: Sequence[int],
-    generate: Generate,
-    lock: threading.Lock,
-) -> dict[str, Any]:
-    """Answer a checked ``/v1/completions`` request (a ``text_completion`` object).
-
-    Args:
-        request: The checked request.
-        model, tokenizer: What is served.
-        model_name: The id written in the answer.
-        context: The model's context in tokens (None: unbounded).
-        default_max_tokens: Tokens to generate when the request sets no ``max_tokens``.
-        eos_ids: Tokens that end a generation (``finish_reason`` ``"stop"``).
-        generate: Samples the continuation (holding ``lock`` itself).
-        lock: Held while scoring, so one forward pass runs at a time, as generation does.
+    max_tokens_limit: int | None = None,
+) -> tuple[list[int], int]:
+    """The prompt's token ids and how many tokens to generate (0 with ``echo`` and
+    ``max_tokens`` 0): the request's ``max_tokens`` or ``default_max_tokens``, within the
+    context (within ``max_tokens_limit`` when the context is unknown).
 
     Raises:
         APIError: 400 for a prompt out of the vocabulary or longer than the context.
@@ -122,6 +116,50 @@ def text_completion(
                 "prompt",
             )
         budget = min(budget, context - len(ids))
+    elif max_tokens_limit is not None:
+        budget = min(budget, max_tokens_limit)
+    return ids, budget
+
+
+def text_completion(
+    request: CompletionRequest,
+    *,
+    model: Any,
+    tokenizer: Any,
+    model_name: str,
+    context: int | None,
+    default_max_tokens: int,
+    eos_ids: Sequence[int],
+    generate: Generate,
+    lock: threading.Lock,
+    token_text: TokenText | None = None,
+    max_tokens_limit: int | None = None,
+) -> dict[str, Any]:
+    """Answer a checked ``/v1/completions`` request (a ``text_completion`` object).
+
+    Args:
+        request: The checked request.
+        model, tokenizer: What is served.
+        model_name: The id written in the answer.
+        context: The model's context in tokens (None: unbounded).
+        default_max_tokens: Tokens to generate when the request sets no ``max_tokens``.
+        eos_ids: Tokens that end a generation (``finish_reason`` ``"stop"``).
+        generate: Samples the continuation (holding ``lock`` itself).
+        lock: Held while scoring, so one forward pass runs at a time, as generation does.
+        token_text: Decodes one token (a cache shared across requests; a fresh one if None).
+        max_tokens_limit: The most tokens to generate when ``context`` is None.
+
+    Raises:
+        APIError: 400 for a prompt out of the vocabulary or longer than the context.
+    """
+    ids, budget = completion_prompt(
+        request,
+        model=model,
+        tokenizer=tokenizer,
+        context=context,
+        default_max_tokens=default_max_tokens,
+        max_tokens_limit=max_tokens_limit,
+    )
     new = generate(ids, budget, request.temperature, request.top_p, request.seed) if budget else []
     finish = "stop" if new and new[-1] in eos_ids else "length"
 
@@ -131,7 +169,7 @@ def text_completion(
             scores = score_tokens(
                 model, ids + new, max(request.logprobs or 0, request.prompt_logprobs or 0)
             )
-        decode = _Decoder(tokenizer)
+        decode = token_text or TokenText(tokenizer)
         if request.logprobs is not None:
             shown = range(0 if request.echo else len(ids), len(ids) + len(new))
             choice["logprobs"] = _legacy_logprobs(
@@ -150,7 +188,7 @@ def text_completion(
             )
         text = prompt + text
     choice["text"] = text
-    return {
+    body: dict[str, Any] = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
@@ -162,26 +200,13 @@ def text_completion(
             "total_tokens": len(ids) + len(new),
         },
     }
-
-
-class _Decoder:
-    """One token's text (special tokens included), each id decoded once."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        text = self.cache.get(token_id)
-        if text is None:
-            text = self.cache[token_id] = self.tokenizer.decode(
-                [token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-        return text
+    if request.return_token_ids:
+        body["prompt_token_ids"], choice["token_ids"] = ids, new
+    return body
 
 
 def _legacy_logprobs(
-    ids: list[int], shown: range, scores: TokenScores, k: int, decode: _Decoder
+    ids: list[int], shown: range, scores: TokenScores, k: int, decode: TokenText
 ) -> dict[str, Any]:
     """The legacy ``logprobs`` object over the positions ``shown``."""
     top: list[dict[str, float] | None] | None = None
@@ -203,7 +228,7 @@ def _legacy_logprobs(
 
 
 def _vllm_prompt_logprobs(
-    ids: list[int], scores: TokenScores, k: int, decode: _Decoder
+    ids: list[int], scores: TokenScores, k: int, decode: TokenText
 ) -> list[dict[str, Any] | None]:
     """vLLM's ``prompt_logprobs``: the prompt's own token first, then the ``k`` most likely."""
     out: list[dict[str, Any] | None] = [None]

@@ -1,41 +1,44 @@
-"""The OpenAI protocol as :mod:`llm_gym.serving.openai_server` reads and writes it.
+"""The OpenAI protocol as :mod:`llm_gym.serving` reads it: errors, shared field checks, completions.
 
-:func:`parse_chat_request` checks a ``/v1/chat/completions`` body and returns a
-:class:`ChatRequest`, :func:`parse_completion_request` a ``/v1/completions`` body and returns a
-:class:`CompletionRequest`; both raise :class:`APIError` whose message names the offending field
-(the client sees it as ``{"error": {"message", "type", "param", "code"}}``). Unknown fields are
-ignored; ``stream=true`` and ``n`` other than 1 are refused. Content parts must be text parts;
-a tool call's string ``arguments`` are decoded to an object (chat templates ``tojson`` them),
-kept as sent when they are not JSON. :func:`completion_body` writes the chat answer. What needs
-the model (token ids in its vocabulary, the context length) is checked by the server.
+:class:`APIError` is every error answer (``{"error": {"message", "type", "param", "code"}}``).
+The field checks here (:func:`number_field`, :func:`int_field`, :func:`flag_field`, ...) are the
+ones every endpoint shares; each refuses a value with a 400 that names the field, says what is
+allowed and what came. :func:`check_common` checks what every generation request carries
+(``model``, ``n``, ``stream``, ``stream_options``, ``seed``); :func:`parse_completion_request`
+turns a ``/v1/completions`` body into a :class:`CompletionRequest`. The chat endpoint's request is
+in :mod:`llm_gym.serving.chat_protocol`. Bodies reach these functions already decoded and checked
+for depth and lone surrogates (:mod:`llm_gym.serving.body`). What needs the model (token ids in
+its vocabulary, the context length) is checked by the engine.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import time
-import uuid
+import math
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 __all__ = [
     "MAX_LOGPROBS",
-    "ROLES",
+    "MAX_SEED",
+    "MIN_SEED",
     "APIError",
-    "ChatRequest",
+    "Common",
     "CompletionRequest",
     "bad_request",
-    "completion_body",
-    "parse_chat_request",
+    "check_common",
+    "flag_field",
+    "int_field",
+    "number_field",
     "parse_completion_request",
 ]
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
-"""The message roles accepted (``developer`` is read as ``system``)."""
 MAX_LOGPROBS = 5
-"""The most alternatives ``logprobs`` / ``prompt_logprobs`` may ask for (OpenAI's limit)."""
+"""The most alternatives ``logprobs`` / ``prompt_logprobs`` of ``/v1/completions`` may ask for."""
+MIN_SEED = -(2**63)
+"""The smallest ``seed`` (an int64, as OpenAI's API types it)."""
+MAX_SEED = 2**64 - 1
+"""The largest ``seed`` (what the sampler's generator takes)."""
 
 
 class APIError(Exception):
@@ -58,7 +61,7 @@ class APIError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = int(status)
         self.message = message
         self.param = param
         self.kind = kind
@@ -81,186 +84,138 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(HTTPStatus.BAD_REQUEST, message, param)
 
 
-@dataclass(frozen=True)
-class ChatRequest:
-    """A checked ``/v1/chat/completions`` request."""
-
-    messages: list[dict[str, Any]]
-    """The conversation, normalised for a chat template (text content, object arguments)."""
-    tools: list[dict[str, Any]] | None
-    """The ``tools`` field, when given."""
-    temperature: float
-    """Sampling temperature (0: greedy)."""
-    top_p: float
-    """Nucleus mass, in (0, 1]."""
-    max_tokens: int | None
-    """``max_completion_tokens`` or else ``max_tokens`` (None: the server's default)."""
-    seed: int | None
-    """Reseeds the sampler before the generation."""
-    stops: list[str]
-    """Stop strings (empty ones dropped)."""
-    chat_template_kwargs: dict[str, Any]
-    """Extra keyword arguments for the chat template."""
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _text_content(value: Any, field: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):  # content parts: only text parts are supported
-        texts = []
-        for i, part in enumerate(value):
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise bad_request(
-                    f"{field}[{i}] must be a text part {{'type': 'text', ...}}", field
-                )
-            if not isinstance(part.get("text"), str):
-                raise bad_request(f"{field}[{i}].text must be a string", f"{field}[{i}].text")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad_request(f"{field} must be a string, a list of text parts or null", field)
+def number_field(
+    body: dict[str, Any],
+    key: str,
+    default: float,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+) -> float:
+    """``body[key]`` as a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``).
 
-
-def _tool_calls(value: Any, field: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise bad_request(f"{field} must be a list", field)
-    calls = []
-    for i, call in enumerate(value):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad_request(
-                f"{field}[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
-                "'arguments': ...}}}",
-                f"{field}[{i}]",
-            )
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):  # chat templates expect an object (they tojson it)
-            # Unparseable: keep the string, the template writes what the client sent.
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments) if arguments.strip() else {}
-        calls.append(
-            {
-                "id": call.get("id", f"call_{i}"),
-                "type": "function",
-                "function": {"name": function["name"], "arguments": arguments},
-            }
-        )
-    return calls
-
-
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise bad_request("'messages' must be a non-empty list of message objects", "messages")
-    out = []
-    for i, message in enumerate(value):
-        field = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"{field} must be an object", field)
-        role = message.get("role")
-        if role not in ROLES:
-            raise bad_request(
-                f"{field}.role must be one of {', '.join(ROLES)}; got {role!r}", field
-            )
-        item: dict[str, Any] = {
-            "role": "system" if role == "developer" else role,
-            "content": _text_content(message.get("content"), f"{field}.content"),
-        }
-        if role == "assistant" and message.get("tool_calls"):
-            item["tool_calls"] = _tool_calls(message["tool_calls"], f"{field}.tool_calls")
-        if role == "tool":
-            for key in ("tool_call_id", "name"):
-                if isinstance(message.get(key), str):
-                    item[key] = message[key]
-        out.append(item)
-    return out
-
-
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+    Example:
+        >>> number_field({"top_p": 0.5}, "top_p", 1.0, 0.0, 1.0, low_open=True)
+        0.5
+        >>> number_field({}, "top_p", 1.0, 0.0, 1.0)
+        1.0
+    """
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise bad_request(f"'{key}' must be a number in [{low:g}, {high:g}]; got {value!r}", key)
-    return float(value)
-
-
-def _positive_int(body: dict[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise bad_request(f"'{key}' must be an integer >= 1; got {value!r}", key)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and isinstance(value, int) and abs(value) > 2**53:
+        ok = False  # an integer no float holds exactly is never a sensible setting here
+    if ok:
+        value = float(value)
+        ok = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise bad_request(
+            f"'{key}' must be a number in {bracket}{low:g}, {high:g}]; got {_show(body[key])}", key
+        )
     return value
 
 
-def _stops(value: Any) -> list[str]:
+def int_field(
+    body: dict[str, Any], key: str, low: int, high: int | None = None, what: str = ""
+) -> int | None:
+    """``body[key]`` as an integer in ``[low, high]`` (``None`` when absent or null)."""
+    value = body.get(key)
     if value is None:
-        return []
-    if isinstance(value, str):
-        return [value] if value else []
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return [s for s in value if s]
-    raise bad_request("'stop' must be a string or a list of strings", "stop")
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise bad_request(f"'{key}' must be {allowed}{what}; got {_show(value)}", key)
+    return value
 
 
-def _check_common(body: Any, model_name: str) -> None:
-    """The checks every endpoint shares: a JSON object, this server's model, no stream, n=1."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+def flag_field(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    """``body[key]`` as ``true``/``false`` (``default`` when absent or null)."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be true or false; got {_show(value)}", key)
+    return value
+
+
+@dataclass(frozen=True)
+class Common:
+    """What every generation request carries, checked."""
+
+    stream: bool
+    """Answer with server-sent events."""
+    include_usage: bool
+    """``stream_options.include_usage``: a last chunk with ``usage`` before ``[DONE]``."""
+    seed: int | None
+    """Reseeds the sampler before the generation."""
+    return_token_ids: bool
+    """vLLM's extra: ``prompt_token_ids`` on the answer and ``token_ids`` on the choice."""
+
+
+def check_common(body: dict[str, Any], model_name: str) -> Common:
+    """The checks every generation endpoint shares: this server's model, ``n`` = 1, the
+    streaming options, the seed.
+
+    Raises:
+        APIError: 400 naming the field, or 404 (``model_not_found``) for another model.
+    """
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required (a string)", "model")
+        raise bad_request(f"'model' is required (a string); got {_show(model)}", "model")
     if model != model_name:
         raise APIError(
             HTTPStatus.NOT_FOUND,
-            f"The model {model!r} does not exist; this server serves {model_name!r}.",
+            f"The model {model[:200]!r} does not exist; this server serves {model_name!r}.",
             "model",
             code="model_not_found",
         )
-    if body.get("stream"):
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise bad_request(
-            "stream=true is not supported by this server; send stream=false", "stream"
+            f"'n' must be 1 on this server (one choice per request); got {_show(n)}", "n"
         )
-    if body.get("n") not in (None, 1):
-        raise bad_request(f"'n' must be 1 on this server; got {body.get('n')!r}", "n")
-
-
-def parse_chat_request(body: Any, model_name: str) -> ChatRequest:
-    """Check a ``/v1/chat/completions`` body for a server that serves ``model_name``.
-
-    Raises:
-        APIError: 400 naming the first field at fault, or 404 for another model.
-    """
-    _check_common(body, model_name)
-    messages = _messages(body.get("messages"))
-    tools = body.get("tools")
-    if tools is not None and not (
-        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-    ):
-        raise bad_request("'tools' must be a list of tool objects", "tools")
-    temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise bad_request("'top_p' must be > 0", "top_p")
-    max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise bad_request(f"'seed' must be an integer; got {seed!r}", "seed")
-    stops = _stops(body.get("stop"))
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    return ChatRequest(
-        messages=messages,
-        tools=tools,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-        stops=stops,
-        chat_template_kwargs=kwargs,
-    )
+    stream = flag_field(body, "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("'stream_options' is only allowed with stream=true", "stream_options")
+        if not isinstance(options, dict) or set(options) - {
+            "include_usage",
+            "continuous_usage_stats",
+        }:
+            raise bad_request(
+                "'stream_options' must be an object with 'include_usage' (true or false); got "
+                f"{_show(options)}",
+                "stream_options",
+            )
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool) and include_usage is not None:
+            raise bad_request(
+                f"'stream_options.include_usage' must be true or false; got {_show(include_usage)}",
+                "stream_options.include_usage",
+            )
+        include_usage = bool(include_usage)
+    return_token_ids = flag_field(body, "return_token_ids")
+    if return_token_ids and stream:
+        raise bad_request(
+            "'return_token_ids' is only supported with stream=false", "return_token_ids"
+        )
+    seed = int_field(body, "seed", MIN_SEED, MAX_SEED)
+    return Common(stream, include_usage, seed, return_token_ids)
 
 
 @dataclass(frozen=True)
@@ -285,41 +240,28 @@ class CompletionRequest:
     """Reseeds the sampler before the generation."""
     add_special_tokens: bool
     """Tokenize a text prompt with the tokenizer's special tokens (BOS, ...); default False."""
+    stream: bool = False
+    """Answer with server-sent events (text only: no ``logprobs`` or ``prompt_logprobs``)."""
+    include_usage: bool = False
+    """``stream_options.include_usage``."""
+    return_token_ids: bool = False
+    """Add ``prompt_token_ids`` and ``token_ids`` to the answer."""
 
 
-def _optional_count(body: dict[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
-        raise bad_request(
-            f"'{key}' must be an integer in [0, {MAX_LOGPROBS}] or null; got {value!r}", key
-        )
-    return value
-
-
-def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be true or false; got {value!r}", key)
-    return value
-
-
-def parse_completion_request(body: Any, model_name: str) -> CompletionRequest:
+def parse_completion_request(body: dict[str, Any], model_name: str) -> CompletionRequest:
     """Check a ``/v1/completions`` body (legacy completions, with vLLM's ``prompt_logprobs``).
 
     ``prompt`` is a string or a non-empty list of token ids (batches are refused); ``stop`` is
-    refused (it would cut the logprobs out of line with the text).
+    refused (it would cut the logprobs out of line with the text); a streamed request may not ask
+    for logprobs.
 
     Raises:
         APIError: 400 naming the first field at fault, or 404 for another model.
     """
-    _check_common(body, model_name)
+    common = check_common(body, model_name)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        if any(isinstance(t, bool) or t < 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if any(t < 0 for t in prompt):
             raise bad_request("'prompt' token ids must be integers >= 0", "prompt")
     elif not isinstance(prompt, str) or not prompt:
         raise bad_request(
@@ -327,56 +269,31 @@ def parse_completion_request(body: Any, model_name: str) -> CompletionRequest:
             f"batches are not supported); got {type(prompt).__name__}",
             "prompt",
         )
-    echo = _flag(body, "echo", False)
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1 - echo
-    ):
-        lowest = "0 (echo is true)" if echo else "1 (0 only with echo=true)"
-        raise bad_request(
-            f"'max_tokens' must be an integer >= {lowest}; got {max_tokens!r}", "max_tokens"
-        )
+    echo = flag_field(body, "echo")
+    max_tokens = int_field(
+        body, "max_tokens", 0 if echo else 1, what="" if echo else " (0 only with echo=true)"
+    )
     if body.get("stop") not in (None, [], ""):
         raise bad_request("'stop' is not supported on /v1/completions by this server", "stop")
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise bad_request("'top_p' must be > 0", "top_p")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise bad_request(f"'seed' must be an integer; got {seed!r}", "seed")
+    logprobs = int_field(body, "logprobs", 0, MAX_LOGPROBS, " or null")
+    prompt_logprobs = int_field(body, "prompt_logprobs", 0, MAX_LOGPROBS, " or null")
+    if common.stream and (logprobs is not None or prompt_logprobs is not None):
+        raise bad_request(
+            "a streamed /v1/completions request cannot ask for logprobs or prompt_logprobs; "
+            "send stream=false",
+            "stream",
+        )
     return CompletionRequest(
         prompt=prompt,
         max_tokens=max_tokens,
         echo=echo,
-        logprobs=_optional_count(body, "logprobs"),
-        prompt_logprobs=_optional_count(body, "prompt_logprobs"),
-        temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
-        top_p=top_p,
-        seed=seed,
-        add_special_tokens=_flag(body, "add_special_tokens", False),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        temperature=number_field(body, "temperature", 1.0, 0.0, 100.0),
+        top_p=number_field(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        seed=common.seed,
+        add_special_tokens=flag_field(body, "add_special_tokens"),
+        stream=common.stream,
+        include_usage=common.include_usage,
+        return_token_ids=common.return_token_ids,
     )
-
-
-def completion_body(
-    model_name: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    """A ``chat.completion`` answer with one choice."""
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model_name,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }

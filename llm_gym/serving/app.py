@@ -1,0 +1,221 @@
+"""The HTTP side of :mod:`llm_gym.serving`: a Starlette application over an :class:`Engine`.
+
+:func:`build_app` routes ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /v1/models/{id}`` and ``GET /health``. Every body is read here, with
+limits, before anything else looks at it:
+
+* a ``Content-Type`` other than JSON (``application/json`` or ``*/*+json``; a missing one is read
+  as JSON) is a 415, which also keeps browser pages from posting forms or ``text/plain`` to a
+  local server;
+* a body over ``max_body_bytes`` is a 413, refused from its ``Content-Length`` before it is read,
+  or as soon as a chunked body passes the limit (a malformed ``Content-Length`` never gets here:
+  the HTTP layer answers 400 and closes the connection);
+* a body that has not arrived ``body_timeout_s`` after its head is a 408;
+* the bytes are decoded and checked by :func:`~llm_gym.serving.body.decode_json_body` (in a
+  worker thread when large, so the event loop keeps answering).
+
+A client that closes its connection before the answer is ready is not generated for: a queued
+request is skipped and a running generation stops at the next token (streams too).
+
+Errors are OpenAI-shaped (``{"error": {...}}``): 4xx name what was wrong, 404 and 405 list the
+endpoints, and any other failure is a 500 that says what happened. Generation runs in the
+engine's one worker thread; the event loop only reads, writes and waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+from llm_gym.serving.body import decode_json_body
+from llm_gym.serving.chat_protocol import parse_chat_request
+from llm_gym.serving.engine import ClientGone, Engine
+from llm_gym.serving.protocol import APIError, parse_completion_request
+from llm_gym.serving.responses import dumps
+from llm_gym.serving.streaming import chat_stream, completion_stream
+
+__all__ = ["ENDPOINTS", "MAX_BODY_BYTES", "build_app"]
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The largest request body accepted by default."""
+ENDPOINTS = (
+    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id} "
+    "and GET /health"
+)
+_THREAD_PARSE_BYTES = 64 * 1024
+"""Bodies larger than this are decoded in a worker thread, not on the event loop."""
+
+
+def _json_content_type(value: str | None) -> bool:
+    if value is None:
+        return True
+    media = value.split(";", 1)[0].strip().lower()
+    return media in ("", "application/json") or media.endswith("+json")
+
+
+def build_app(
+    engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = 30.0
+) -> Any:
+    """The ASGI application serving ``engine`` (see the module docstring)."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    def json_response(payload: Any, status: int = 200, headers: Any = None) -> Response:
+        return Response(dumps(payload), status, headers, media_type="application/json")
+
+    def error_response(error: APIError, headers: Any = None) -> Response:
+        return json_response(error.body(), error.status, headers)
+
+    async def read_json(request: Request) -> dict[str, Any]:
+        content_type = request.headers.get("content-type")
+        if not _json_content_type(content_type):
+            raise APIError(
+                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                f"Content-Type must be application/json; got {content_type[:100]!r}",
+                "Content-Type",
+            )
+        too_large = APIError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the body is larger than this server's limit of {max_body_bytes} bytes",
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise too_large
+        chunks: list[bytes] = []
+
+        async def read() -> int:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+            return size
+
+        try:
+            size = await asyncio.wait_for(read(), body_timeout_s)
+        except TimeoutError:
+            raise APIError(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"the body did not arrive within {body_timeout_s:g} s",
+            ) from None
+        raw = b"".join(chunks)
+        if size > _THREAD_PARSE_BYTES:
+            return await run_in_threadpool(decode_json_body, raw)
+        return decode_json_body(raw)
+
+    def endpoint(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except APIError as exc:
+                # A refused body may be left unread: close the connection rather than read it.
+                headers = {"Connection": "close"} if exc.status in (408, 413) else None
+                return error_response(exc, headers)
+            except Exception as exc:  # generation failed: the client sees why
+                return error_response(
+                    APIError(
+                        HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"internal error: {type(exc).__name__}: {exc}"[:2000],
+                        kind="server_error",
+                    )
+                )
+
+        return wrapped
+
+    def stream_response(events: Any) -> Response:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+    async def answer(request: Request, work: Callable[..., Any], parsed: Any) -> Response:
+        """Run ``work(parsed, cancelled)`` in the engine, cancelled when the client leaves (a
+        timed-out client's request is then skipped, not generated for nobody)."""
+        gone = threading.Event()
+
+        async def watch() -> None:  # the body is read: the next message is the disconnect
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return json_response(await engine.submit(work, parsed, gone.is_set))
+        except asyncio.CancelledError:  # the server is shutting down
+            gone.set()
+            raise
+        except ClientGone:
+            return error_response(APIError(499, "the client closed the connection"))
+        finally:
+            watcher.cancel()
+
+    @endpoint
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request)
+        parsed = parse_chat_request(body, engine.model_name, engine.chat_template_kwargs)
+        if parsed.stream:
+            return stream_response(await chat_stream(engine, parsed))
+        return await answer(request, engine.chat_completion, parsed)
+
+    @endpoint
+    async def completions(request: Request) -> Response:
+        parsed = parse_completion_request(await read_json(request), engine.model_name)
+        if parsed.stream:
+            return stream_response(await completion_stream(engine, parsed))
+        return await answer(request, engine.completion, parsed)
+
+    model_card = {
+        "id": engine.model_name,
+        "object": "model",
+        "created": engine.created,
+        "owned_by": "llm_gym",
+    }
+
+    async def models(request: Request) -> Response:
+        return json_response({"object": "list", "data": [model_card]})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name != engine.model_name:
+            return error_response(
+                APIError(
+                    HTTPStatus.NOT_FOUND,
+                    f"The model {name[:200]!r} does not exist; this server serves "
+                    f"{engine.model_name!r}.",
+                    "model",
+                    code="model_not_found",
+                )
+            )
+        return json_response(model_card)
+
+    async def health(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        where = f"{request.method} {request.url.path}"[:300]
+        if exc.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
+            message = f"{where} is not allowed; this server has {ENDPOINTS}"
+        elif exc.status_code == HTTPStatus.NOT_FOUND:
+            message = f"no such endpoint {where}; this server has {ENDPOINTS}"
+        else:
+            message = str(exc.detail)
+        code = "not_found" if exc.status_code == HTTPStatus.NOT_FOUND else None
+        return error_response(APIError(exc.status_code, message, code=code), exc.headers)
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -1,0 +1,273 @@
+"""The model side of :mod:`llm_gym.serving`: one model, one generation at a time.
+
+:class:`Engine` holds the model and its tokenizer and does the work of every endpoint: it renders
+a chat request with the model's own chat template, checks the prompt against the context,
+samples (:mod:`llm_gym.serving.generation`) and writes the answer
+(:mod:`llm_gym.serving.responses`). Every method that touches the model runs in the engine's one
+worker thread (:meth:`Engine.submit`), so generations never overlap, while the web server's event
+loop keeps accepting and answering connections. Its methods raise
+:class:`~llm_gym.serving.protocol.APIError` for what the client got wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, TypeVar
+
+from llm_gym.actions import get_action_format
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
+from llm_gym.serving.completions import text_completion
+from llm_gym.serving.generation import (
+    Piece,
+    Sampling,
+    TextAssembler,
+    TokenOut,
+    TokenText,
+    sample_tokens,
+)
+from llm_gym.serving.protocol import CompletionRequest, bad_request
+from llm_gym.serving.responses import assistant_message, chat_body, logprobs_content
+
+__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT", "ClientGone", "Engine"]
+
+DEFAULT_MAX_TOKENS = 256
+"""Tokens per completion when a request sets no ``max_tokens``."""
+DEFAULT_MAX_TOKENS_LIMIT = 4096
+"""The most tokens one completion may have when the model's context length is unknown."""
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready: nobody reads it."""
+
+
+def _check_cancelled(cancelled: Callable[[], bool]) -> None:
+    if cancelled():
+        raise ClientGone
+
+
+class Engine:
+    """A model and its tokenizer behind a one-thread executor (see the module docstring).
+
+    Args:
+        model: A causal LM (``AutoModelForCausalLM``), already on its device.
+        tokenizer: Its tokenizer; it must have a chat template.
+        model_name: The model id clients send.
+        default_max_tokens: Tokens per completion when a request sets none.
+        tool_parser: The action format (:func:`llm_gym.actions.get_action_format`) that parses
+            tool calls out of replies to requests with ``tools``.
+        chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "model",
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        tool_parser: str = "hermes",
+        chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
+    ) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidArgumentError(
+                "The tokenizer has no chat template; the server renders every request with it. "
+                "Set tokenizer.chat_template (or save a model directory that has one)."
+            )
+        if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
+            raise InvalidArgumentError(
+                f"default_max_tokens must be >= 1, actual value: {default_max_tokens}."
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.default_max_tokens = int(default_max_tokens)
+        self.action_format = get_action_format(tool_parser)
+        self.chat_template_kwargs = frozenset(chat_template_kwargs)
+        self.created = int(time.time())
+        self.max_tokens_limit = DEFAULT_MAX_TOKENS_LIMIT
+        """The most tokens one completion may have when the context length is unknown."""
+        self.lock = threading.Lock()
+        """Held around every model call (the worker thread is the only caller; kept for
+        :func:`~llm_gym.serving.completions.text_completion`'s scoring)."""
+        self.eos_ids = self._find_eos_ids()
+        self.context: int | None = getattr(
+            getattr(model, "config", None), "max_position_embeddings", None
+        )
+        self.token_text = TokenText(tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "llm_gym-serve-model")
+
+    def _find_eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif isinstance(configured, list | tuple):
+            ids.update(int(i) for i in configured)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return sorted(ids)
+
+    # --- the worker thread -------------------------------------------------------------------
+
+    def submit(self, function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run ``function(*args)`` in the model's worker thread, after the work queued before
+        (call it from the event loop; await the future for the result)."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def close(self) -> None:
+        """Drop the queued work and stop the worker once the running generation ends."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- prompts ------------------------------------------------------------------------------
+
+    def budget(self, prompt_tokens: int, requested: int | None, field: str) -> int:
+        """Tokens the completion may have: ``requested`` (or the default), within the context."""
+        budget = requested or self.default_max_tokens
+        if self.context is None:
+            return min(budget, self.max_tokens_limit)
+        if prompt_tokens >= self.context:
+            raise bad_request(
+                f"the prompt is {prompt_tokens} tokens; the model's context is {self.context} "
+                "tokens (and one must be left to generate)",
+                field,
+            )
+        return min(budget, self.context - prompt_tokens)
+
+    def chat_prompt(self, request: ChatRequest) -> list[int]:
+        """The prompt's token ids: the messages (and tools) through the model's chat template."""
+        try:
+            prompt = self.tokenizer.apply_chat_template(
+                request.messages,
+                tools=request.tools or None,
+                tokenize=False,
+                add_generation_prompt=True,
+                **request.chat_template_kwargs,
+            )
+        except Exception as exc:  # a template that rejects these messages (raise_exception, ...)
+            raise bad_request(
+                f"the chat template rejected the messages: {type(exc).__name__}: {exc}"[:2000],
+                "messages",
+            ) from None
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: Sampling,
+        assembler: TextAssembler,
+        on_piece: Callable[[Piece], None],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Sample, feeding each token to ``assembler`` and each non-empty piece to ``on_piece``
+        (the last one after the generation); stops early on a stop string or ``cancelled()``."""
+
+        def on_token(token: TokenOut) -> bool:
+            piece = assembler.feed(token)
+            if piece is not None and (piece.text or piece.tokens):
+                on_piece(piece)
+            return assembler.finish is not None or cancelled()
+
+        if sampling.max_tokens > 0 and not cancelled():
+            with self.lock:
+                sample_tokens(
+                    self.model,
+                    prompt_ids,
+                    sampling,
+                    eos_ids=self.eos_ids,
+                    pad_id=self.pad_id,
+                    on_token=on_token,
+                )
+        last = assembler.flush()
+        if last.text or last.tokens:
+            on_piece(last)
+
+    def generate(
+        self, prompt_ids: list[int], budget: int, temperature: float, top_p: float, seed: int | None
+    ) -> list[int]:
+        """New token ids, up to and including an end-of-sequence token (what
+        :func:`~llm_gym.serving.completions.text_completion` calls)."""
+        ids: list[int] = []
+
+        def on_token(token: TokenOut) -> bool:
+            ids.append(token.token_id)
+            return token.token_id in self.eos_ids
+
+        with self.lock:
+            sample_tokens(
+                self.model,
+                prompt_ids,
+                Sampling(budget, temperature, top_p, seed),
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                on_token=on_token,
+            )
+        return ids
+
+    def chat_sampling(self, request: ChatRequest, prompt_tokens: int) -> Sampling:
+        return Sampling(
+            max_tokens=self.budget(prompt_tokens, request.max_tokens, "messages"),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            logprobs=request.top_logprobs if request.logprobs else None,
+        )
+
+    def chat_completion(
+        self, request: ChatRequest, cancelled: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any]:
+        """Answer a checked, non-streamed chat request (in the worker thread); ``cancelled()``
+        true (the client left) skips or stops the generation."""
+        _check_cancelled(cancelled)
+        prompt_ids = self.chat_prompt(request)
+        sampling = self.chat_sampling(request, len(prompt_ids))
+        assembler = TextAssembler(self.tokenizer, self.eos_ids, request.stops)
+        pieces: list[Piece] = []
+        self.run(prompt_ids, sampling, assembler, pieces.append, cancelled)
+        _check_cancelled(cancelled)
+        text = "".join(p.text for p in pieces)
+        tools = self.action_format if request.parse_tool_calls else None
+        message, finish = assistant_message(text, assembler.finish or "length", tools)
+        logprobs = None
+        if request.logprobs:
+            tokens = [t for p in pieces for t in p.tokens]
+            logprobs = logprobs_content(tokens, request.top_logprobs, self.token_text)
+        return chat_body(
+            self.model_name,
+            message,
+            finish,
+            len(prompt_ids),
+            len(assembler.generated),
+            logprobs=logprobs,
+            token_ids=(prompt_ids, assembler.generated) if request.return_token_ids else None,
+        )
+
+    def completion(
+        self, request: CompletionRequest, cancelled: Callable[[], bool] = lambda: False
+    ) -> dict[str, Any]:
+        """Answer a checked, non-streamed ``/v1/completions`` request (in the worker thread);
+        skipped when ``cancelled()`` is already true."""
+        _check_cancelled(cancelled)
+        return text_completion(
+            request,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            model_name=self.model_name,
+            context=self.context,
+            default_max_tokens=self.default_max_tokens,
+            eos_ids=self.eos_ids,
+            generate=self.generate,
+            lock=self.lock,
+            token_text=self.token_text,
+            max_tokens_limit=self.max_tokens_limit,
+        )
