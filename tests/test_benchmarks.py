@@ -14,25 +14,132 @@ def test_env_step_smoke(tmp_path) -> None:
 
 
 def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
+    """``--quick`` runs every contender through the harness and writes the markdown and the
+    JSON (with its conditions and ``ratio_to_replay_limit``) where ``--out-dir`` says."""
+    import json
+
     import pytest
 
     pytest.importorskip("trl")
     from benchmarks import rollout_throughput as rt
 
-    summary = rt.main(
-        rt.Args(
-            model=str(small_model_dir),
-            tasks=2,
-            episodes_per_task=2,
-            max_turns=2,
-            max_tokens_per_turn=8,
-            repeats=1,
-            out_dir=tmp_path,
-        )
+    args = rt.parse_args(["--quick", "--model", str(small_model_dir), "--out-dir", str(tmp_path)])
+    assert (args.tasks, args.repeats, args.threads) == (2, 3, 1)
+    summary = rt.main(args)
+    contenders = summary["contenders"]
+    assert set(contenders) == {"ours", "replay", "generate", "trl", "waves"}
+    for entry in contenders.values():
+        assert len(entry["runs"]) == 3
+        assert all(run["episodes"] == 4 and run["wall_s"] > 0 for run in entry["runs"])
+    replayed = contenders["replay"]["runs"]
+    assert all(r["tokens"] == r["source_tokens"] for r in replayed)
+    data = json.loads((tmp_path / "rollout_throughput.json").read_text())
+    limit = data["ratio_to_replay_limit"]
+    assert set(limit) == {"median", "ci"} and limit["ci"][0] <= limit["median"] <= limit["ci"][1]
+    assert data["conditions"]["quick"] and data["conditions"]["threads"]["torch_threads"] == 1
+    assert len(data["conditions"]["load_after"]) == 3
+    assert data["statistics"]["repeats"] == 3 and len(data["statistics"]["order"]) == 3
+    assert "replay limit" in (tmp_path / "rollout_throughput.md").read_text()
+
+
+def test_rollout_options_and_the_repeat_floor() -> None:
+    """``--quick`` sets tiny sizes where none is given and writes only to ``--out-dir``; a full
+    run needs at least 5 repeats (checked before any model loads)."""
+    from benchmarks import rollout_throughput as rt
+
+    args = rt.parse_args(["--quick", "--tasks", "5", "--repeats", "2"])
+    assert (args.tasks, args.repeats, args.episodes_per_task, args.out_dir) == (5, 2, 2, None)
+    full = rt.parse_args([])
+    assert (full.tasks, full.repeats, full.quick) == (16, 7, False)
+    import pytest
+
+    with pytest.raises(ValueError, match="at least 5 repeats"):
+        rt.main(rt.parse_args(["--repeats", "3"]))
+
+
+def _teacher_forced(model, ids: list[int]) -> list[float]:
+    """``logprobs[i]``: log p(ids[i] | ids[:i]) under ``model`` (0.0 for i = 0)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    logps = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(ids[1:])[:, None])
+    return [0.0, *logps[:, 0].tolist()]
+
+
+def test_the_replay_computes_what_a_plain_forward_pass_computes(small_model) -> None:
+    """Made-up streams of uneven length (several turns, replies, a trailing reply, a second
+    sample that shares only part of the prefix): every replayed logprob equals a teacher-forced
+    forward pass over the same context, and the counts are the fewest the streams allow."""
+    import random
+    from types import SimpleNamespace
+
+    import pytest
+
+    from benchmarks.rollout_replay import Replay, episode_streams, replay_logprobs
+
+    model, tokenizer = small_model
+    vocab = model.config.vocab_size
+    rng = random.Random(0)
+    prefix = [rng.randrange(3, vocab) for _ in range(12)]
+
+    def sample(prompt: list[int], turns: int, trailing: bool) -> SimpleNamespace:
+        ids, mask = [], []
+        for turn in range(turns):
+            if turn:  # an environment reply between turns
+                reply = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 5))]
+                ids, mask = ids + reply, mask + [0] * len(reply)
+            n = rng.randrange(1, 6)
+            ids, mask = ids + [rng.randrange(3, vocab) for _ in range(n)], mask + [1] * n
+        if trailing:  # a reply no turn read (a capped episode)
+            ids, mask = [*ids, 5, 6], [*mask, 0, 0]
+        forced = _teacher_forced(model, prompt + ids)[len(prompt) :]
+        lps = [lp if m else 0.0 for lp, m in zip(forced, mask, strict=True)]
+        return SimpleNamespace(prompt_ids=prompt, completion_ids=ids, env_mask=mask, logprobs=lps)
+
+    episodes = []
+    for i in range(5):
+        question = [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 7))]
+        samples = [sample(prefix + question, turns=1 + i % 3, trailing=i == 2)]
+        if i == 4:  # the template rewrote history: a second row, half the prefix shared
+            samples.append(sample([*prefix[:6], 7, 8, 9], turns=2, trailing=False))
+        episodes.append(SimpleNamespace(samples=samples))
+    pad = tokenizer.pad_token_id
+    for got, recorded in replay_logprobs(model, episodes, pad):
+        assert got == pytest.approx(recorded, abs=1e-4)
+    shared, streams = episode_streams(episodes)
+    assert shared == prefix
+    replay = Replay(model, shared, streams, pad)
+    sampled = [sum(sum(s.env_mask) for s in e.samples) for e in episodes]
+    assert replay.tokens == sum(sampled)
+    assert replay.passes == 1 + max(sampled)  # the prefix, then one pass per sampled token
+    assert replay.run() > 0
+
+
+def test_the_replay_reproduces_the_engines_logprobs(small_model) -> None:
+    """Real streams from ``collect_groups`` (multi-turn, sampled at temperature 1): the replay
+    gives the logprobs the engine recorded, over the same tokens in no more passes."""
+    import pytest
+
+    from benchmarks.rollout_replay import Replay, episode_streams, replay_logprobs
+    from llm_gym import Task
+    from llm_gym.policies import HFPolicy
+    from llm_gym.rollout import collect_groups
+    from tests.test_tokens import Chatty
+
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=6, seed=1)
+    groups = collect_groups(
+        Chatty, [Task("hello"), Task("numbers 123")], policy, episodes_per_task=2, max_turns=3
     )
-    assert set(summary) == {"ours", "limit", "trl"}
-    assert all(s["episodes"] == 4 and s["wall_s"] > 0 for s in summary.values())
-    assert (tmp_path / "rollout_throughput.md").exists()
+    episodes = [e for g in groups for e in g]
+    assert all(e.num_turns == 3 for e in episodes)
+    for got, recorded in replay_logprobs(model, episodes, tokenizer.pad_token_id):
+        assert got == pytest.approx(recorded, abs=1e-4)
+    replay = Replay(model, *episode_streams(episodes), tokenizer.pad_token_id)
+    assert replay.tokens == sum(e.completion_tokens for e in episodes)
+    assert replay.passes <= policy.forward_passes
+    assert replay.prefill_tokens == policy.prefilled_tokens
 
 
 def test_train_step_smoke(small_model_dir, tmp_path) -> None:
