@@ -14,6 +14,7 @@ MODULES = [
     "llm_gym.core.factories",
     "llm_gym.core.registry",
     "llm_gym.policies.registry",
+    "llm_gym.policies.openai_reply",
     "llm_gym.rollout.driver",
     "llm_gym.eval.metrics",
     "llm_gym.core.tool",

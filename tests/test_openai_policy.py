@@ -20,7 +20,13 @@ from llm_gym.actions import get_action_format
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies import Generation, PolicyError, PolicyRequest, policy_from_spec
+from llm_gym.policies import (
+    Generation,
+    PolicyBatchError,
+    PolicyError,
+    PolicyRequest,
+    policy_from_spec,
+)
 from llm_gym.policies.openai import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -184,6 +190,15 @@ def act(policy: OpenAIPolicy, *requests: PolicyRequest) -> list[Generation]:
     return asyncio.run(policy.act(list(requests) or [request()]))
 
 
+def failure(policy: OpenAIPolicy, *requests: PolicyRequest) -> BaseException:
+    """The one request's error: a failed request makes ``act`` raise a ``PolicyBatchError``."""
+    with pytest.raises(PolicyBatchError) as info:
+        act(policy, *requests)
+    [error] = [o for o in info.value.outcomes if isinstance(o, BaseException)]
+    assert info.value.__cause__ is error and str(error) in str(info.value)
+    return error
+
+
 # --- the happy path and the request body ------------------------------------------------------
 
 
@@ -273,8 +288,9 @@ def test_odd_but_valid_answers(endpoint: FakeEndpoint) -> None:
     assert second.text == "42"
     assert "{not json" in third.text and "not valid JSON" in third.metadata["tool_call_error"]
     endpoint.script = [("ok", {"object": "chat.completion"})]
-    with pytest.raises(EndpointError, match="without choices"):
-        act(policy)
+    error = failure(policy)
+    assert isinstance(error, EndpointError)
+    assert "choices must be a non-empty array, actual value: missing" in str(error)
     policy.close()
 
 
@@ -368,34 +384,34 @@ def test_rate_limits_back_off(endpoint: FakeEndpoint) -> None:
 
 def test_retries_run_out(endpoint: FakeEndpoint) -> None:
     endpoint.script = [("status", 502, error("bad gateway"), {})] * 5
-    with pytest.raises(EndpointError) as info:
-        act(policy_for(endpoint, max_retries=2))
+    failed = failure(policy_for(endpoint, max_retries=2))
+    assert isinstance(failed, EndpointError) and not failed.fatal
     assert len(endpoint.requests) == 3
-    assert info.value.status == 502
-    assert "3 attempts" in str(info.value) and "bad gateway" in str(info.value)
+    assert failed.status == 502
+    assert "3 attempts" in str(failed) and "bad gateway" in str(failed)
 
 
 def test_a_client_error_is_not_retried(endpoint: FakeEndpoint) -> None:
     endpoint.script = [("status", 400, error("temperature must be <= 2"), {})]
-    with pytest.raises(EndpointError) as info:
-        act(policy_for(endpoint))
+    failed = failure(policy_for(endpoint))
+    assert isinstance(failed, EndpointError) and not failed.fatal
     assert len(endpoint.requests) == 1
-    assert isinstance(info.value, LlmGymError)
-    assert info.value.status == 400
-    assert info.value.server_message == "temperature must be <= 2"
-    assert "HTTP 400" in str(info.value) and "temperature must be <= 2" in str(info.value)
+    assert isinstance(failed, LlmGymError)
+    assert failed.status == 400
+    assert failed.server_message == "temperature must be <= 2"
+    assert "HTTP 400" in str(failed) and "temperature must be <= 2" in str(failed)
 
 
 def test_a_timeout_is_retried_once_then_raises(endpoint: FakeEndpoint) -> None:
     endpoint.script = [("sleep", 1.0), ("sleep", 1.0), ("sleep", 1.0)]
     policy = policy_for(endpoint, request_timeout_s=0.3)
     start = time.perf_counter()
-    with pytest.raises(EndpointTimeoutError) as info:
-        act(policy)
+    failed = failure(policy)
     assert time.perf_counter() - start < 0.9  # aborted at the deadline, not at the answer
+    assert isinstance(failed, EndpointTimeoutError)
     assert len(endpoint.requests) == 2
-    assert isinstance(info.value, TimeoutError) and isinstance(info.value, LlmGymError)
-    assert "request_timeout_s=0.3" in str(info.value)
+    assert isinstance(failed, TimeoutError) and isinstance(failed, LlmGymError)
+    assert "request_timeout_s=0.3" in str(failed)
     # One timeout, then an answer: the timed-out output is discarded, the retry is used.
     endpoint.script = [("sleep", 1.0), ("ok", completion("fresh"))]
     [generation] = act(policy)
@@ -410,8 +426,8 @@ def test_connection_errors_are_retried_then_raise() -> None:
     policy = OpenAIPolicy(
         model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.01
     )
-    with pytest.raises(EndpointError, match="connection error"):
-        act(policy)
+    failed = failure(policy)
+    assert isinstance(failed, EndpointError) and "connection error" in str(failed)
 
 
 def test_the_concurrency_limit_holds(endpoint: FakeEndpoint) -> None:
@@ -566,9 +582,9 @@ def test_serve_errors(
 
 
 def test_the_policy_names_a_wrong_model(served: Any) -> None:
-    with pytest.raises(EndpointError, match="does not exist") as info:
-        act(OpenAIPolicy(model="nope", base_url=served.url))
-    assert info.value.status == 404
+    failed = failure(OpenAIPolicy(model="nope", base_url=served.url))
+    assert isinstance(failed, EndpointError) and "does not exist" in str(failed)
+    assert failed.status == 404 and failed.fatal
 
 
 def test_cli_serve(small_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:

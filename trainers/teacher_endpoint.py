@@ -15,7 +15,7 @@ from typing import Any
 
 from llm_gym.aio import run_sync
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.policies.http import EndpointError, JsonClient
+from llm_gym.policies.http import DEFAULT_MAX_RESPONSE_BYTES, JsonClient, MalformedResponseError
 
 __all__ = [
     "EndpointTeacher",
@@ -62,6 +62,7 @@ class EndpointTeacher:
         api_key: Sent as ``Authorization: Bearer ...`` when given.
         timeout_s: Deadline of one request (a timed-out request is sent once more).
         max_concurrency: Requests in flight at once.
+        max_response_bytes: Largest answer read (a larger one fails the call).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class EndpointTeacher:
         api_key: str | None = None,
         timeout_s: float = 120,
         max_concurrency: int = 4,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise InvalidArgumentError(
@@ -99,14 +101,14 @@ class EndpointTeacher:
             max_retries=1,
             request_timeout_s=float(timeout_s),
             backoff_base_s=0.25,
-            thread_name_prefix="llm_gym-teacher",
+            max_response_bytes=max_response_bytes,
         )
 
     def __repr__(self) -> str:
         return f"EndpointTeacher({self.url!r}, model={self.model!r})"
 
     def close(self) -> None:
-        """Stop the client's idle worker threads."""
+        """Close the client's connections."""
         self._client.close()
 
     def logprobs(self, sequences: list[tuple[list[int], int]]) -> list[list[float]]:
@@ -130,7 +132,9 @@ class EndpointTeacher:
         try:
             values = parse_prompt_logprobs(reply.body, ids)
         except ValueError as exc:
-            raise EndpointError(f"{self.url} answered a malformed completion: {exc}") from exc
+            raise MalformedResponseError(
+                f"{self.url} answered a malformed completion: {exc}", status=200
+            ) from exc
         return values[start:]
 
 

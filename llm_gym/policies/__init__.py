@@ -18,7 +18,12 @@ from llm_gym.policies.base import (
 )
 from llm_gym.policies.chat import plain_message, render_chat
 from llm_gym.policies.hf import HFPolicy
-from llm_gym.policies.openai import EndpointError, EndpointTimeoutError, OpenAIPolicy
+from llm_gym.policies.openai import (
+    EndpointError,
+    EndpointTimeoutError,
+    MalformedResponseError,
+    OpenAIPolicy,
+)
 from llm_gym.policies.registry import (
     PolicyBackend,
     policy_backend,
@@ -44,6 +49,7 @@ __all__ = [
     "OpenAIPolicy",
     "EndpointError",
     "EndpointTimeoutError",
+    "MalformedResponseError",
     # the registry
     "register_policy",
     "policy_from_spec",

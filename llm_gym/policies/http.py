@@ -1,53 +1,79 @@
-"""A small asyncio client for JSON-over-HTTP model endpoints: retries, backoff, deadlines.
+"""An asyncio JSON-over-HTTP client for model endpoints, on httpx: retries, deadlines, caps.
 
-It uses the standard library's :mod:`http.client` on purpose, so the base install needs no extra
-dependency for it.
+Why httpx (a base dependency): pooled connections with HTTP/1.1 keep-alive (one TCP and TLS
+handshake per connection, not per request), timeouts at every stage, and request and response
+parsing by a well-kept stack (the ``openai`` package is built on it) instead of a hand-driven
+``http.client`` exchange in a worker thread. It is imported on first use (it costs ~50 ms), so
+``import llm_gym`` does not pay for it.
 
 :class:`JsonClient` POSTs JSON bodies to one URL and returns the decoded JSON answer:
 
-* **One exchange per attempt.** Every attempt opens its own connection (proxy environment
-  variables are not used) and runs as one blocking exchange in a worker thread of the client's
-  own pool, at most ``max_concurrency`` at a time per event loop. The event loop can abort an
-  attempt at any moment (its deadline, or the caller's cancellation): the socket is shut down,
-  the worker unwinds, and whatever it read is discarded.
+* **A client per event loop.** An ``httpx.AsyncClient`` and its connections belong to the loop
+  that opened them, so each running loop gets its own (the async trainer's worker thread, the
+  thread of :func:`~llm_gym.aio.run_sync`, successive ``asyncio.run`` calls), with at most
+  ``max_concurrency`` requests in flight on it. It is closed when its loop shuts down its async
+  generators (``asyncio.run`` and the async trainer do), or by :meth:`JsonClient.close`. Proxy
+  environment variables are not used (``trust_env=False``).
 * **Retries.** Connection errors, HTTP 429 and 5xx are retried up to ``max_retries`` times with
-  exponential backoff and jitter; a ``Retry-After`` header (in seconds) is honoured up to the
-  backoff cap. Other non-2xx answers raise :class:`EndpointError` at once, naming the status and
-  the server's own message.
-* **Deadlines.** ``request_timeout_s`` bounds one attempt. A timed-out attempt is aborted and sent
+  exponential backoff and jitter; a ``Retry-After`` header (seconds or a date) is honoured up to
+  the backoff cap. Other non-2xx answers raise :class:`EndpointError` at once, naming the status
+  and the server's own message; 401, 403 and 404 (bad credentials, an unknown model, a wrong
+  URL: no request can succeed) are ``fatal``.
+* **Deadlines.** ``request_timeout_s`` bounds one attempt, reading the answer included. A
+  timed-out attempt is cancelled (its connection closed, whatever it read discarded) and sent
   again :data:`TIMEOUT_RETRIES` time(s); one more timeout raises :class:`EndpointTimeoutError`.
+  Cancelling :meth:`JsonClient.post` closes the attempt's connection the same way.
+* **Answers.** A 2xx answer must be JSON (its ``Content-Type``, when it has one, says so) of at
+  most ``max_response_bytes`` bytes, read as a stream and dropped past the cap. Requests ask for
+  the ``identity`` encoding and compressed answers are refused, so no decompression can outgrow
+  the cap. Strings in the answer are made valid UTF-8 (:func:`~llm_gym.core.text.clean_json`).
+  An unusable answer raises :class:`MalformedResponseError`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import http.client
 import json
 import random
-import socket
 import threading
 import time
 import urllib.parse
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llm_gym.errors import InvalidArgumentError, LlmGymError
+from llm_gym.actions.codec import json_error_reason
+from llm_gym.core.text import clean_json
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.http_errors import (
+    FATAL_STATUSES,
+    EndpointError,
+    EndpointTimeoutError,
+    MalformedResponseError,
+    retry_after_s,
+    server_message,
+)
+from llm_gym.policies.http_loops import LoopClients
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_BACKOFF_BASE_S",
     "DEFAULT_BACKOFF_MAX_S",
     "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_REQUEST_TIMEOUT_S",
+    "ERROR_BODY_BYTES",
+    "KEEPALIVE_EXPIRY_S",
+    "FATAL_STATUSES",
     "TIMEOUT_RETRIES",
     "EndpointError",
     "EndpointTimeoutError",
     "JsonClient",
     "JsonReply",
+    "MalformedResponseError",
 ]
 
 DEFAULT_MAX_CONCURRENCY = 8
@@ -60,32 +86,19 @@ DEFAULT_BACKOFF_BASE_S = 0.5
 """First retry delay; doubles on every retry, times a jitter factor in [0.5, 1.5)."""
 DEFAULT_BACKOFF_MAX_S = 30.0
 """Longest delay between two attempts."""
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 2**20
+"""Largest 2xx answer read, in bytes (16 MiB); a larger one is a :class:`MalformedResponseError`."""
+ERROR_BODY_BYTES = 64 * 2**10
+"""How much of a non-2xx answer is read for the server's message (the rest is dropped)."""
 TIMEOUT_RETRIES = 1
 """A timed-out request is sent again this many times, then the client fails."""
+KEEPALIVE_EXPIRY_S = 4.0
+"""Idle seconds after which a pooled connection is dropped: below the 5 s after which uvicorn
+(vLLM, SGLang, ``llm-gym serve``) closes it, so a request rarely meets a closing connection."""
 
 _RETRY_STATUSES = frozenset({429})
-_SPARE_WORKERS = 2
-"""Worker threads beyond ``max_concurrency``, for aborted attempts that are still unwinding."""
-
-
-class EndpointError(LlmGymError, RuntimeError):
-    """The endpoint refused a request, failed, or answered something unusable.
-
-    Attributes:
-        status: The HTTP status (``None`` for connection errors and timeouts).
-        server_message: The server's own error message, when it sent one.
-    """
-
-    def __init__(
-        self, message: str, *, status: int | None = None, server_message: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.server_message = server_message
-
-
-class EndpointTimeoutError(EndpointError, TimeoutError):
-    """A request missed its deadline twice (``request_timeout_s``); nothing it said was used."""
+_SPARE_CONNECTIONS = 2
+"""Connections beyond ``max_concurrency``, for cancelled attempts still closing theirs."""
 
 
 @dataclass(frozen=True)
@@ -112,60 +125,10 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-class _Call:
-    """One HTTP exchange, abortable from the event loop while a worker thread blocks on it."""
+def _httpx() -> Any:
+    import httpx  # imported on first use (see the module docstring)
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._connection: http.client.HTTPConnection | None = None
-        self._aborted = False
-
-    def attach(self, connection: http.client.HTTPConnection) -> None:
-        with self._lock:
-            self._connection = connection
-        self.check()
-
-    def check(self) -> None:
-        if self._aborted:
-            raise ConnectionAbortedError("the request was aborted (deadline or cancellation)")
-
-    def abort(self) -> None:
-        with self._lock:
-            self._aborted = True
-            connection = self._connection
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            # Wakes a recv blocked in the worker thread; the worker then closes the connection.
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-
-def _server_message(data: bytes) -> str:
-    """The server's error message: OpenAI's ``error.message``, FastAPI's ``detail``, or the text."""
-    text = data.decode("utf-8", errors="replace").strip()
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text[:500] or "(empty body)"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])[:500]
-        for key in ("error", "detail", "message"):
-            if body.get(key):
-                value = body[key]
-                return (value if isinstance(value, str) else json.dumps(value))[:500]
-    return text[:500]
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None  # an HTTP date: rare for these servers; fall back to our own backoff
-    return seconds if seconds >= 0 else None
+    return httpx
 
 
 class JsonClient:
@@ -184,8 +147,8 @@ class JsonClient:
             :data:`TIMEOUT_RETRIES` time(s).
         backoff_base_s: First retry delay (doubles per retry, with jitter).
         backoff_max_s: Longest retry delay.
+        max_response_bytes: Largest 2xx answer read.
         seed: Seeds the backoff jitter.
-        thread_name_prefix: Names the worker threads.
     """
 
     def __init__(
@@ -200,12 +163,18 @@ class JsonClient:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
         backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         seed: int | None = None,
-        thread_name_prefix: str = "llm_gym-http",
     ) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise InvalidArgumentError(f"Expected an http(s) URL, actual value: {url!r}.")
+        for name, value in (
+            ("max_response_bytes", max_response_bytes),
+            ("max_concurrency", max_concurrency),
+        ):
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+                raise InvalidArgumentError(f"{name} must be an int >= 1, actual value: {value!r}.")
         self.url = url
         self.headers = headers
         self.label = label
@@ -215,104 +184,180 @@ class JsonClient:
         self.request_timeout_s = float(request_timeout_s)
         self.backoff_base_s = float(backoff_base_s)
         self.backoff_max_s = float(backoff_max_s)
-        self.thread_name_prefix = thread_name_prefix
-        self._parts = parts
-        self._target = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.max_response_bytes = max_response_bytes
         self._rng = random.Random(seed)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._executor_lock = threading.Lock()
-        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._rng_lock = threading.Lock()
+        self._clients = LoopClients(self._new_client, self.max_concurrency)
 
     async def post(self, payload: Any) -> JsonReply:
         """POST ``payload`` as JSON, with retries; raises :class:`EndpointError` (or its
-        :class:`EndpointTimeoutError`) when no attempt gave a usable answer."""
-        async with self._semaphore():
+        subclasses) when no attempt gave a usable answer."""
+        _, semaphore = await self._clients.get()
+        async with semaphore:
             start = time.perf_counter()
             body, retries = await self._complete(payload)
             return JsonReply(body=body, retries=retries, latency_s=time.perf_counter() - start)
 
     def close(self) -> None:
-        """Stop the worker threads (idle ones; a later request starts new ones)."""
-        with self._executor_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        """Close the connections of every event loop (a later request opens new ones)."""
+        self._clients.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaiting the running loop's client."""
+        await self._clients.aclose()
 
     # --- attempts ---------------------------------------------------------------------------
 
-    def _request_headers(self) -> dict[str, str]:
-        return {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            **self.headers(),
-        }
-
-    def _exchange(self, call: _Call, body: bytes) -> tuple[int, str | None, bytes]:
-        """One blocking POST (in a worker thread): ``(status, Retry-After, body)``."""
-        cls = (
-            http.client.HTTPSConnection
-            if self._parts.scheme == "https"
-            else http.client.HTTPConnection
+    def _new_client(self) -> httpx.AsyncClient:
+        httpx = _httpx()
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(self.request_timeout_s),
+            limits=httpx.Limits(
+                max_connections=self.max_concurrency + _SPARE_CONNECTIONS,
+                max_keepalive_connections=self.max_concurrency,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
+            trust_env=False,
+            follow_redirects=False,
         )
-        connection = cls(self._parts.hostname, self._parts.port, timeout=self.request_timeout_s)
+
+    def _encode(self, payload: Any) -> bytes:
         try:
-            call.attach(connection)
-            connection.connect()
-            call.check()  # an abort that came while connecting found no socket to shut down
-            connection.request("POST", self._target, body=body, headers=self._request_headers())
-            response = connection.getresponse()
-            data = response.read()
-            return response.status, response.getheader("Retry-After"), data
-        finally:
-            connection.close()
+            return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError included
+            raise EndpointError(
+                f"The request to {self.url} cannot be sent as JSON: {exc}. Every string must be "
+                "valid UTF-8 and every number finite (llm_gym.core.clean_json cleans text)."
+            ) from exc
 
     def _backoff(self, retry: int, retry_after: float | None) -> float:
-        delay = self.backoff_base_s * (2 ** (retry - 1)) * (0.5 + self._rng.random())
+        with self._rng_lock:
+            jitter = 0.5 + self._rng.random()
+        delay = self.backoff_base_s * (2 ** (retry - 1)) * jitter
         if retry_after is not None:
             delay = max(delay, retry_after)
         return min(delay, self.backoff_max_s)
 
+    async def _exchange(self, client: httpx.AsyncClient, body: bytes) -> tuple[int, Any, bytes]:
+        """One POST: ``(status, headers, body)``, the body read up to its cap."""
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Accept-Encoding": "identity",
+            **self.headers(),
+        }
+        for name, value in headers.items():
+            if not (value.isascii() and value.isprintable()):
+                raise self._bad_header(name)
+        try:
+            request = client.build_request("POST", self.url, content=body, headers=headers)
+        except (UnicodeError, ValueError):
+            raise self._bad_header("?") from None
+        if client.is_closed:  # closed by close() since this attempt got it
+            raise ConnectionAbortedError("the client was closed (close() was called)")
+        response = await client.send(request, stream=True)
+        try:
+            return response.status_code, response.headers, await self._read(response)
+        finally:
+            await response.aclose()
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        status = response.status_code
+        ok = 200 <= status < 300
+        limit = self.max_response_bytes if ok else ERROR_BODY_BYTES
+        if ok:
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise MalformedResponseError(
+                    f"{self.url} answered HTTP {status} with Content-Encoding {encoding!r}; "
+                    "the request asked for 'identity' (compressed answers are refused).",
+                    status=status,
+                )
+            declared = response.headers.get("Content-Length", "")
+            if declared.isascii() and declared.isdigit() and int(declared[:20]) > limit:
+                raise self._too_large(status, f"Content-Length: {declared}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_raw():
+            if size + len(chunk) > limit:
+                if ok:
+                    raise self._too_large(status, "its body went past it")
+                chunks.append(chunk[: limit - size])  # enough for the server's message
+                break
+            size += len(chunk)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, status: int, what: str) -> MalformedResponseError:
+        return MalformedResponseError(
+            f"{self.url} answered HTTP {status} with more than max_response_bytes="
+            f"{self.max_response_bytes} bytes ({what}); the rest was not read. Raise "
+            "max_response_bytes if answers this large are expected.",
+            status=status,
+        )
+
+    def _bad_header(self, name: str) -> EndpointError:
+        # The value is not repeated: it may be a secret (the API key).
+        return EndpointError(
+            f"The request header {name!r} for {self.url} cannot be sent: header values (the API "
+            "key, say) must be printable ASCII.",
+            fatal=True,
+        )
+
+    def _decode(self, status: int, headers: Any, data: bytes) -> Any:
+        content_type = headers.get("Content-Type", "")
+        media = content_type.split(";")[0].strip().lower()
+        if media and media != "application/json" and not media.endswith("+json"):
+            raise MalformedResponseError(
+                f"{self.url} answered HTTP {status} with Content-Type {content_type!r}, not "
+                f"JSON: {data[:200]!r}",
+                status=status,
+            )
+        try:
+            return clean_json(json.loads(data))
+        except (ValueError, RecursionError) as exc:  # invalid UTF-8 and JSON, too deep a nest
+            raise MalformedResponseError(
+                f"{self.url} answered HTTP {status} with a body that is not JSON "
+                f"({json_error_reason(exc)}): {data[:200]!r}",
+                status=status,
+            ) from exc
+
     async def _attempt(self, body: bytes) -> Any:
         """One attempt; raises ``_Retryable``, ``TimeoutError`` or :class:`EndpointError`."""
-        call = _Call()
-        loop = asyncio.get_running_loop()
+        httpx = _httpx()
+        client, _ = await self._clients.get()  # a new one after close()
         try:
-            status, retry_after, data = await asyncio.wait_for(
-                loop.run_in_executor(self._executor(), self._exchange, call, body),
-                self.request_timeout_s,
+            status, headers, data = await asyncio.wait_for(
+                self._exchange(client, body), self.request_timeout_s
             )
-        except (TimeoutError, asyncio.CancelledError):  # the deadline (or the socket's own)
-            call.abort()
+        except TimeoutError:  # the deadline (an OSError: it must come first)
             raise
-        except (OSError, http.client.HTTPException) as exc:
+        except httpx.TimeoutException as exc:  # httpx's own stage timeouts: the same deadline
+            raise TimeoutError(str(exc)) from exc
+        except httpx.LocalProtocolError:  # a header h11 will not send (its text may hold it)
+            raise self._bad_header("?") from None
+        except (httpx.TransportError, OSError) as exc:
             raise _Retryable(f"connection error: {exc!r}") from exc
         if status in _RETRY_STATUSES or status >= 500:
             raise _Retryable(
-                f"HTTP {status}: {_server_message(data)}",
+                f"HTTP {status}: {server_message(data)}",
                 status=status,
-                retry_after=_retry_after(retry_after),
+                retry_after=retry_after_s(headers.get("Retry-After")),
             )
         if not 200 <= status < 300:
-            message = _server_message(data)
+            message = server_message(data)
             label = f" {self.label}" if self.label else ""
             raise EndpointError(
                 f"{self.url} answered HTTP {status}{label}: {message}{self.hints.get(status, '')}",
                 status=status,
                 server_message=message,
+                fatal=status in FATAL_STATUSES,
             )
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise EndpointError(
-                f"{self.url} answered HTTP 200 with a body that is not JSON: {data[:200]!r}",
-                status=status,
-            ) from exc
+        return self._decode(status, headers, data)
 
     async def _complete(self, payload: Any) -> tuple[Any, int]:
         """POST with retries; returns ``(response JSON, retries used)``."""
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        body = self._encode(payload)
         retries = timeouts = 0
         while True:
             try:
@@ -335,20 +380,3 @@ class JsonClient:
                         status=exc.status,
                     ) from exc
                 await asyncio.sleep(self._backoff(retries, exc.retry_after))
-
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        # Our own threads, so a busy default executor never eats into a request's deadline.
-        with self._executor_lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.max_concurrency + _SPARE_WORKERS,
-                    thread_name_prefix=self.thread_name_prefix,
-                )
-            return self._pool
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        semaphore = self._semaphores.get(loop)
-        if semaphore is None:
-            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
-        return semaphore

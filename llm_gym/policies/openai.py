@@ -1,16 +1,17 @@
 """``OpenAIPolicy``: any OpenAI-compatible chat-completions endpoint behind the policy interface.
 
 Works with vLLM, SGLang, ``transformers serve``, ``llm-gym serve`` (:mod:`llm_gym.serving`),
-OpenAI itself and the like. It needs no extra package: requests go out through
-:class:`~llm_gym.policies.http.JsonClient` (the standard library's ``http.client`` in worker
-threads), at most ``max_concurrency`` at a time.
+OpenAI itself and the like. Requests go out through :class:`~llm_gym.policies.http.JsonClient`
+(httpx: pooled keep-alive connections, one client per event loop), at most ``max_concurrency``
+at a time per event loop.
 
 **Endpoint.** ``base_url`` is everything before ``/chat/completions``, so for most servers it
 ends in ``/v1`` (``http://127.0.0.1:8000/v1``); nothing is appended to it. The API key is read,
 at every request, from the environment variable named by ``api_key_env`` (default
 ``OPENAI_API_KEY``) and sent as ``Authorization: Bearer ...``; without that variable no
 ``Authorization`` header is sent (local servers need none). The key is never stored or
-described. Every request opens its own connection; proxy environment variables are not used.
+described. Proxy environment variables are not used. :meth:`OpenAIPolicy.close` closes the
+connections (a loop run by ``asyncio.run`` closes its own when it ends).
 
 **Tools.** By default the model sees the tools as text in the system prompt, the way the
 episode's action format writes them; with ``send_tools=True`` they go in the request's native
@@ -18,14 +19,23 @@ episode's action format writes them; with ``send_tools=True`` they go in the req
 the episode loop parses them like any other reply. :mod:`llm_gym.policies.openai_messages` has
 the rules.
 
+**Answers.** An answer is read up to ``max_response_bytes``, must be JSON, and must have the
+shape of a chat completion where the policy reads it (:mod:`llm_gym.policies.openai_reply`);
+otherwise the request fails with a :class:`MalformedResponseError` naming the field.
+
 **Failures.** Connection errors, HTTP 429 and 5xx are retried up to ``max_retries`` times with
 exponential backoff and jitter (a ``Retry-After`` header is honoured up to the backoff cap).
 Other 4xx answers raise :class:`EndpointError` at once, naming the status and the server's own
 message. ``request_timeout_s`` is a deadline per request: a request that has not answered by
 then is aborted (its connection closed, its output, if any ever comes, discarded: timed-out output
 is never sent to the environment) and sent again exactly once; a second timeout raises
-:class:`EndpointTimeoutError`. Any error fails the whole ``act`` call (the loop then stops the
-collection with a ``PolicyError``), and the batch's other in-flight requests are cancelled.
+:class:`EndpointTimeoutError`. Each request of an ``act`` call succeeds or fails on its own:
+when some fail, ``act`` raises a :class:`~llm_gym.policies.PolicyBatchError` holding every
+request's outcome (its generation, or its error), so the episode loop ends only the failed
+requests' episodes (``POLICY_ERROR``) and sends nothing twice. The batch error is ``fatal`` when
+a request met HTTP 401, 403 or 404 (bad credentials, an unknown model, a wrong URL: no request
+can succeed), and the collection then stops at once. Cancelling ``act`` cancels its requests and
+closes their connections.
 
 **Seeds.** ``seed`` seeds the backoff jitter. When it is not ``None``, every request also carries
 ``seed = seed + n`` (``n`` counts the requests this policy has built, in order), so a server that
@@ -36,26 +46,29 @@ keeps its seed.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import threading
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.policies.base import Generation, Policy, PolicyRequest
+from llm_gym.policies.base import Generation, Policy, PolicyBatchError, PolicyRequest
 from llm_gym.policies.http import (
     DEFAULT_BACKOFF_BASE_S,
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_RETRIES,
     DEFAULT_REQUEST_TIMEOUT_S,
     TIMEOUT_RETRIES,
     EndpointError,
     EndpointTimeoutError,
     JsonClient,
+    MalformedResponseError,
 )
 from llm_gym.policies.openai_messages import DEFAULT_SEND_TOOLS, build_messages, reply_text
+from llm_gym.policies.openai_reply import parse_chat_completion
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -63,6 +76,7 @@ __all__ = [
     "DEFAULT_BACKOFF_MAX_S",
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "DEFAULT_SEND_TOOLS",
@@ -71,6 +85,7 @@ __all__ = [
     "TIMEOUT_RETRIES",
     "EndpointError",
     "EndpointTimeoutError",
+    "MalformedResponseError",
     "OpenAIPolicy",
     "build_messages",
 ]
@@ -109,6 +124,7 @@ class OpenAIPolicy(Policy):
             of as text in the system prompt.
         backoff_base_s: First retry delay (doubles per retry, with jitter).
         backoff_max_s: Longest retry delay.
+        max_response_bytes: Largest answer read (a larger one fails its request).
     """
 
     name = "openai"
@@ -130,6 +146,7 @@ class OpenAIPolicy(Policy):
         send_tools: bool = DEFAULT_SEND_TOOLS,
         backoff_base_s: float = DEFAULT_BACKOFF_BASE_S,
         backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise InvalidArgumentError(
@@ -199,10 +216,12 @@ class OpenAIPolicy(Policy):
             request_timeout_s=self.request_timeout_s,
             backoff_base_s=self.backoff_base_s,
             backoff_max_s=self.backoff_max_s,
+            max_response_bytes=max_response_bytes,
             seed=seed,
-            thread_name_prefix="llm_gym-openai",
         )
+        self.max_response_bytes = self._client.max_response_bytes
         self._requests = 0
+        self._requests_lock = threading.Lock()  # act may run on several loops' threads
 
     @classmethod
     def from_spec(cls, argument: str = "", **options: Any) -> OpenAIPolicy:
@@ -217,8 +236,12 @@ class OpenAIPolicy(Policy):
         return cls(model=model, base_url=base_url, **options)
 
     def close(self) -> None:
-        """Stop the worker threads (idle ones; a later request starts new ones)."""
+        """Close the connections of every event loop (a later request opens new ones)."""
         self._client.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, waiting until the running loop's connections are closed."""
+        await self._client.aclose()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -268,28 +291,24 @@ class OpenAIPolicy(Policy):
     def _generation(
         self, request: PolicyRequest, answer: Any, retries: int, latency: float
     ) -> Generation:
-        choices = answer.get("choices") if isinstance(answer, dict) else None
-        if not choices or not isinstance(choices[0], dict):
-            raise EndpointError(
-                f"{self._url} answered without choices: {json.dumps(answer)[:300]}", status=200
-            )
-        choice = choices[0]
-        message = choice.get("message") or {}
-        raw_finish = choice.get("finish_reason")
+        reply = parse_chat_completion(answer, self._url)
         metadata: dict[str, Any] = {
             "latency_s": latency,
             "retries": retries,
-            "usage": answer.get("usage"),
-            "finish_reason": raw_finish,
+            "usage": reply.usage,
+            "finish_reason": reply.finish_reason,
         }
+        message = {"content": reply.content, "tool_calls": reply.tool_calls}
         text, tool_call_error = reply_text(message, request.action_format)
         if tool_call_error is not None:
             metadata["tool_call_error"] = tool_call_error
-        if message.get("reasoning_content"):
-            metadata["reasoning_content"] = message["reasoning_content"]
+        if reply.reasoning_content:
+            metadata["reasoning_content"] = reply.reasoning_content
+        if reply.logprobs is not None:
+            metadata["logprobs"] = reply.logprobs
         return Generation(
             text=text,
-            finish_reason="length" if raw_finish == "length" else "stop",
+            finish_reason="length" if reply.finish_reason == "length" else "stop",
             metadata=metadata,
         )
 
@@ -298,24 +317,37 @@ class OpenAIPolicy(Policy):
         return self._generation(request, reply.body, reply.retries, reply.latency_s)
 
     async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        """One generation per request; see the module docstring (**Failures**) for what a failed
+        request does (a :class:`~llm_gym.policies.PolicyBatchError` with every outcome)."""
         if not requests:
             return []
-        seeds: list[int | None] = []
-        for _ in requests:
-            seeds.append(None if self.seed is None else self.seed + self._requests)
-            self._requests += 1
+        with self._requests_lock:
+            first, self._requests = self._requests, self._requests + len(requests)
+        seeds = [None if self.seed is None else self.seed + first + i for i in range(len(requests))]
         tasks = [
             asyncio.ensure_future(self._one(r, s)) for r, s in zip(requests, seeds, strict=True)
         ]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            pending = [t for t in tasks if not t.done()]
+            await asyncio.wait(tasks)
+        finally:  # cancelled: so are the requests, and their connections are closed
+            pending = [task for task in tasks if not task.done()]
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        for task in tasks:  # the first failure, in request order
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-        return [task.result() for task in tasks]
+        outcomes: list[Generation | BaseException] = []
+        for task in tasks:
+            error = asyncio.CancelledError() if task.cancelled() else task.exception()
+            if error is not None and not isinstance(error, Exception | asyncio.CancelledError):
+                raise error  # KeyboardInterrupt and the like are not a request's outcome
+            outcomes.append(task.result() if error is None else error)
+        failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if not failed:
+            return outcomes  # type: ignore[return-value]
+        batch_error = PolicyBatchError(
+            f"{len(failed)} of {len(outcomes)} requests to {self._url} failed; the first: "
+            f"{failed[0]}",
+            outcomes,
+        )
+        batch_error.fatal = any(getattr(error, "fatal", False) for error in failed)
+        raise batch_error from failed[0]

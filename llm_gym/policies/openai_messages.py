@@ -24,7 +24,6 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat
 from llm_gym.core.types import Message, ToolCall
-from llm_gym.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_SEND_TOOLS", "build_messages", "reply_text"]
 
@@ -113,6 +112,9 @@ def reply_text(message: Mapping[str, Any], action_format: ActionFormat) -> tuple
         return text, None
     try:
         return action_format.render_tool_calls(tool_calls, text), None
-    except (InvalidArgumentError, TypeError, AttributeError) as exc:
-        raw = json.dumps(tool_calls, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:  # InvalidArgumentError
+        try:
+            raw = json.dumps(tool_calls, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError):
+            raw = "[tool calls nested too deeply to show]"
         return (f"{text}\n{raw}" if text else raw), str(exc)
