@@ -176,7 +176,7 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
     def check_open(path, mode, flags, checked=checked, starts=str.startswith, stat=os.stat,
                    writable=writable, readable=readable, tmp_prefix=tmp_prefix,
                    write_flags=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-                   folder_flags=folder_flags, denied=denied):  # fmt: skip
+                   folder_flags=folder_flags, oserror=OSError, denied=denied):  # fmt: skip
         """The normalised path of an allowed ``open``, else a refusal."""
         if mode is None:
             writing = (flags & write_flags) != 0
@@ -189,7 +189,7 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
             is_folder = (
                 flags & folder_flags or stat(full[:-1] or "/").st_mode & 0o170000 == 0o040000
             )
-        except OSError:
+        except oserror:
             return full  # nothing there: the open fails on its own
         if is_folder:
             raise denied(
@@ -275,7 +275,7 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
             if full is not None and normalise(full) in listable:
                 return
             checked(path, readable, event)
-        elif event == "object.__setattr__" and len_(args) > 1:
+        elif (event == "object.__setattr__" or event == "object.__delattr__") and len_(args) > 1:
             target = args[0]
             for function in own:  # (not a generator: it would close over args)
                 if target is function:
