@@ -19,6 +19,7 @@ MODULES = [
     "llm_gym.eval.metrics",
     "llm_gym.core.tool",
     "llm_gym.gym.spaces",
+    "llm_gym.core.env",
     "llm_gym.core.task",
     "llm_gym.core.text",
     "llm_gym.core.tool_env",

@@ -128,6 +128,20 @@ def shaped_reward(
     return reward + soft_overlong_penalty(length, max_model_length, buffer, overlong_penalty_factor)
 
 
+def _require_finite(values_by_group: Sequence[Sequence[Any]], what: str) -> None:
+    """Refuse NaN and infinities: one would turn its group's advantages (the batch's, under
+    ``scale_rewards="batch"``) and the loss into NaN. The episode driver never lets an env's
+    reach an episode; reward functions, their weights or a NaN config value still could."""
+    for g, group in enumerate(values_by_group):
+        for e, value in enumerate(group):
+            if not math.isfinite(value):
+                raise InvalidArgumentError(
+                    f"{what}[{g}][{e}] is {value!r}; rewards and advantages must be finite. "
+                    "Check the reward functions and reward_weights, overlong_penalty_factor "
+                    "and failed_parse_reward, and that rewards are not huge (above ~1e150)."
+                )
+
+
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     n = len(values)
     mean = sum(values) / n
@@ -226,6 +240,7 @@ def group_advantages(
         )
     if any(len(g) == 0 for g in groups):
         raise InvalidArgumentError("Every group needs at least one episode.")
+    _require_finite(groups, "rewards")
     batch_std = _mean_std([r for g in groups for r in g])[1] if scale_rewards == "batch" else 0.0
     out = []
     for rewards_G in groups:
@@ -234,6 +249,7 @@ def group_advantages(
         out.append(
             [(r - mean) / (scale + EPSILON) if scale is not None else r - mean for r in rewards_G]
         )
+    _require_finite(out, "advantages")
     return out
 
 
@@ -255,6 +271,8 @@ def per_turn_group_advantages(
         raise InvalidArgumentError(
             f"scale_rewards must be 'group', 'batch' or 'none', actual value: {scale_rewards!r}."
         )
+    for group in groups:
+        _require_finite(group, "turn rewards")
     flat_batch = [r for g in groups for e in g for r in e]
     batch_std = _mean_std(flat_batch)[1] if scale_rewards == "batch" and flat_batch else 0.0
     out = []
@@ -271,6 +289,7 @@ def per_turn_group_advantages(
                 for e in group
             ]
         )
+        _require_finite(out[-1], "turn advantages")
     return out
 
 

@@ -117,8 +117,31 @@ class PipelineConfig:
     evaluation: EvalSettings | None = field(default_factory=EvalSettings)
     """Held-out evaluation before and after GRPO (None: skip)."""
 
+    def __post_init__(self) -> None:
+        for name in ("env", "model", "output_dir"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise InvalidArgumentError(
+                    f"{name} must be a non-empty string, actual value: {getattr(self, name)!r}."
+                )
+        for name, least in (("seed", 0), ("val_tasks", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise InvalidArgumentError(
+                    f"{name} must be an integer >= {least}, actual value: {value!r}."
+                )
+        for name in ("tiny_model", "grpo", "distillation"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) and not (name == "distillation" and value is None):
+                raise InvalidArgumentError(
+                    f"{name} must be a mapping of keys to values, actual value: {value!r:.80}."
+                )
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(
+            f"{where} must be a mapping of keys to values, actual value: {data!r:.80}."
+        )
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -140,7 +163,45 @@ def yaml_load(text: str) -> Any:
     """
     import yaml
 
-    return yaml.load(text, Loader=_yaml_loader())
+    try:
+        data = yaml.load(text, Loader=_yaml_loader())
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(f"not valid YAML: {exc}") from None
+    _check_expansion(data)
+    return data
+
+
+MAX_YAML_NODES = 100_000
+"""Values a YAML document may hold once its aliases are expanded. An alias shares one object,
+so loading stays linear, but a consumer that walks the values (printing, copying, writing JSON)
+expands them: nine levels of ten aliases ("billion laughs") are 10**9 values."""
+
+
+def _check_expansion(data: Any) -> None:
+    """Refuse ``data`` whose values, expanded, pass :data:`MAX_YAML_NODES` (counted once per
+    distinct object, in linear time)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()  # on the current path: met again, it contains itself
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        value, done = stack.pop()
+        if id(value) in sizes or not isinstance(value, dict | list):
+            continue
+        children = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        if not done:
+            if id(value) in open_:
+                raise InvalidArgumentError("the YAML document holds a value that contains itself.")
+            open_.add(id(value))
+            stack.append((value, True))
+            stack.extend((child, False) for child in children)
+            continue
+        open_.discard(id(value))
+        sizes[id(value)] = size = 1 + sum(sizes.get(id(child), 1) for child in children)
+        if size > MAX_YAML_NODES:
+            raise InvalidArgumentError(
+                f"the YAML document expands to more than {MAX_YAML_NODES:,} values (through "
+                "its aliases, *name); write the values out."
+            )
 
 
 @functools.cache
@@ -148,7 +209,21 @@ def _yaml_loader() -> Any:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        """SafeLoader with YAML 1.2's exponent floats (``1e-4``, ``2E+3``)."""
+        """SafeLoader with YAML 1.2's exponent floats (``1e-4``, ``2E+3``) that refuses a key
+        given twice (PyYAML keeps the last one silently)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # <<: *base, then overrides
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
@@ -164,16 +239,34 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
     path = Path(path)
     if not path.exists():
         raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
-    data = yaml_load(path.read_text()) or {}
+    try:
+        data = yaml_load(path.read_text()) or {}
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgumentError(
+            f"{path}: a config is a mapping of keys (env, model, grpo, ...) to values, actual "
+            f"value: {data!r:.80}."
+        )
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for key in parents:
+        for depth, key in enumerate(parents):
             node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise InvalidArgumentError(
+                    f"cannot set {dotted!r}: {'.'.join(parents[: depth + 1])} is "
+                    f"{node!r:.80}, not a mapping."
+                )
         node[leaf] = value
     sft = data.pop("sft", None)
     evaluation = data.pop("evaluation", {})
-    config = _build(PipelineConfig, data, str(path))
+    try:
+        config = _build(PipelineConfig, data, str(path))
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+        ) from None
     config.sft = _build(SFTSettings, sft, f"{path}: sft") if sft is not None else None
     config.evaluation = (
         _build(EvalSettings, evaluation, f"{path}: evaluation") if evaluation is not None else None

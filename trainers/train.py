@@ -26,18 +26,19 @@ def load_tasks(tasks: Any) -> list[Task]:
         path = Path(tasks)
         if not path.exists():
             raise InvalidArgumentError(f"No such task file: {str(path)!r}.")
-        rows = []
-        with path.open() as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
+        tasks = []
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
+                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                    if line.strip():
+                        tasks.append(Task.from_dict(json.loads(line)))
+                except (ValueError, RecursionError) as exc:  # JSON, UTF-8, digits, the task
+                    reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
                     raise InvalidArgumentError(
-                        f"{path}:{number}: not valid JSON ({exc})."
+                        f"{path}:{number}: not a valid task ({reason})."
                     ) from None
-        return [Task.from_dict(row) for row in rows]
+        return tasks
     if hasattr(tasks, "column_names") and hasattr(tasks, "__getitem__"):  # datasets.Dataset
         return [Task.from_dict(dict(row)) for row in tasks]
     if isinstance(tasks, Sequence):

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
+from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["Env", "StepResult", "SyncEnv", "TruncationCause"]
+__all__ = [
+    "Env",
+    "StepResult",
+    "SyncEnv",
+    "TruncationCause",
+    "check_step",
+    "finite_reward",
+    "require_turn_limit",
+    "step_outcome",
+]
 
 
 class TruncationCause(enum.StrEnum):
@@ -65,6 +76,89 @@ class StepResult:
     """The episode's reward, when this step ends it."""
     metrics: Mapping[str, Any] = field(default_factory=dict)
     """Diagnostics of the episode, read from the final step (numbers are averaged in reports)."""
+
+
+_STEP_RESULT = "a StepResult(terminated, truncated, messages, reward=0.0, metrics={})"
+
+
+def check_step(result: Any, where: str, start: int = 0) -> list[Message]:
+    """The messages of ``result`` (what ``where``, an env's ``step``, returned), checked: a
+    StepResult-like object whose ``messages`` is a list of message dicts (from ``start`` on).
+
+    Raises:
+        InvalidArgumentError: naming ``where``, the field and what came instead.
+    """
+    messages = getattr(result, "messages", None)
+    if not hasattr(result, "terminated") or not isinstance(messages, list | tuple):
+        raise InvalidArgumentError(
+            f"{where} must return {_STEP_RESULT} with a list of message dicts, actual value: "
+            f"{result!r:.200}."
+        )
+    for index in range(start, len(messages)):
+        if not isinstance(messages[index], Mapping):
+            raise InvalidArgumentError(
+                f"{where} returned messages[{index}]={messages[index]!r:.100}; each message must "
+                "be a dict with 'role' and 'content'."
+            )
+    return messages if type(messages) is list else list(messages)
+
+
+def require_turn_limit(value: object, name: str = "max_turns") -> int:
+    """``value`` when it is a turn limit (an int >= 1, not a bool), else a clear error.
+
+    Example:
+        >>> require_turn_limit(3)
+        3
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, actual value: {value!r}.")
+    return value
+
+
+def finite_reward(value: Any, what: str = "reward") -> float:
+    """``value`` as a float when it is a finite number (an int, a float, a numpy or torch
+    scalar); else :class:`~llm_gym.errors.InvalidArgumentError` naming ``what``.
+
+    Example:
+        >>> finite_reward(1), finite_reward(True)
+        (1.0, 1.0)
+    """
+    try:  # text is not a number, even "1.5" (and "nan" would pass float())
+        reward = math.nan if isinstance(value, str | bytes) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise InvalidArgumentError(
+            f"{what}={value!r:.100}; a reward must be a finite number (an int or a float)."
+        )
+    return reward
+
+
+def step_outcome(result: Any, where: str) -> tuple[float, dict[str, Any]]:
+    """The reward and metrics of the step that ends an episode, checked: the reward a finite
+    number (a NaN or infinite reward would poison every advantage of its group), the metrics a
+    mapping.
+
+    Example:
+        >>> step_outcome(StepResult(True, False, [], reward=1, metrics={"a": 1}), "Env.step")
+        (1.0, {'a': 1})
+        >>> nan = StepResult(True, False, [], reward=float("nan"))
+        >>> step_outcome(nan, "Env.step")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        llm_gym.errors.InvalidArgumentError: Env.step returned reward=nan; a reward must be ...
+
+    Raises:
+        InvalidArgumentError: naming ``where``, the field and what came instead.
+    """
+    reward = finite_reward(getattr(result, "reward", None), f"{where} returned reward")
+    metrics = getattr(result, "metrics", None)
+    if not isinstance(metrics, Mapping):
+        raise InvalidArgumentError(
+            f"{where} returned metrics={metrics!r:.100}; metrics must be a dict (str keys, JSON "
+            "values)."
+        )
+    return reward, dict(metrics)
 
 
 class Env(abc.ABC):

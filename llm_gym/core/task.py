@@ -38,6 +38,12 @@ class Task:
             raise InvalidArgumentError(
                 f"Task.metadata must be a mapping, actual type: {type(self.metadata).__name__}."
             )
+        if self.id is not None and (
+            isinstance(self.id, bool) or not isinstance(self.id, str | int)
+        ):
+            raise InvalidArgumentError(  # reports group episodes by it
+                f"Task.id must be None, a str or an int, actual value: {self.id!r:.80}."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"prompt", "target", "metadata", "id"}``."""
@@ -73,12 +79,10 @@ class Task:
             raise InvalidArgumentError(
                 f"A task needs a 'prompt' (or 'input') key, actual keys: {sorted(data)}."
             )
-        return cls(
-            prompt=prompt,
-            target=target,
-            metadata=dict(data.get("metadata") or {}),
-            id=data.get("id"),
-        )
+        metadata = data.get("metadata") or {}
+        if isinstance(metadata, Mapping):  # a copy; anything else is refused, by name
+            metadata = dict(metadata)
+        return cls(prompt=prompt, target=target, metadata=metadata, id=data.get("id"))
 
 
 def distinct_tasks(draw: Callable[[], Task | None], n: int) -> list[Task]:

@@ -16,7 +16,8 @@ an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text vi
   when ``record_parse`` is set).
 * The episode ends when the environment's step says so: terminated (its reward and metrics), or
   truncated (cause ``ENV``).
-* A step that raises ends the episode: truncated, ``ENV``, reward 0, the traceback in ``error``.
+* A step that raises or returns a malformed StepResult (an ending reward that is not a finite
+  number, say) ends the episode: truncated, ``ENV``, reward 0, the traceback in ``error``.
   With ``env_timeout_s``, a ``reset``, ``step``, ``conclude`` or ``close`` of the async methods
   that has not returned by then is cancelled and counts as raising (``EnvTimeoutError``).
 * After the turn limit without an end: truncated, ``MAX_TURNS``, reward 0. The limit is the
@@ -42,7 +43,16 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
 from llm_gym.aio import LoopRunner, within
-from llm_gym.core.env import Env, StepResult, SyncEnv, TruncationCause
+from llm_gym.core.env import (
+    Env,
+    StepResult,
+    SyncEnv,
+    TruncationCause,
+    check_step,
+    finite_reward,
+    require_turn_limit,
+    step_outcome,
+)
 from llm_gym.core.factories import EnvFactory
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_json, clean_messages, clean_text
@@ -61,18 +71,6 @@ DEFAULT_FAILED_PARSE_REWARD = -0.1
 """The reward of an episode whose last action could not be parsed (the seeds' default)."""
 MAX_ACTION_CHARS = 1_000_000
 """The longest assistant text the driver hands to a parser (longer: a parse failure)."""
-
-
-def require_turn_limit(value: object, name: str = "max_turns") -> int:
-    """``value`` when it is a turn limit (an int >= 1, not a bool), else a clear error.
-
-    Example:
-        >>> require_turn_limit(3)
-        3
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be an int >= 1, actual value: {value!r}.")
-    return value
 
 
 @dataclass(slots=True)
@@ -181,7 +179,7 @@ class EpisodeDriver:
         self.env_factory = env_factory
         self.action_format = get_action_format(action_format)
         self.max_turns = require_turn_limit(max_turns)
-        self.failed_parse_reward = float(failed_parse_reward)
+        self.failed_parse_reward = finite_reward(failed_parse_reward, "failed_parse_reward")
         self.record_parse = record_parse
         self.runner = runner
         self.env: Env | None = None
@@ -294,10 +292,8 @@ class EpisodeDriver:
         """Take the environment's step result; the ending, if this step ended the episode."""
         # No copy per step: the driver never edits the list, and every consumer that keeps it
         # past the next act copies it (the loop's records, TextEnv's info).
-        messages = result.messages
-        if type(messages) is not list:
-            messages = list(messages)
         start = check = self.reply_start
+        messages = check_step(result, f"{type(self.env).__name__}.step", start)
         if len(messages) > start:
             echo = messages[start]
             if echo is self.action:  # the env echoed the action: replies start after it
@@ -313,8 +309,8 @@ class EpisodeDriver:
             cause = None if result.terminated else TruncationCause.ENV
             if cause is not None and self.env_cap is not None and self.turn >= self.env_cap:
                 cause = TruncationCause.MAX_TURNS  # the env's own turn cap: a length budget
-            metrics = clean_json(dict(result.metrics))  # records are written as JSON
-            return self._finish(EpisodeEnd(float(result.reward), cause is None, cause, metrics))
+            reward, metrics = step_outcome(result, f"{type(self.env).__name__}.step")
+            return self._finish(EpisodeEnd(reward, cause is None, cause, clean_json(metrics)))
         if self.turn >= self.limit:
             self._cut = True  # the run's limit, not the env: the env may score what it has
             return self._finish(EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS))
@@ -335,7 +331,8 @@ class EpisodeDriver:
         ending = self.ending
         assert ending is not None
         if result is not None:
-            ending.reward, ending.metrics = float(result.reward), clean_json(dict(result.metrics))
+            ending.reward, metrics = step_outcome(result, f"{type(self.env).__name__}.conclude")
+            ending.metrics = clean_json(metrics)
         return ending
 
     async def _conclude(self) -> EpisodeEnd | None:
@@ -375,9 +372,10 @@ class EpisodeDriver:
             return self.ending
         try:
             result = await self._bounded(self.env.step(action), "step")  # type: ignore[union-attr]
+            ended = self._absorb(result)
         except Exception:
             return self._raised(action)
-        if self._absorb(result) is not None and self._cut:
+        if ended is not None and self._cut:
             return await self._conclude()
         return self.ending
 
@@ -387,10 +385,10 @@ class EpisodeDriver:
         if action is None:
             return self.ending
         try:
-            result = self._step_sync(action)
+            ended = self._absorb(self._step_sync(action))
         except Exception:
             return self._raised(action)
-        if self._absorb(result) is not None and self._cut:
+        if ended is not None and self._cut:
             return self._run(self._conclude(), bool(getattr(self.env, "synchronous", False)))
         return self.ending
 

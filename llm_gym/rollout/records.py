@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.core.env import TruncationCause
+from llm_gym.core.env import TruncationCause, step_outcome
 from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import Message
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, PolicyError
 from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
@@ -82,12 +83,16 @@ async def score_group(ended: list[Ended]) -> None:
         except Exception as exc:
             results = [exc] * len(members)
         for member, result in zip(members, results, strict=True):
+            if not isinstance(result, BaseException):
+                try:  # a NaN reward, say: that episode's failure
+                    reward, metrics = step_outcome(result, f"{type(member.env).__name__}.score")
+                except InvalidArgumentError as exc:
+                    result = exc
             if isinstance(result, BaseException):
                 error = clean_text("".join(traceback.format_exception(result)))
                 member.ending = EpisodeEnd(0.0, False, TruncationCause.ENV, error=error)
             else:
-                member.ending.reward = float(result.reward)
-                member.ending.metrics = clean_json(dict(result.metrics))
+                member.ending.reward, member.ending.metrics = reward, clean_json(metrics)
 
 
 def finalize(ended: Ended) -> Episode:

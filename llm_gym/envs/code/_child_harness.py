@@ -36,6 +36,7 @@ _BLOCKED_EVENTS = frozenset(
         "gc.get_referents",
         "os.chroot",
         "sys.remote_exec",
+        "marshal.load",
     }
 )
 _BLOCKED_PREFIXES = ("socket.", "ctypes.", "_winapi.", "winreg.", "webbrowser.", "urllib.")
@@ -44,6 +45,7 @@ _BLOCKED_IMPORTS = frozenset(
         "ctypes",
         "_ctypes",
         "_posixsubprocess",
+        "_posixshmem",
         "_testcapi",
         "_testinternalcapi",
         "_xxsubinterpreters",
@@ -71,7 +73,6 @@ _WRITE_EVENTS = {  # event: (positions of the paths written to, positions of the
     "shutil.chown": ((0,), ()),
 }
 _READ_EVENTS = frozenset({"os.listdir", "os.scandir", "os.getxattr", "os.listxattr", "glob.glob"})
-_FUNCTION_ATTRIBUTES = frozenset({"__code__"})  # (namedtuple sets __defaults__: allowed)
 
 
 def _install_audit_hook(tmp, read_roots, list_dirs):
@@ -79,9 +80,13 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
 
     Defence in depth: a hook cannot stop code that escapes the interpreter, the kernel layers
     (seccomp, Landlock, namespaces, ``nobody``, resource limits) are the wall. Hooks cannot be
-    removed once added, and this one reaches nothing the candidate can patch: every name it uses
-    is bound here (C functions, frozensets, str methods), and paths are normalised with str
-    operations only.
+    removed once added, and this one's state cannot be changed: the candidate reaches the hook's
+    helpers and their state through the frames of a traceback (a refusal raised in the hook), and
+    the harness's globals through ``sys._getframe``, so nothing the hook reads is global, a
+    closure cell or mutable. Every helper gets what it uses as default arguments, bound here
+    (C functions, types, frozensets, tuples, str methods: a builtin patched later is moot), and
+    the hook refuses any attribute change of its helpers (``__defaults__``). Paths are normalised
+    with str operations only.
 
     Paths are checked as text, against the current directory. Three rules keep that text honest
     where the kernel would resolve it elsewhere (``dir_fd``, which the ``open`` event does not
@@ -91,36 +96,24 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
 
     Extension modules load only from the standard library's own folders, under names none of
     whose parts is blocked (``evil._posixsubprocess`` is ``_posixsubprocess``), and from files
-    whose name is not a blocked module's.
+    whose name is not a blocked module's. ``marshal.loads`` (which builds code objects, as
+    ``_imp.get_frozen_object`` does through it, without ``code.__new__``) may only load what the
+    standard library's ``.pyc`` file just opened holds: the imports' own use of it.
     """
-    getcwd, fspath, stat = os.getcwd, os.fspath, os.stat  # C functions, bound now
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    folder_flags = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
     tmp_prefix = tmp.rstrip("/") + "/"
     stdlib_prefixes = tuple(r.rstrip("/") + "/" for r in read_roots)
     module_prefixes = tuple(d.rstrip("/") + "/" for d in list_dirs)  # the stdlib's sys.path
-    listable = frozenset(module_prefixes)
     # (where a path may lead, what to say when it leads elsewhere)
     writable = ((tmp_prefix,), "only the work dir may be written to")
     readable = ((*stdlib_prefixes, tmp_prefix), "only the work dir and the stdlib may be read")
     loadable = (stdlib_prefixes, "only the standard library's extension modules may be loaded")
     current = ((tmp_prefix,), "the current dir must stay inside the work dir")
-    blocked, blocked_prefixes, blocked_imports = (
-        _BLOCKED_EVENTS,
-        _BLOCKED_PREFIXES,
-        _BLOCKED_IMPORTS,
-    )
-    write_events, read_events, function_attributes = (
-        _WRITE_EVENTS,
-        _READ_EVENTS,
-        _FUNCTION_ATTRIBUTES,
-    )
-    type_, str_, bytes_, int_, denied = type, str, bytes, int, PermissionError
-    dir_entry = os.DirEntry
-    python_events = ("shutil.", "glob.")  # raised by Python code, before the C calls it makes
-    folder_type, type_bits = 0o040000, 0o170000
+    denied = PermissionError
+    folder_flags = os.O_DIRECTORY | getattr(os, "O_PATH", 0)
+    read_flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
-    def text(path, any_pathlike=False):
+    def text(path, any_pathlike, type_=type, str_=str, bytes_=bytes, entry=os.DirEntry,
+             fspath=os.fspath):  # fmt: skip
         """``path`` as a str; ``None`` for a type but str, bytes and ``os.DirEntry``, unless
         ``any_pathlike`` (an event raised by Python code, whose own calls are checked again).
 
@@ -129,17 +122,17 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
         collector in between), and what is checked would not be what is opened.
         """
         kind = type_(path)
-        if kind is dir_entry or (any_pathlike and kind is not str_ and kind is not bytes_):
+        if kind is entry or (any_pathlike and kind is not str_ and kind is not bytes_):
             path = fspath(path)  # (DirEntry: a C type whose path is fixed)
             kind = type_(path)
         if kind is bytes_:
             return bytes_.decode(path, "utf-8", "surrogateescape")
         return path if kind is str_ else None
 
-    def climbs(path):
+    def climbs(path, split=str.split):
         """Whether a relative ``path`` goes above its start (``..``), wherever it starts."""
         depth = 0
-        for part in str_.split(path, "/"):
+        for part in split(path, "/"):
             if part == "..":
                 depth -= 1
                 if depth < 0:
@@ -148,99 +141,147 @@ def _install_audit_hook(tmp, read_roots, list_dirs):
                 depth += 1
         return False
 
-    def normalise(path):
+    def normalise(path, starts=str.startswith, split=str.split, join="/".join, cwd=os.getcwd):
         """``path`` made absolute, ``.`` and ``..`` resolved lexically, plus a trailing "/"."""
-        if not str_.startswith(path, "/"):
-            path = getcwd() + "/" + path
+        if not starts(path, "/"):
+            path = cwd() + "/" + path
         parts = []
-        for part in str_.split(path, "/"):
+        for part in split(path, "/"):
             if part == ".." and parts:
                 parts.pop()
             elif part not in ("", ".", ".."):
                 parts.append(part)
-        return "/" + "/".join(parts) + "/"
+        return "/" + join(parts) + "/"
 
-    def checked(path, rule, event, anchored=True):
+    def checked(path, rule, event, anchored=True, starts=str.startswith, text=text,
+                climbs=climbs, normalise=normalise, denied=denied):  # fmt: skip
         """The normalised ``path``; refuses one that leads outside ``rule``, or that climbs when
         it may be relative to another folder than the current one (not ``anchored``)."""
-        path = text(path, str_.startswith(event, python_events))
+        path = text(path, starts(event, ("shutil.", "glob.")))  # Python code's own events
         if path is None:
             raise denied(
                 f"sandbox: {event}: a path must be a str or bytes (os.fspath(path) gives one)"
             )
-        if not anchored and not str_.startswith(path, "/") and climbs(path):
+        if not anchored and not starts(path, "/") and climbs(path):
             raise denied(
                 f"sandbox: {event} {path!r} is not allowed (a relative path may not climb above "
                 "where it starts, '..': it may be relative to a dir_fd; name a path inside the "
                 "work dir)"
             )
         full = normalise(path)
-        if not str_.startswith(full, rule[0]):
+        if not starts(full, rule[0]):
             raise denied(f"sandbox: {event} {path!r} is not allowed ({rule[1]})")
         return full
 
-    def check_open(path, mode, flags):
+    def check_open(path, mode, flags, checked=checked, starts=str.startswith, stat=os.stat,
+                   writable=writable, readable=readable, tmp_prefix=tmp_prefix,
+                   write_flags=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+                   folder_flags=folder_flags, oserror=OSError, denied=denied):  # fmt: skip
+        """The normalised path of an allowed ``open``, else a refusal."""
         if mode is None:
             writing = (flags & write_flags) != 0
         else:
             writing = "w" in mode or "a" in mode or "x" in mode or "+" in mode
-        full = checked(path, writable if writing else readable, "opening", anchored=False)
-        if str_.startswith(full, tmp_prefix):
-            return
+        full = checked(path, writable if writing else readable, "opening", False)
+        if starts(full, tmp_prefix):
+            return full
         try:
             is_folder = (
-                flags & folder_flags or stat(full[:-1] or "/").st_mode & type_bits == folder_type
+                flags & folder_flags or stat(full[:-1] or "/").st_mode & 0o170000 == 0o040000
             )
-        except OSError:
-            return  # nothing there: the open fails on its own
+        except oserror:
+            return full  # nothing there: the open fails on its own
         if is_folder:
             raise denied(
                 f"sandbox: opening {path!r} is not allowed (a folder or an O_PATH descriptor, "
                 "usable as a dir_fd, may be opened only inside the work dir)"
             )
+        return full
 
-    def check_import(name, path):
+    def check_import(name, path, type_=type, str_=str, checked=checked, loadable=loadable,
+                     modules=module_prefixes, blocked=_BLOCKED_IMPORTS, denied=denied):  # fmt: skip
         names = str_.split(name, ".") if type_(name) is str_ else [None]
         if path is not None:  # an extension module: a file the dynamic loader maps
             full = checked(path, loadable, "loading")
-            if not str_.startswith(full, module_prefixes):
+            if not str_.startswith(full, modules):
                 raise denied(f"sandbox: loading {path!r} is not allowed ({loadable[1]})")
             names.append(str_.split(str_.split(full[:-1], "/")[-1], ".")[0])
         for part in names:
-            if part is None or part in blocked_imports:
+            if part is None or part in blocked:
                 raise denied(f"sandbox: importing {name} is not allowed")
 
-    def hook(event, args):
+    def pyc_holds(data, path, type_=type, str_=str, bytes_=bytes, modules=module_prefixes,
+                  normalise=normalise, open_=os.open, read=os.read, close=os.close,
+                  flags=read_flags):  # fmt: skip
+        """Whether ``data`` is what the stdlib's ``.pyc`` at ``path`` holds after its header
+        (``path`` is only a hint: it is checked, and the file read again)."""
+        if type_(path) is not str_ or type_(data) is not bytes_ or not str_.endswith(path, ".pyc"):
+            return False
+        if not str_.startswith(normalise(path), modules):
+            return False
+        fd, chunks = open_(path, flags), []
+        try:
+            while chunk := read(fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            close(fd)
+        return bytes_().join(chunks)[16:] == data
+
+    write_names, write_rules = frozenset(_WRITE_EVENTS), tuple(_WRITE_EVENTS.items())
+    own = (text, climbs, normalise, checked, check_open, check_import, pyc_holds)
+    last_pyc = [None]  # the .pyc just opened: a hint only (pyc_holds checks it)
+
+    def hook(event, args, blocked=_BLOCKED_EVENTS, blocked_prefixes=_BLOCKED_PREFIXES,
+             read_events=_READ_EVENTS, write_names=write_names, write_rules=write_rules,
+             listable=frozenset(module_prefixes), own=own, last_pyc=last_pyc,
+             type_=type, str_=str, int_=int, len_=len,
+             check_open=check_open, check_import=check_import, checked=checked, text=text,
+             normalise=normalise, pyc_holds=pyc_holds, writable=writable, readable=readable,
+             current=current, denied=denied):  # fmt: skip
         if event in blocked or str_.startswith(event, blocked_prefixes):
             raise denied(f"sandbox: {event} is not allowed")
         if event == "open":
             if type_(args[0]) is not int_:  # an int: an already open descriptor
-                check_open(*args)
+                full = check_open(*args)
+                last_pyc[0] = full[:-1] if str_.endswith(full, ".pyc/") else None
         elif event == "import":
             check_import(args[0], args[1])
+        elif event == "marshal.loads":
+            if not pyc_holds(args[0], last_pyc[0]):
+                raise denied(
+                    "sandbox: marshal.loads is not allowed (it builds code objects); "
+                    "only the imports of the standard library use it"
+                )
         elif event == "os.chdir":
             if type_(args[0]) is not int_:  # a descriptor: a folder of the work dir
                 checked(args[0], current, "os.chdir")
-        elif event in write_events:
-            paths, dir_fds = write_events[event]
-            anchored = True
-            for index in dir_fds:
-                if index < len(args) and type_(args[index]) is int_ and args[index] >= 0:
-                    anchored = False
-            for index in paths:
-                arg = args[index] if index < len(args) else None
-                if arg is not None and type_(arg) is not int_:
-                    checked(arg, writable, event, anchored)
+        elif event in write_names:
+            for name, (paths, dir_fds) in write_rules:
+                if name != event:
+                    continue
+                anchored = True
+                for index in dir_fds:
+                    if index < len_(args) and type_(args[index]) is int_ and args[index] >= 0:
+                        anchored = False
+                for index in paths:
+                    arg = args[index] if index < len_(args) else None
+                    if arg is not None and type_(arg) is not int_:
+                        checked(arg, writable, event, anchored)
         elif event in read_events:
             path = args[0] if args else None
             if path is None or type_(path) is int_:
                 return
-            full = text(path)
+            full = text(path, False)
             if full is not None and normalise(full) in listable:
                 return
             checked(path, readable, event)
-        elif event == "object.__setattr__" and len(args) > 1 and args[1] in function_attributes:
-            raise denied(f"sandbox: setting {args[1]} is not allowed")
+        elif (event == "object.__setattr__" or event == "object.__delattr__") and len_(args) > 1:
+            target = args[0]
+            for function in own:  # (not a generator: it would close over args)
+                if target is function:
+                    raise denied(f"sandbox: changing the sandbox's {args[1]} is not allowed")
+            if args[1] == "__code__":
+                raise denied(f"sandbox: setting {args[1]} is not allowed")
 
     sys.addaudithook(hook)
 

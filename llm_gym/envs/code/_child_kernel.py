@@ -18,9 +18,11 @@ without an audit event, a fresh interpreter exec'd without the hook):
   ``CLONE_THREAD``, ``clone3``), every ``exec`` but the launcher's own, sockets of every family
   (parent and child talk over inherited pipes only), ``mknod``, ``ptrace`` and other processes'
   memory, new namespaces and mounts, ``io_uring`` (whose operations seccomp cannot see), file
-  handles, ``bpf``, ``userfaultfd``, ``perf_event_open`` and the kernel keyring. Threads are
-  refused too unless ``SandboxLimits.processes`` allows some. Another ABI (32-bit or x32 calls on
-  x86_64) kills the process.
+  handles, ``bpf``, ``userfaultfd``, ``perf_event_open``, the kernel keyring and process file
+  descriptors (``pidfd_send_signal`` signals with no audit event, ``pidfd_getfd`` takes another
+  process's descriptors: without a PID namespace, other runs as ``nobody`` are in reach).
+  Threads are refused too unless ``SandboxLimits.processes`` allows some. Another ABI (32-bit or
+  x32 calls on x86_64) kills the process.
 
 Why a hand-written filter: the child runs ``python -I -S`` with site-packages neither importable
 nor readable under Landlock, so a seccomp package (``pyseccomp``, a ctypes wrapper of
@@ -78,6 +80,9 @@ _SECCOMP_ARCHES = {
             "add_key": 248,
             "request_key": 249,
             "keyctl": 250,
+            "pidfd_send_signal": 424,
+            "pidfd_open": 434,
+            "pidfd_getfd": 438,
         },
     },
     "aarch64": {
@@ -109,6 +114,9 @@ _SECCOMP_ARCHES = {
             "add_key": 217,
             "request_key": 218,
             "keyctl": 219,
+            "pidfd_send_signal": 424,
+            "pidfd_open": 434,
+            "pidfd_getfd": 438,
         },
     },
 }

@@ -33,8 +33,10 @@ is graded as a failure and nothing outside the work directory changes.
    files, mounts) are gone.
 4. **Resource limits** set in the child before the candidate's interpreter is exec'd:
    ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` (0: no
-   fork, no thread) and ``RLIMIT_CORE`` (0). The parent adds a wall-clock deadline that SIGKILLs
-   the whole process group, caps stdout + stderr (a flood kills the run) and caps the results.
+   fork, no thread) and ``RLIMIT_CORE`` (0); a root grader mounts a tmpfs of ``disk_bytes`` over
+   the work dir in a private mount namespace, so the files together are bounded too. The parent
+   adds a wall-clock deadline that SIGKILLs the whole process group, caps stdout + stderr (a flood
+   kills the run) and caps the results.
 5. **Namespaces** where the kernel allows them: network (no interface but a down loopback), IPC
    and PID (the candidate is the init: every process it could leave behind dies with it); a user
    namespace too when the grader is not root. ``unshare(2)`` is called directly; where the kernel
@@ -53,7 +55,9 @@ is graded as a failure and nothing outside the work directory changes.
    allowed paths (and the ``dir_fd``/``chdir`` tricks that would mislead a path check), writes
    outside the work directory, sockets, ``fork``/``exec``/``subprocess``, signals, ``ctypes``,
    ``_posixsubprocess`` under any name, extension modules from outside the standard library,
-   symlinks, code-object construction and the like. Defence in depth: code that escapes the
+   symlinks, code-object construction (``code.__new__``, ``marshal.loads`` of anything but the
+   standard library's ``.pyc`` files) and the like; its state is bound when it is installed and
+   cannot be changed from the candidate's code. Defence in depth: code that escapes the
    interpreter is not bound by it; the kernel layers are the wall.
 
 :func:`sandbox_layers` reports which layers this machine provides; every
@@ -61,12 +65,13 @@ is graded as a failure and nothing outside the work directory changes.
 
 ## Limits of this sandbox
 
-It does not hide CPU timing or the existence of paths (``stat`` is not restricted), does not
-limit the disk space of the temporary directory beyond ``RLIMIT_FSIZE`` per file, and trusts the
-Linux kernel. Without Landlock (an older kernel, another OS) file-system isolation rests on the
-audit hook alone; run untrusted models on Linux >= 5.13. Concurrent runs of a root grader share
-the uid ``nobody``: code that escaped the interpreter on a machine without Landlock and PID
-namespaces could reach another run's work dir or processes (not its expected outputs).
+It does not hide CPU timing or the existence of paths (``stat`` is not restricted), limits the
+disk space of the work dir beyond ``RLIMIT_FSIZE`` per file only where it may mount a tmpfs (a
+root grader), and trusts the Linux kernel. Without Landlock (an older kernel, another OS)
+file-system isolation rests on the audit hook alone; run untrusted models on Linux >= 5.13.
+Concurrent runs of a root grader share the uid ``nobody``: code that escaped the interpreter
+on a machine without Landlock and PID namespaces could reach another run's work dir or
+processes (not its expected outputs).
 """
 
 from __future__ import annotations
@@ -116,6 +121,9 @@ class SandboxLimits:
     """``RLIMIT_AS``: address space of the child."""
     file_bytes: int = 2**20
     """``RLIMIT_FSIZE``: the largest file the child may write."""
+    disk_bytes: int = 16 * 2**20
+    """All the files of the work dir together (a tmpfs of this size, one inode per 4 KiB; where
+    a root grader may mount one, else only ``file_bytes`` per file holds)."""
     open_files: int = 32
     """``RLIMIT_NOFILE``."""
     processes: int = 0
@@ -127,7 +135,8 @@ class SandboxLimits:
     """Results above this kill the run."""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "memory_bytes", "file_bytes", "open_files", "output_bytes"):
+        names = ("cpu_seconds", "memory_bytes", "file_bytes", "disk_bytes", "open_files")
+        for name in (*names, "output_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name} must be an int >= 1, actual value: {value!r}.")
@@ -231,9 +240,10 @@ def _working_options() -> tuple[bool, bool]:
 def sandbox_layers() -> tuple[str, ...]:
     """The protections this machine puts in place, found by a trivial sandboxed run.
 
-    Example: ``("new_session", "netns", "pidns", "ipcns", "unprivileged_uid", "rlimits",
-    "no_new_privs", "landlock_fs", "landlock_tcp", "landlock_scope", "seccomp", "audit_hook")``
-    on Linux 6.x as root (``"userns"`` instead of ``"unprivileged_uid"`` as another user).
+    Example: ``("new_session", "netns", "pidns", "ipcns", "disk_quota", "unprivileged_uid",
+    "rlimits", "no_new_privs", "landlock_fs", "landlock_tcp", "landlock_scope", "seccomp",
+    "audit_hook")`` on Linux 6.x as root (``"userns"`` instead of ``"unprivileged_uid"`` and no
+    ``"disk_quota"`` as another user).
     """
     result = run_function("def f():\n    return 1\n", "f", [[]])
     return result.layers
@@ -365,6 +375,7 @@ def _run(
             "cpu_seconds": limits.cpu_seconds,
             "memory_bytes": limits.memory_bytes,
             "file_bytes": limits.file_bytes,
+            "disk_bytes": limits.disk_bytes,
             "open_files": limits.open_files,
             "processes": limits.processes,
         },
