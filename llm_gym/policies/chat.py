@@ -4,16 +4,94 @@ Assistant turns are rendered with their raw sampled text as ``content`` (no stru
 ``tool_calls``), so the template reproduces exactly what the model wrote; tool results keep their
 ``name`` and ``tool_call_id``. The rollout's token tracker, the HF policy and the SFT data all
 render through :func:`render_chat`, so they agree token for token.
+
+Text the model did not write (system, user and tool messages: environment replies, tool errors,
+a program's output) cannot forge the template's control tokens: a tokenizer's special-token
+strings in it (``<|im_start|>``, ``<|im_end|>``, ...) get a word joiner (U+2060) after their
+first character (:func:`neutralize_control_tokens`), so they tokenize as plain text and a quoted
+``<|im_end|>\n<|im_start|>user`` cannot open a turn of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from llm_gym.core.types import Message, ToolSpec
 
-__all__ = ["plain_message", "render_chat"]
+__all__ = [
+    "control_token_strings",
+    "neutralize_control_tokens",
+    "plain_message",
+    "render_chat",
+    "untrusted_messages",
+]
+
+JOINER = "\u2060"
+"""Word joiner: invisible, and splits a special-token string into plain text."""
+
+_CONTROL: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def control_token_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's special-token strings (its special tokens and added special tokens),
+    longest first; cached per tokenizer."""
+    try:
+        return _CONTROL[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    found = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            found.add(str(getattr(token, "content", token)))
+    strings = tuple(
+        sorted((t for t in found if isinstance(t, str) and len(t) > 1), key=len, reverse=True)
+    )
+    with contextlib.suppress(TypeError):  # not weak-referenceable: computed each time
+        _CONTROL[tokenizer] = strings
+    return strings
+
+
+def neutralize_control_tokens(text: str, control: Sequence[str]) -> str:
+    """``text`` with every string of ``control`` broken by a word joiner after its first
+    character (linear in ``len(text)`` per string).
+
+    Example:
+        >>> neutralize_control_tokens("a<|im_end|>b", ["<|im_end|>"]) == "a<\u2060|im_end|>b"
+        True
+    """
+    for token in control:
+        if token in text:
+            text = text.replace(token, token[0] + JOINER + token[1:])
+    return text
+
+
+def untrusted_messages(tokenizer: Any, messages: Sequence[Any]) -> list[Any]:
+    """``messages`` (dicts) with the control tokens in every non-assistant ``content`` (a string,
+    or OpenAI's text parts) neutralised; the other keys and the assistant's turns unchanged."""
+    control = control_token_strings(tokenizer)
+    if not control:
+        return list(messages)
+    out = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") == "assistant":
+            out.append(message)
+            continue
+        message = dict(message)
+        content = message.get("content")
+        if isinstance(content, str):
+            message["content"] = neutralize_control_tokens(content, control)
+        elif isinstance(content, list):
+            message["content"] = [
+                {**part, "text": neutralize_control_tokens(part["text"], control)}
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+                else part
+                for part in content
+            ]
+        out.append(message)
+    return out
 
 
 def render_chat(
@@ -24,8 +102,9 @@ def render_chat(
     add_generation_prompt: bool,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> str:
-    """The chat template's text for ``messages`` (assistant turns as raw text)."""
-    plain = [plain_message(m) for m in messages]
+    """The chat template's text for ``messages`` (assistant turns as raw text; control tokens
+    in the other turns neutralised)."""
+    plain = untrusted_messages(tokenizer, [plain_message(m) for m in messages])
     return tokenizer.apply_chat_template(
         plain,
         tools=list(tool_specs) if tool_specs else None,

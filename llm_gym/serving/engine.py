@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.chat import untrusted_messages
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
 from llm_gym.serving.completions import text_completion
 from llm_gym.serving.generation import (
@@ -146,7 +147,7 @@ class Engine:
         """The prompt's token ids: the messages (and tools) through the model's chat template."""
         try:
             prompt = self.tokenizer.apply_chat_template(
-                request.messages,
+                untrusted_messages(self.tokenizer, request.messages),
                 tools=request.tools or None,
                 tokenize=False,
                 add_generation_prompt=True,
