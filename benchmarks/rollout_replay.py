@@ -162,19 +162,7 @@ class Replay:
         self.prefill_tokens = len(prefix) + sum(
             len(op.ids) for s in self.streams for op in s.ops if len(op.ids) > 1
         )
-        config = model.config
-        self.cache = KVCache(
-            num_layers=int(config.num_hidden_layers),
-            kv_heads=int(
-                getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            ),
-            head_dim=int(
-                getattr(config, "head_dim", None)
-                or config.hidden_size // config.num_attention_heads
-            ),
-            dtype=next(model.parameters()).dtype,
-            device=self.device,
-        )
+        self.cache = KVCache.for_model(model, next(model.parameters()).dtype, self.device)
         width = max(op.column + len(op.ids) for s in self.streams for op in s.ops)
         self.cache.ensure(len(self.streams), width)
         self.steps = [self._plan(k, pad_id) for k in range(len(self.streams[0].ops))]

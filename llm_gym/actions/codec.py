@@ -29,6 +29,7 @@ from llm_gym.core.types import ToolCall
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
+    "json_type_name",
     "decode_tool_call",
     "dumps_for_model",
     "json_error_reason",
@@ -50,8 +51,18 @@ _JSON_TYPE_NAMES: dict[type, str] = {
 }
 
 
-def _json_type(value: Any) -> str:
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+def json_type_name(value: Any, *, article: bool = False) -> str:
+    """JSON's name for a decoded value's type, for error messages (``"an array"`` with
+    ``article``); a value JSON has no name for gives its Python type's name.
+
+    Example:
+        >>> json_type_name([1]), json_type_name(True, article=True), json_type_name(None)
+        ('array', 'a boolean', 'null')
+    """
+    name = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+    if not article or name == "null":
+        return name
+    return ("an " if name[0] in "aeiou" else "a ") + name
 
 
 _LENIENT_DECODER = json.JSONDecoder(strict=False)
@@ -82,7 +93,7 @@ def decode_tool_call(obj: Any, number: int) -> tuple[str, dict[str, Any]] | str:
         ``(name, arguments)`` for a valid call, else a short error string.
     """
     if not isinstance(obj, dict):
-        return f"tool call {number} must be a JSON object, got {_json_type(obj)}"
+        return f"tool call {number} must be a JSON object, got {json_type_name(obj)}"
     name = obj.get("name")
     if not isinstance(name, str):
         return f"tool call {number} has no string 'name'"
@@ -100,11 +111,12 @@ def decode_tool_call(obj: Any, number: int) -> tuple[str, dict[str, Any]] | str:
         if not isinstance(arguments, dict):
             return (
                 f"'arguments' of tool call {number} must be a JSON object, "
-                f"got a string holding {_json_type(arguments)}"
+                f"got a string holding {json_type_name(arguments)}"
             )
     elif not isinstance(arguments, dict):
         return (
-            f"'arguments' of tool call {number} must be a JSON object, got {_json_type(arguments)}"
+            f"'arguments' of tool call {number} must be a JSON object, "
+            f"got {json_type_name(arguments)}"
         )
     return clean_text(name), clean_json(arguments)
 
@@ -208,7 +220,8 @@ def tool_call_to_object(tool_call: ToolCall) -> dict[str, Any]:
                 ) from exc
     if not isinstance(arguments, Mapping):
         raise InvalidArgumentError(
-            f"arguments of tool call {name!r} must be a JSON object, got {_json_type(arguments)}"
+            f"arguments of tool call {name!r} must be a JSON object, "
+            f"got {json_type_name(arguments)}"
         )
     return {"name": name, "arguments": dict(arguments)}
 

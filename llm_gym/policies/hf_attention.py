@@ -108,6 +108,19 @@ class KVCache:
         device: The model's device.
     """
 
+    @classmethod
+    def for_model(cls, model: Any, dtype: torch.dtype, device: torch.device) -> KVCache:
+        """A cache shaped for ``model``'s config (layers, key/value heads, head size)."""
+        config = model.config
+        heads = int(config.num_attention_heads)
+        return cls(
+            num_layers=int(config.num_hidden_layers),
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            dtype=dtype,
+            device=device,
+        )
+
     def __init__(
         self,
         num_layers: int,

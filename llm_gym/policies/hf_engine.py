@@ -110,7 +110,6 @@ class DecodeEngine:
         self.model = model
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        config = model.config
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.pad_id = int(pad_id)
         self.temperature = temperature
@@ -118,18 +117,7 @@ class DecodeEngine:
         self.generator = generator
         self.max_rows = max_rows
         self.prefix_ids: list[int] | None = None
-        self.cache = KVCache(
-            num_layers=int(config.num_hidden_layers),
-            kv_heads=int(
-                getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            ),
-            head_dim=int(
-                getattr(config, "head_dim", None)
-                or config.hidden_size // config.num_attention_heads
-            ),
-            dtype=self.dtype,
-            device=self.device,
-        )
+        self.cache = KVCache.for_model(model, self.dtype, self.device)
         self.rows: dict[Hashable, _Row] = {}
         self.slots: list[_Row] = []
         self.queue: deque[tuple[Hashable, list[int], int]] = deque()

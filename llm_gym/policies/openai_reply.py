@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.actions.codec import json_type_name
 from llm_gym.policies.http import EndpointError, MalformedResponseError
 
 __all__ = ["USAGE_FIELDS", "ChatReply", "parse_chat_completion"]
@@ -47,17 +48,7 @@ _MISSING: Any = object()
 
 
 def _json_type(value: Any) -> str:
-    if value is _MISSING:
-        return "missing"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
+    return "missing" if value is _MISSING else json_type_name(value, article=True)
 
 
 class _Checker:

@@ -21,6 +21,7 @@ import json
 import re
 from typing import Any
 
+from llm_gym.actions.codec import json_type_name
 from llm_gym.serving.protocol import bad_request
 
 __all__ = ["MAX_JSON_DEPTH", "decode_json_body", "field_path"]
@@ -123,16 +124,8 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, an integer of too many digits
         raise bad_request(f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise bad_request(f"the request body must be a JSON object, got a JSON {_json_type(value)}")
+        raise bad_request(
+            f"the request body must be a JSON object, got a JSON {json_type_name(value)}"
+        )
     _check_tree(value)
     return value
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    return {str: "string", list: "array", int: "number", float: "number"}.get(
-        type(value), type(value).__name__
-    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from llm_gym.actions.codec import json_error_reason
+from llm_gym.actions.codec import json_error_reason, json_type_name
 from llm_gym.core.types import JsonSchema
 from llm_gym.errors import ToolArgumentError
 from llm_gym.tools.arithmetic import SNIPPET_CHARS, format_number, safe_eval, snippet
@@ -108,14 +108,4 @@ def _expression_argument(arguments: str) -> str:
 
 def _json_type(value: object) -> str:
     """Name a decoded JSON value's type the way JSON does."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    return json_type_name(value, article=True)
