@@ -24,12 +24,18 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+from benchmarks.common import (
+    RESULTS_DIR,
+    Conditions,
+    median_interval,
+    write_json,
+    write_markdown,
+)
 from llm_gym import Task, ToolEnv, TruncationCause, tool
 from llm_gym.policies import OpenAIPolicy
 from llm_gym.rollout import collect_groups_async
@@ -47,8 +53,11 @@ class Args:
     """The run fails when it has not ended by then (nothing may hang)."""
     huge_chars: int = 2_000_000
     """Length of the message the ``huge`` mode adds."""
+    repeats: int = 5
+    """Runs of the whole scenario (the counts must match in every one; the wall time is
+    reported as a median with its interval)."""
     out_dir: Path = RESULTS_DIR
-    """Where chaos.md goes."""
+    """Where chaos.md and chaos.json go."""
     write: bool = True
     """Write the results file."""
 
@@ -214,10 +223,26 @@ class ChaosResult:
     """The endpoint's tally: ``reset`` connections, ``answered`` requests."""
     expected: dict[str, dict[str, int]] = field(default_factory=dict)
     """What each mode's episodes must have done."""
+    repeats: list[ChaosResult] = field(default_factory=list)
+    """Every run of :func:`main` (this one is the last)."""
 
     @property
     def ok(self) -> bool:
         return self.table == self.expected
+
+    def summary(self) -> dict[str, Any]:
+        """The runs' counts, tallies and wall times (machine-readable)."""
+        runs = self.repeats or [self]
+        walls = median_interval([r.wall_s for r in runs])
+        return {
+            "wall_s": {**walls.as_json(), "coverage": walls.coverage, "method": walls.method},
+            "all_as_expected": all(r.ok for r in runs),
+            "expected": self.expected,
+            "runs": [
+                {"table": r.table, "endpoint": r.endpoint, "wall_s": r.wall_s, "ok": r.ok}
+                for r in runs
+            ],
+        }
 
 
 def run(args: Args) -> ChaosResult:
@@ -276,13 +301,14 @@ def run(args: Args) -> ChaosResult:
     )
 
 
-def render(args: Args, result: ChaosResult) -> str:
+def render(args: Args, result: ChaosResult, conditions: Conditions) -> str:
     total = sum(sum(counts.values()) for counts in result.table.values())
+    summary = result.summary()
     lines = [
         "# Chaos run of collection",
         "",
-        f"Machine: {machine_description()}. Command: `python -m benchmarks.chaos "
-        f"--tasks-per-mode {args.tasks_per_mode} --episodes-per-task {args.episodes_per_task}`.",
+        conditions.describe(),
+        "",
         f"{total} episodes ({args.tasks_per_mode} tasks x {args.episodes_per_task} episodes per "
         f"mode), `OpenAIPolicy` (max_retries=2) against a loopback endpoint that reset "
         f"{result.endpoint.get('reset', 0)} connections and answered "
@@ -307,23 +333,31 @@ def render(args: Args, result: ChaosResult) -> str:
             f"| {mode} | {faults[mode]} | {sum(counts.values())} | {counts.get('completed', 0)} "
             f"| {ended} | {'yes' if counts == result.expected[mode] else 'NO'} |"
         )
+    wall = summary["wall_s"]
     lines += [
         "",
-        f"The collection took {result.wall_s:.1f} s (bound {args.wall_bound_s:g} s). Every "
-        "unaffected episode completed: "
-        f"{'yes' if result.ok else 'NO'}. Timings are from a shared 2-core machine (noisy).",
+        f"The table is the last of {len(summary['runs'])} runs; every run's counts matched the "
+        f"expected ones: {'yes' if summary['all_as_expected'] else 'NO'} (all runs in "
+        f"`chaos.json`). A collection took {wall['median']:.1f} s, median over the runs "
+        f"[{wall['ci'][0]:.1f}, {wall['ci'][1]:.1f}] ({wall['coverage']:.1%} order-statistic "
+        f"interval; bound {args.wall_bound_s:g} s).",
         "",
     ]
     return "\n".join(lines)
 
 
 def main(args: Args) -> ChaosResult:
-    result = run(args)
-    text = render(args, result)
+    conditions = Conditions.start("chaos", settings=asdict(args))
+    runs = [run(args) for _ in range(max(1, args.repeats))]
+    conditions.finish()
+    result = runs[-1]
+    result.repeats = runs
+    text = render(args, result, conditions)
     print(text)
     if args.write:
         path = write_markdown("chaos", text, args.out_dir)
-        print(f"wrote {path}")
+        write_json("chaos", {"conditions": conditions.as_json(), **result.summary()}, args.out_dir)
+        print(f"wrote {path} and chaos.json")
     return result
 
 
@@ -335,6 +369,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--episodes-per-task", type=int, default=Args.episodes_per_task)
     parser.add_argument("--env-timeout-s", type=float, default=Args.env_timeout_s)
     parser.add_argument("--wall-bound-s", type=float, default=Args.wall_bound_s)
+    parser.add_argument("--repeats", type=int, default=Args.repeats)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-write", dest="write", action="store_false")
     ns = parser.parse_args(argv)
@@ -343,6 +378,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
         episodes_per_task=ns.episodes_per_task,
         env_timeout_s=ns.env_timeout_s,
         wall_bound_s=ns.wall_bound_s,
+        repeats=ns.repeats,
         out_dir=ns.out_dir,
         write=ns.write,
     )

@@ -15,14 +15,18 @@ from benchmarks import chaos
 
 def test_chaos_every_unaffected_episode_completes(tmp_path) -> None:
     args = chaos.Args(
-        tasks_per_mode=3, episodes_per_task=2, wall_bound_s=30.0, out_dir=tmp_path, write=True
-    )
+        tasks_per_mode=3, episodes_per_task=2, wall_bound_s=30.0, out_dir=tmp_path, write=True,
+        repeats=2,
+    )  # fmt: skip
     result = chaos.main(args)  # prints the counts; raises TimeoutError if anything hangs
 
     assert result.table == result.expected, result.table
     assert result.endpoint["reset"] > 6  # random drops happened beyond the down episodes
     assert result.wall_s < args.wall_bound_s
     assert (tmp_path / "chaos.md").exists()
+    saved = json.loads((tmp_path / "chaos.json").read_text())
+    assert saved["all_as_expected"] and len(saved["runs"]) == 2 and "conditions" in saved
+    assert set(saved["wall_s"]) >= {"median", "ci"}
     for records in result.episodes.values():  # whatever happened, the records are valid text
         for episode in records:
             json.dumps([episode.messages, episode.error], ensure_ascii=False).encode("utf-8")
