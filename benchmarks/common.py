@@ -188,13 +188,15 @@ def thread_settings(pinned: bool = False) -> dict[str, Any]:
 
 
 def git_state(root: Path = ROOT) -> tuple[str | None, bool | None]:
-    """The checkout's commit and whether tracked files differ from it (None when no git)."""
+    """The checkout's commit and whether tracked files differ from it (None when no git); the
+    benchmarks' own results (``benchmarks/results``) do not count."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
         )
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+             ":(exclude)benchmarks/results"],  # fmt: skip
             cwd=root,
             capture_output=True,
             text=True,
