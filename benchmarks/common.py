@@ -187,6 +187,9 @@ def thread_settings(pinned: bool = False) -> dict[str, Any]:
     return settings
 
 
+_GIT_STATUS = ("git", "status", "--porcelain", "--untracked-files=no")
+
+
 def git_state(root: Path = ROOT) -> tuple[str | None, bool | None]:
     """The checkout's commit and whether tracked files differ from it (None when no git); the
     benchmarks' own results (``benchmarks/results``) do not count."""
@@ -195,8 +198,7 @@ def git_state(root: Path = ROOT) -> tuple[str | None, bool | None]:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
         )
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-             ":(exclude)benchmarks/results"],  # fmt: skip
+            [*_GIT_STATUS, "--", ".", ":(exclude)benchmarks/results"],
             cwd=root,
             capture_output=True,
             text=True,
