@@ -8,8 +8,9 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from llm_gym.core.registry import env_entry
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline_config import EvalSettings, load_config
+from trainers.pipeline_config import EvalSettings, PipelineConfig, load_config
 from trainers.pipeline_eval import paired_gain, task_success
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,3 +159,63 @@ evaluation:
     ]
     assert [r["k"] for r in records] == [1, 2, 1, 2]
     assert [r["tasks"] for r in records] == [3, 3, 3, 3]
+
+
+def test_pipeline_trains_on_varied_worlds_and_reports_a_new_world(
+    small_model_dir, tmp_path
+) -> None:
+    pytest.importorskip("trl")
+    from trainers.pipeline import _sft_tasks, run_pipeline
+
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"""
+env: ToolUseGame-v0
+model: {small_model_dir}
+output_dir: {tmp_path / "out"}
+val_tasks: 0
+task_options: {{world_seed: varied}}
+sft:
+  episodes: 16
+  batch_size: 4
+  max_steps: 1
+  oracle: llm_gym.envs.tool_use_game:hasty_oracle_action
+  only_successful: false
+grpo:
+  batch_size: 2
+  episodes_per_task: 2
+  num_steps: 1
+  max_turns: 2
+  max_model_length: 1024
+  max_tokens_per_turn: 8
+  report_to: none
+  save_strategy: "no"
+evaluation:
+  episodes: 2
+  samples: 2
+  split: test
+  max_new_tokens: 8
+  variants: {{new_world: {{world_seed: 1}}}}
+"""
+    )
+    config = load_config(path)
+    sft_tasks = _sft_tasks(env_entry("ToolUseGame-v0"), 16, 0, config.task_options)
+    assert len({t.metadata["world_seed"] for t in sft_tasks}) == 16
+    summary = run_pipeline(config)
+    variant = summary["evaluation"]["variants"]["new_world"]
+    assert variant["task_options"] == {"world_seed": 1}
+    assert variant["greedy"]["tasks"] == 2 and variant["sampled"]["episodes"] == 4
+    report = json.loads((tmp_path / "out" / "eval_after_grpo_new_world.json").read_text())
+    assert report["split"] == "test"
+    assert summary["evaluation"]["greedy"]["tasks"] == 2
+
+
+def test_config_refuses_bad_variants_and_an_unknown_demonstrator(tmp_path) -> None:
+    with pytest.raises(InvalidArgumentError, match="evaluation.variants must map"):
+        EvalSettings(variants={"new_world": 1})
+    with pytest.raises(InvalidArgumentError, match="task_options must be a mapping"):
+        PipelineConfig(task_options=["world_seed"])
+    from llm_gym.core.factories import resolve
+
+    with pytest.raises(InvalidArgumentError, match="has no attribute 'nope'"):
+        resolve("llm_gym.envs.tool_use_game:nope")

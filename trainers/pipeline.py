@@ -9,6 +9,7 @@ printed) and ``reward_curve.png`` into ``output_dir``.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from llm_gym.core.factories import resolve
     from llm_gym.core.registry import env_entry
     from trainers import train_multi_turn
 
@@ -69,8 +71,13 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
         print(f"== 2/5 SFT warm start on {config.sft.episodes} oracle transcripts", flush=True)
         t = time.perf_counter()
-        sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed)
-        dataset = oracle_sft_dataset(entry, sft_tasks)
+        sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed, config.task_options)
+        dataset = oracle_sft_dataset(
+            entry,
+            sft_tasks,
+            oracle=resolve(config.sft.oracle) if config.sft.oracle else None,
+            only_successful=config.sft.only_successful,
+        )
         model_path = _sft(model_path, out, dataset, config.sft, config.seed)
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
@@ -88,19 +95,20 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     top_p = float(grpo_fields.get("top_p", 1.0))
     samples = config.evaluation.samples if config.evaluation is not None else 0
 
-    def evaluate(path: str, when: str) -> dict[str, Any]:
+    def evaluate(path: str, when: str, tasks: Any = None, tag: str = "") -> dict[str, Any]:
         assert config.evaluation is not None
-        common = dict(seed=config.seed, output_dir=config.output_dir, max_turns=eval_turns)
-        reports = {
-            "greedy": evaluate_model(path, entry, config.evaluation, label=f"{when}_grpo", **common)
-        }
+        common = dict(
+            seed=config.seed, output_dir=config.output_dir, max_turns=eval_turns, tasks=tasks
+        )
+        label = f"{when}_grpo{tag}"
+        reports = {"greedy": evaluate_model(path, entry, config.evaluation, label=label, **common)}
         print(reports["greedy"].format_table(), flush=True)
         if samples > 0:
             reports["sampled"] = evaluate_model(
                 path,
                 entry,
                 config.evaluation,
-                label=f"{when}_grpo_sampled",
+                label=f"{label}_sampled",
                 temperature=temperature,
                 top_p=top_p,
                 samples=samples,
@@ -113,6 +121,16 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             )
         return reports
 
+    def evaluate_all(path: str, when: str) -> dict[str, dict[str, Any]]:
+        """The split as registered, then each variant (its tasks read with its options)."""
+        assert config.evaluation is not None
+        out = {"": evaluate(path, when)}
+        for name, options in config.evaluation.variants.items():
+            print(f"   variant {name!r} ({options}):", flush=True)
+            tasks = entry.tasks(config.evaluation.split, **options)
+            out[name] = evaluate(path, when, tasks, tag=f"_{name}")
+        return out
+
     before: dict[str, Any] = {}
     if config.evaluation is not None:
         print(
@@ -121,7 +139,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             + (f", and {samples} samples each at temperature {temperature:g})" if samples else ")"),
             flush=True,
         )
-        before = evaluate(model_path, "before")
+        before = evaluate_all(model_path, "before")
 
     # 4. GRPO
     print("== 4/5 multi-turn GRPO", flush=True)
@@ -130,7 +148,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
     trainer = train_multi_turn(
         grpo_config,
-        tasks=entry.tasks("train"),
+        tasks=entry.tasks("train", **config.task_options),
         env_factory=entry.env_factory(),
         val_tasks=val_tasks,
         oracle=entry.oracle(),
@@ -146,23 +164,43 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     after: dict[str, Any] = {}
     if config.evaluation is not None:
         print("== 5/5 held-out evaluation after GRPO", flush=True)
-        after = evaluate(str(final_path), "after")
-        summary["evaluation"] = {
-            "split": config.evaluation.split,
-            "greedy": paired_gain(before["greedy"], after["greedy"]),
-        }
-        if samples > 0:
-            summary["evaluation"]["sampled"] = {
-                "temperature": temperature,
-                "samples_per_task": samples,
-                **paired_gain(before["sampled"], after["sampled"]),
-            }
+        after = evaluate_all(str(final_path), "after")
+        summary["evaluation"] = {"split": config.evaluation.split}
+        for name in after:
+            gains = {"greedy": paired_gain(before[name]["greedy"], after[name]["greedy"])}
+            if samples > 0:
+                gains["sampled"] = {
+                    "temperature": temperature,
+                    "samples_per_task": samples,
+                    **paired_gain(before[name]["sampled"], after[name]["sampled"]),
+                }
+            if name:
+                options = config.evaluation.variants[name]
+                summary["evaluation"].setdefault("variants", {})[name] = {
+                    "task_options": options,
+                    **gains,
+                }
+            else:
+                summary["evaluation"].update(gains)
     summary["total_seconds"] = time.perf_counter() - started
     plot_reward_curve(trainer, summary.get("evaluation"), out / "reward_curve.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    for mode, result in summary.get("evaluation", {}).items():
-        if not isinstance(result, dict):
+    evaluation = summary.get("evaluation", {})
+    _print_gains(evaluation, f"{evaluation.get('split')} split")
+    for name, variant in evaluation.get("variants", {}).items():
+        _print_gains(variant, f"{evaluation.get('split')} split, {name} {variant['task_options']}")
+    print(
+        f"Total time: {summary['total_seconds'] / 60:.1f} min. Wrote {out / 'summary.json'} "
+        f"and {out / 'reward_curve.png'}."
+    )
+    return summary
+
+
+def _print_gains(results: dict[str, Any], where: str) -> None:
+    for mode in ("greedy", "sampled"):
+        if mode not in results:
             continue
+        result = results[mode]
         how = (
             "greedy, one episode per task"
             if mode == "greedy"
@@ -171,18 +209,12 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         )
         low, high = result["gain_ci"]
         print(
-            f"\nHeld-out {summary['evaluation']['split']} success, {result['tasks']} tasks "
-            f"({how}):\n"
+            f"\nHeld-out success, {where}, {result['tasks']} tasks ({how}):\n"
             f"  after SFT:  {result['success_before']:.3f}\n"
             f"  after GRPO: {result['success_after']:.3f}\n"
             f"  gain:       {result['gain']:+.3f}  95% CI [{low:+.3f}, {high:+.3f}] "
             "(paired by task)"
         )
-    print(
-        f"Total time: {summary['total_seconds'] / 60:.1f} min. Wrote {out / 'summary.json'} "
-        f"and {out / 'reward_curve.png'}."
-    )
-    return summary
 
 
 def build_grpo_config(
@@ -247,7 +279,9 @@ def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) 
     )
 
 
-def _sft_tasks(entry: Any, episodes: int, seed: int) -> list[Any]:
+def _sft_tasks(
+    entry: Any, episodes: int, seed: int, options: dict[str, Any] | None = None
+) -> list[Any]:
     """``episodes`` distinct tasks for the SFT warm start, none of them in any split.
 
     GRPO then trains on the train split, on tasks the warm-started model has never seen: on
@@ -255,12 +289,13 @@ def _sft_tasks(entry: Any, episodes: int, seed: int) -> list[Any]:
     reading the tool results, and reinforcing that does not carry over to held-out tasks (we
     measured GRPO on SFT-seen tasks lowering held-out success). The tasks come from the env's
     seeded generator (``generate_tasks(seed, n)`` beside its task source); an env without one
-    uses its train split (cycled)."""
+    uses its train split (cycled). ``options`` go to both (``{"world_seed": "varied"}``)."""
     import importlib
 
     from trainers.sft_data import disjoint_tasks
 
-    train = entry.tasks("train")
+    options = options or {}
+    train = entry.tasks("train", **options)
     spec = entry.tasks_spec
     module_name = spec.partition(":")[0] if isinstance(spec, str) else None
     generate = (
@@ -270,6 +305,8 @@ def _sft_tasks(entry: Any, episodes: int, seed: int) -> list[Any]:
     )
     if generate is None:
         return [train[i % len(train)] for i in range(episodes)]
+    if options:
+        generate = functools.partial(generate, **options)
     held_out = [*train, *entry.tasks("val"), *entry.tasks("test")]
     return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
 

@@ -57,6 +57,13 @@ class SFTSettings:
     phase runs at a constant rate after its warmup)."""
     warmup_steps: int = 10
     """Linear warmup steps at the start of the first phase."""
+    oracle: str | None = None
+    """The demonstrator, as ``"module:attr"`` (``(task, messages) -> Message``); None: the
+    environment's registered oracle. An imperfect one (ToolUseGame's ``hasty_oracle_action``)
+    gives a warm start that RL then corrects."""
+    only_successful: bool = True
+    """Keep only the demonstrations that succeed (False: keep the failed ones too, as an
+    imperfect demonstrator's data would)."""
     time_budget_s: float | None = None
     """Stop after this many seconds of training, both phases together (None: no limit); the
     short-context phase gets at most half of it."""
@@ -78,6 +85,10 @@ class EvalSettings:
     """Tokens per assistant turn."""
     max_turns: int | None = None
     """Turn limit (None: the GRPO config's val_max_turns or max_turns)."""
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """More evaluations of the same split, each a name and the task options it reads the tasks
+    with: ``{"new_world": {"world_seed": 1}}`` asks ToolUseGame's questions in a world no
+    training task has seen. Reported beside the split's own numbers."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.episodes, int) or self.episodes < 1:
@@ -88,6 +99,13 @@ class EvalSettings:
             raise InvalidArgumentError(
                 "evaluation.samples must be an integer >= 0 (0: greedy only), actual value: "
                 f"{self.samples!r}."
+            )
+        if not isinstance(self.variants, dict) or not all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in self.variants.items()
+        ):
+            raise InvalidArgumentError(
+                "evaluation.variants must map names to task options (for example "
+                f"{{'new_world': {{'world_seed': 1}}}}), actual value: {self.variants!r:.80}."
             )
 
 
@@ -105,6 +123,11 @@ class PipelineConfig:
     """Seed of everything seeded."""
     val_tasks: int = 64
     """Validation tasks used during GRPO (``validation_interval``)."""
+    task_options: dict[str, Any] = field(default_factory=dict)
+    """Options of the environment's task source for the training data (SFT tasks and GRPO's
+    train split), e.g. ``{"world_seed": "varied"}``: every ToolUseGame task in a world of its
+    own, so facts cannot be memorised. Evaluation reads the split as registered (see
+    ``evaluation.variants``)."""
     tiny_model: dict[str, Any] = field(default_factory=dict)
     """Arguments of ``build_tiny_model`` when ``model: tiny``."""
     sft: SFTSettings | None = None
@@ -129,7 +152,7 @@ class PipelineConfig:
                 raise InvalidArgumentError(
                     f"{name} must be an integer >= {least}, actual value: {value!r}."
                 )
-        for name in ("tiny_model", "grpo", "distillation"):
+        for name in ("tiny_model", "task_options", "grpo", "distillation"):
             value = getattr(self, name)
             if not isinstance(value, dict) and not (name == "distillation" and value is None):
                 raise InvalidArgumentError(

@@ -30,11 +30,13 @@ def evaluate_model(
     temperature: float = 0.0,
     top_p: float = 1.0,
     samples: int = 1,
+    tasks: Any = None,
 ) -> Any:
     """``run_and_report`` of the model at ``model_path`` on ``settings.split`` of ``entry``.
 
     ``settings.episodes`` tasks, ``samples`` episodes each (``k=samples``), at ``temperature``
-    (0: greedy); the report is written to ``output_dir/eval_<label>.json``.
+    (0: greedy); the report is written to ``output_dir/eval_<label>.json``. ``tasks``: read
+    from these instead of the registered split (a variant's tasks).
     """
     from llm_gym.eval import run_and_report
     from llm_gym.policies import policy_from_spec
@@ -51,6 +53,7 @@ def evaluate_model(
         entry,
         policy,
         split=settings.split,
+        tasks=tasks,
         episodes=settings.episodes * samples,
         k=samples,
         seed=seed,
@@ -131,7 +134,7 @@ def plot_reward_curve(trainer: Any, evaluation: dict[str, Any] | None, path: Pat
         ax.plot(val_steps, val_success, "o-", label="validation success (greedy)", color="#C44E52")
     colors = {"greedy": "gray", "sampled": "#8172B2"}
     for mode, result in (evaluation or {}).items():
-        if not isinstance(result, dict):
+        if mode not in colors:
             continue
         for value, name, style in (
             (result["success_before"], "after SFT", ":"),

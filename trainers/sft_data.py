@@ -108,8 +108,9 @@ def oracle_sft_dataset(
         action_format: ``"hermes"`` or ``"json"`` (default: the registered one, else hermes).
         split: The split of a registered environment, when ``tasks`` is None.
         max_turns: Assistant turns per episode (default: the registered value, else 8).
-        only_successful: Drop episodes whose reward is below ``success_threshold`` (and those
-            that raised), so the model never imitates a failed transcript.
+        only_successful: Drop episodes whose reward is below ``success_threshold``, so the
+            model never imitates a failed transcript (False: keep them, as an imperfect
+            demonstrator's data would). Episodes that raised are always dropped.
         success_threshold: See ``only_successful``.
 
     Returns:
@@ -147,8 +148,8 @@ def oracle_sft_dataset(
     rows = []
     for group in groups:
         for episode in group:
-            if only_successful and (episode.error or episode.reward < success_threshold):
-                continue
+            if episode.error or (only_successful and episode.reward < success_threshold):
+                continue  # an episode that raised is never a demonstration
             rows.append(
                 {
                     "messages": episode_to_messages(episode),

@@ -18,6 +18,7 @@ to a worker process.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "as_env_factory",
     "as_task",
     "as_task_source",
+    "with_task_options",
     "register_env_adapter",
     "resolve",
     "unregister_env_adapter",
@@ -70,6 +72,10 @@ def resolve(obj: T | str) -> T:
         )
     value: Any = importlib.import_module(module_name)
     for part in attr.split("."):
+        if not hasattr(value, part):
+            raise InvalidArgumentError(
+                f"{obj!r}: {getattr(value, '__name__', value)!r} has no attribute {part!r}."
+            )
         value = getattr(value, part)
     return value
 
@@ -184,6 +190,32 @@ def as_task_source(tasks: Any) -> TaskSource:
         "Expected tasks as a sequence of Task, a mapping split -> tasks, a callable split -> "
         f"tasks or a 'module:attr' string, actual value: {tasks!r}."
     )
+
+
+def with_task_options(source: TaskSource, options: Mapping[str, Any], where: str) -> TaskSource:
+    """``source`` with keyword ``options`` bound (``split -> source(split, **options)``);
+    a clear error when it does not take them. ``where`` names the source in the error.
+
+    Example:
+        >>> def tasks(split, world=0):
+        ...     return [Task(f"{split} in world {world}")]
+        >>> with_task_options(tasks, {"world": 3}, "demo")("val")[0].prompt
+        'val in world 3'
+    """
+    if not options:
+        return source
+    try:
+        inspect.signature(source).bind("train", **options)
+    except (TypeError, ValueError):
+        try:
+            accepted = [p for p in inspect.signature(source).parameters][1:]
+        except (TypeError, ValueError):
+            accepted = []
+        raise InvalidArgumentError(
+            f"The task source of {where} takes no option(s) {sorted(options)}; it accepts: "
+            f"{accepted or 'none'}."
+        ) from None
+    return functools.partial(source, **options)
 
 
 def as_task(value: Any, where: str = "task") -> Task:

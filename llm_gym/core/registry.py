@@ -21,6 +21,7 @@ from llm_gym.core.factories import (
     as_env_factory,
     as_task_source,
     resolve,
+    with_task_options,
 )
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
@@ -89,8 +90,10 @@ class EnvEntry:
         spec = self.oracle_spec
         return None if spec is None else self._once("oracle", lambda: resolve(spec))
 
-    def tasks(self, split: str) -> list[Task]:
-        """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``), built once per split."""
+    def tasks(self, split: str, **options: Any) -> list[Task]:
+        """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``), built once per split
+        and options; ``options`` go to a callable task source as keywords (ToolUseGame's
+        ``world_seed``, for example)."""
         if split not in SPLITS:
             raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {split!r}.")
         if self.tasks_spec is None:
@@ -98,7 +101,11 @@ class EnvEntry:
                 f"{self.id} has no registered tasks: pass tasks=..., or pass a registered env id "
                 "(e.g. 'ToolUseGame-v0') to use its tasks."
             )
-        return list(self._once(f"tasks/{split}", lambda: tuple(self.task_source()(split))))
+        if not options:
+            return list(self._once(f"tasks/{split}", lambda: tuple(self.task_source()(split))))
+        source = with_task_options(self.task_source(), options, where=self.id)
+        key = f"tasks/{split}/{sorted(options.items())!r}"
+        return list(self._once(key, lambda: tuple(source(split))))
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_resolved", "_lock")}

@@ -249,7 +249,9 @@ class FunctionTool:
         self.synchronous = not self._is_async
         """A plain function never awaits: callers may run ``execute`` without an event loop."""
 
-    def _bind(self, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
+    def bind_arguments(self, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
+        """The validated keyword arguments of a call: ``arguments`` (JSON text or a mapping)
+        checked against the schema; a bad call raises :class:`ToolArgumentError`."""
         values = decode_arguments(arguments)
         properties = self.parameters_schema["properties"]
         unknown = sorted(set(values) - set(properties))
@@ -265,7 +267,7 @@ class FunctionTool:
 
     async def execute(self, arguments: str) -> ToolResult:
         """Validate ``arguments`` against the schema, call the function, wrap its result."""
-        kwargs = self._bind(arguments)
+        kwargs = self.bind_arguments(arguments)
         if self._is_async:
             result = await self.fn(**kwargs)
         else:

@@ -29,6 +29,7 @@ from llm_gym.core.factories import (
     as_task,
     as_task_source,
     resolve,
+    with_task_options,
 )
 from llm_gym.core.task import Task
 from llm_gym.core.types import FrozenMessage, Message, freeze_message
@@ -110,7 +111,8 @@ class TextEnv(gymnasium.Env[str, str]):
     ``action_format`` (``"hermes"`` or ``"json"``), ``max_turns``, ``split``,
     ``failed_parse_reward``, ``oracle`` (``(task, messages) -> Message``), ``render_mode``,
     ``env_kwargs`` (keyword arguments of the Env class, e.g. ``{"tool_latency_s": 1.0}`` to
-    simulate slow tools).
+    simulate slow tools), ``task_options`` (keyword arguments of a callable task source, e.g.
+    ``{"world_seed": 1}``: ToolUseGame's questions in a world with other facts).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -130,6 +132,7 @@ class TextEnv(gymnasium.Env[str, str]):
         max_action_chars: int = MAX_ACTION_CHARS,
         version: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
+        task_options: dict[str, Any] | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise InvalidArgumentError(
@@ -147,7 +150,9 @@ class TextEnv(gymnasium.Env[str, str]):
             runner=self._runner,
             max_action_chars=max_action_chars,
         )
-        self._task_source = as_task_source(tasks)
+        self._task_source = with_task_options(
+            as_task_source(tasks), task_options or {}, where="this environment"
+        )
         self.action_format = self._driver.action_format
         self._oracle = resolve(oracle) if oracle is not None else None
         self.split = split

@@ -1,8 +1,15 @@
 """ToolUseGame: answer questions about a fictional country's towns with three tools.
 
 The reference environment of the seeds (``ToolUseGameEnv`` with ``list_fact_keys``, ``lookup``
-and ``calculator``). The module reads top to bottom: constants, the fact table, the seeded task
-generator, the tools, the environment and its oracle.
+and ``calculator``). The module reads top to bottom: constants, the fact tables (worlds), the
+seeded task generator, the tools, the environment and its oracle.
+
+Worlds: the facts come from a seeded table, ``world_facts(world_seed)``. The splits read the
+default world (:data:`DEFAULT_WORLD_SEED`); ``get_tasks(split, world_seed=s)`` asks the same
+questions in another world (other facts, other answers), and ``world_seed="varied"`` puts each
+task in a world of its own drawn from :data:`TRAINING_WORLD_SEEDS`. World seeds below 1,000 are
+never drawn for training, so ``world_seed=1`` (:data:`NEW_WORLD_SEED`) is a world no
+``"varied"`` training task has seen: success there is tool use, not memory.
 """
 
 from __future__ import annotations
@@ -10,31 +17,40 @@ from __future__ import annotations
 import difflib
 import functools
 import random
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 from llm_gym.core.task import Task, cut_splits, distinct_tasks, pick_split
-from llm_gym.core.tool import tool
+from llm_gym.core.tool import ToolResult, tool
 from llm_gym.core.tool_env import ToolEnv
 from llm_gym.core.types import Message, ToolCall
-from llm_gym.errors import ToolArgumentError
+from llm_gym.errors import InvalidArgumentError, ToolArgumentError
 from llm_gym.tools.arithmetic import format_number, safe_eval
 from llm_gym.tools.calculator import CalculatorTool
 
 __all__ = [
     "ATTRIBUTES",
+    "DEFAULT_WORLD_SEED",
     "FACTS",
+    "NEW_WORLD_SEED",
     "SPLIT_SIZES",
     "SYSTEM_PROMPT",
     "TOOL_USE_GAME_TASKS",
     "TOWNS",
+    "TRAINING_WORLD_SEEDS",
     "VERSION",
     "ToolUseGameEnv",
+    "WorldLookup",
+    "WorldSeed",
     "generate_tasks",
     "get_tasks",
+    "hasty_oracle_action",
     "list_fact_keys",
+    "look_up",
     "lookup",
     "oracle_action",
+    "task_world",
+    "world_facts",
 ]
 
 # --- constants -----------------------------------------------------------------------------------
@@ -96,19 +112,55 @@ TASK_SEED = 20261130
 MAX_LISTED_KEYS = 200
 
 
-def _build_facts(seed: int = 7) -> dict[str, int]:
-    rng = random.Random(seed)
-    return {
-        f"{town}.{attribute}": rng.randint(low, high)
-        for town in TOWNS
+DEFAULT_WORLD_SEED = 7
+"""The world of the splits (and of :data:`FACTS`)."""
+NEW_WORLD_SEED = 1
+"""A held-out world: no ``"varied"`` training task is ever drawn from it."""
+TRAINING_WORLD_SEEDS = range(1000, 2**31)
+"""The worlds ``world_seed="varied"`` draws from (disjoint from seeds below 1,000)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def world_facts(world_seed: int) -> dict[str, int]:
+    """The fact table of a world: ``"Town.attribute" -> int``, a pure function of the seed.
+
+    The default world keeps its historical table (values drawn independently, so two towns can
+    tie); every other world draws distinct values per attribute, so no comparison ties. Treat
+    the returned dict as read-only (it is cached).
+    """
+    if isinstance(world_seed, bool) or not isinstance(world_seed, int) or world_seed < 0:
+        raise InvalidArgumentError(
+            f"world_seed must be an int >= 0 (or 'varied' where tasks are drawn), actual "
+            f"value: {world_seed!r}."
+        )
+    rng = random.Random(world_seed)
+    if world_seed == DEFAULT_WORLD_SEED:
+        return {
+            f"{town}.{attribute}": rng.randint(low, high)
+            for town in TOWNS
+            for attribute, (_, low, high) in ATTRIBUTES.items()
+        }
+    columns = {
+        attribute: rng.sample(range(low, high + 1), len(TOWNS))
         for attribute, (_, low, high) in ATTRIBUTES.items()
+    }
+    return {
+        f"{town}.{attribute}": columns[attribute][i]
+        for i, town in enumerate(TOWNS)
+        for attribute in ATTRIBUTES
     }
 
 
-FACTS: dict[str, int] = _build_facts()
-"""The fact table: ``"Town.attribute" -> int`` (``lookup`` ignores case)."""
-_FACTS_BY_LOWER_KEY = {key.lower(): value for key, value in FACTS.items()}
+FACTS: dict[str, int] = world_facts(DEFAULT_WORLD_SEED)
+"""The default world's fact table: ``"Town.attribute" -> int`` (``lookup`` ignores case)."""
 _KEYS_BY_LOWER_KEY = {key.lower(): key for key in FACTS}
+
+
+def task_world(task: Task) -> int:
+    """The world seed of ``task`` (``metadata["world_seed"]``; absent: the default world)."""
+    world = task.metadata.get("world_seed", DEFAULT_WORLD_SEED)
+    world_facts(world)  # validates it: a clear error names a bad one
+    return int(world)
 
 
 # --- the seeded task generator -----------------------------------------------------------------
@@ -129,7 +181,10 @@ def _apply(op: str, a: int, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-def _one_task(rng: random.Random) -> Task:
+def _one_task(rng: random.Random, world_seed: int) -> Task:
+    # The question is drawn from ``rng`` alone (a compare tie is judged in the default world, as
+    # it always was), so every world asks the same questions; only the facts and answers differ.
+    facts = world_facts(world_seed)
     kind = rng.choices(["lookup", "lookup_arith", "compare", "chain"], weights=[2, 3, 2, 3])[0]
     attribute = rng.choice(list(ATTRIBUTES))
     towns = rng.sample(TOWNS, 3)
@@ -137,24 +192,24 @@ def _one_task(rng: random.Random) -> Task:
     if kind == "lookup":
         keys, expression = [_key(a, attribute)], None
         prompt = f"What is {_phrase(a, attribute)}?"
-        target: Any = FACTS[keys[0]]
+        target: Any = facts[keys[0]]
     elif kind == "lookup_arith":
         word = rng.choice(list(_OPS))
         n = rng.randint(2, 9) if word == "times" else rng.randint(2, 999)
         keys = [_key(a, attribute)]
         expression = f"{{0}} {_OPS[word]} {n}"
         prompt = f"What is {_phrase(a, attribute)} {word} {n}?"
-        target = _apply(_OPS[word], FACTS[keys[0]], n)
+        target = _apply(_OPS[word], facts[keys[0]], n)
     elif kind == "compare":
         keys = [_key(a, attribute), _key(b, attribute)]
         if FACTS[keys[0]] == FACTS[keys[1]]:
-            return _one_task(rng)
+            return _one_task(rng, world_seed)
         expression = None
         prompt = (
             f"Which town has the larger {ATTRIBUTES[attribute][0]}, {a} or {b}? "
             "Reply with the town's name."
         )
-        target = a if FACTS[keys[0]] > FACTS[keys[1]] else b
+        target = a if facts[keys[0]] > facts[keys[1]] else b
     else:
         variant = rng.choice(["sum2", "diff2", "sum3", "sum2_times"])
         if variant == "sum3":
@@ -174,10 +229,12 @@ def _one_task(rng: random.Random) -> Task:
                 n = rng.randint(2, 9)
                 expression = f"({{0}} + {{1}}) * {n}"
                 prompt = f"What is {_phrase(a, attribute)} plus {_phrase(b, other)}, times {n}?"
-        values = [FACTS[k] for k in keys]
+        values = [facts[k] for k in keys]
         target = _evaluate_plan(expression, values)
         kind = f"chain_{variant}"
-    metadata = {"type": kind, "keys": keys, "expression": expression}
+    metadata: dict[str, Any] = {"type": kind, "keys": keys, "expression": expression}
+    if world_seed != DEFAULT_WORLD_SEED:
+        metadata["world_seed"] = world_seed
     return Task(prompt=prompt, target=target, metadata=metadata)
 
 
@@ -186,24 +243,45 @@ def _evaluate_plan(expression: str, values: Sequence[int]) -> int:
     return int(result)
 
 
-def generate_tasks(seed: int, n: int) -> list[Task]:
+WorldSeed = int | Literal["varied"]
+"""A world: its seed, or ``"varied"`` (each task in a world of its own)."""
+
+
+def _world_draw(seed: int, world_seed: WorldSeed) -> Callable[[], int]:
+    if world_seed == "varied":
+        worlds = random.Random(f"worlds-{seed}")  # apart from the question stream
+        return lambda: worlds.randrange(TRAINING_WORLD_SEEDS.start, TRAINING_WORLD_SEEDS.stop)
+    world_facts(world_seed)  # type: ignore[arg-type]  # validates it
+    return lambda: world_seed  # type: ignore[return-value]
+
+
+def generate_tasks(seed: int, n: int, world_seed: WorldSeed = DEFAULT_WORLD_SEED) -> list[Task]:
     """``n`` distinct tasks (no two share a prompt) drawn from a ``random.Random(seed)``.
 
-    A pure function of its arguments: the same seed always gives the same list.
+    A pure function of its arguments: the same seed always gives the same list, and the same
+    questions in every world (``world_seed``: an int, or ``"varied"`` for a fresh world per
+    task; a task outside the default world carries ``metadata["world_seed"]``).
     """
     rng = random.Random(seed)
-    return distinct_tasks(lambda: _one_task(rng), n)
+    world = _world_draw(seed, world_seed)
+    return distinct_tasks(lambda: _one_task(rng, world()), n)
 
 
-@functools.cache
-def _splits() -> dict[str, tuple[Task, ...]]:
-    universe = generate_tasks(TASK_SEED, sum(SPLIT_SIZES.values()))
-    return cut_splits(universe, SPLIT_SIZES, "tool_use_game")
+@functools.lru_cache(maxsize=16)
+def _splits(world_seed: WorldSeed = DEFAULT_WORLD_SEED) -> dict[str, tuple[Task, ...]]:
+    universe = generate_tasks(TASK_SEED, sum(SPLIT_SIZES.values()), world_seed)
+    name = "tool_use_game" if world_seed == DEFAULT_WORLD_SEED else f"tool_use_game@{world_seed}"
+    return cut_splits(universe, SPLIT_SIZES, name)
 
 
-def get_tasks(split: str = "train") -> tuple[Task, ...]:
-    """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-    return pick_split(_splits(), split)
+def get_tasks(split: str = "train", world_seed: WorldSeed = DEFAULT_WORLD_SEED) -> tuple[Task, ...]:
+    """The tasks of ``split`` (``"train"``, ``"val"`` or ``"test"``) in a world.
+
+    Every world asks the same questions in each split (the splits stay disjoint across
+    worlds); ``world_seed`` changes the facts and so the answers. ``world_seed="varied"`` gives
+    each task its own training world; :data:`NEW_WORLD_SEED` is a world training never draws.
+    """
+    return pick_split(_splits(world_seed), split)
 
 
 TOOL_USE_GAME_TASKS: tuple[Task, ...] = get_tasks("train")
@@ -228,6 +306,18 @@ def list_fact_keys(prefix: str = "") -> str:
     return "\n".join(shown) + (f"\n... and {more} more (use a prefix)" if more else "")
 
 
+def look_up(facts: dict[str, int], key: str) -> str:
+    """``key``'s value in ``facts`` as text (case ignored); an unknown key raises a
+    :class:`ToolArgumentError` that suggests close keys (the tool's error message)."""
+    normalized = key.strip().lower()
+    if normalized in _KEYS_BY_LOWER_KEY:
+        return str(facts[_KEYS_BY_LOWER_KEY[normalized]])
+    close = difflib.get_close_matches(normalized, list(_KEYS_BY_LOWER_KEY), n=3)
+    suggestions = [_KEYS_BY_LOWER_KEY[c] for c in close]
+    hint = f" Did you mean {', '.join(repr(c) for c in suggestions)}?" if close else ""
+    raise ToolArgumentError(f"unknown key {key[:80]!r}.{hint} list_fact_keys lists every key.")
+
+
 @tool
 def lookup(key: str) -> str:
     """Look up one fact by its key.
@@ -235,13 +325,24 @@ def lookup(key: str) -> str:
     Args:
         key: A fact key of the form 'Town.attribute', for example 'Velmora.population'.
     """
-    normalized = key.strip().lower()
-    if normalized in _FACTS_BY_LOWER_KEY:
-        return str(_FACTS_BY_LOWER_KEY[normalized])
-    close = difflib.get_close_matches(normalized, list(_KEYS_BY_LOWER_KEY), n=3)
-    suggestions = [_KEYS_BY_LOWER_KEY[c] for c in close]
-    hint = f" Did you mean {', '.join(repr(c) for c in suggestions)}?" if close else ""
-    raise ToolArgumentError(f"unknown key {key[:80]!r}.{hint} list_fact_keys lists every key.")
+    return look_up(FACTS, key)
+
+
+class WorldLookup:
+    """The ``lookup`` tool of one env instance: the same name, schema and errors as
+    :func:`lookup`, reading the world of the current episode's task (set on reset)."""
+
+    synchronous = True
+
+    def __init__(self) -> None:
+        self.name = lookup.name
+        self.description = lookup.description
+        self.parameters_schema = lookup.parameters_schema
+        self.world_seed = DEFAULT_WORLD_SEED
+
+    async def execute(self, arguments: str) -> ToolResult:
+        key = lookup.bind_arguments(arguments)["key"]
+        return ToolResult(content=look_up(world_facts(self.world_seed), key))
 
 
 # --- the environment ------------------------------------------------------------------------------
@@ -249,6 +350,9 @@ def lookup(key: str) -> str:
 
 class ToolUseGameEnv(ToolEnv):
     """Answer a question about the fact table using ``list_fact_keys``, ``lookup``, ``calculator``.
+
+    ``lookup`` reads the task's world (``metadata["world_seed"]``, default
+    :data:`DEFAULT_WORLD_SEED`).
 
     ## Reward
     1.0 when the final reply matches the target (numbers within a relative tolerance of 1e-6,
@@ -260,6 +364,24 @@ class ToolUseGameEnv(ToolEnv):
 
     system_prompt = SYSTEM_PROMPT
     tools = (list_fact_keys, lookup, CalculatorTool())
+
+    def __init__(
+        self,
+        tools: Sequence[Any] | None = None,
+        system_prompt: str | None = None,
+        *,
+        tool_latency_s: float = 0.0,
+    ) -> None:
+        if tools is None:  # this instance's own lookup, which follows the task's world
+            tools = [WorldLookup() if t is lookup else t for t in self.tools]
+        super().__init__(tools, system_prompt, tool_latency_s=tool_latency_s)
+
+    async def reset(self, task: Task) -> list[Message]:
+        world = task_world(task)  # a bad world_seed fails here, before the episode starts
+        for t in self._tools.values():
+            if isinstance(t, WorldLookup):
+                t.world_seed = world
+        return await super().reset(task)
 
     def metrics(self, answer: str | None, task: Task) -> dict[str, Any]:
         return {"answered": answer is not None}
@@ -304,3 +426,45 @@ def oracle_action(task: Task, messages: Sequence[Message]) -> Message:
         return Message(role="assistant", content="", tool_calls=calls)
     answer = computed[-1] if computed else format_number(values[0])
     return Message(role="assistant", content=answer)
+
+
+HASTY_GUESS_RATE = 0.3
+"""The share of tasks on which :func:`hasty_oracle_action` answers without looking anything up."""
+HASTY_MENTAL_RATE = 0.4
+"""The share of the other tasks needing arithmetic on which it skips the calculator."""
+
+
+def hasty_oracle_action(task: Task, messages: Sequence[Message]) -> Message:
+    """An imperfect demonstrator, for warm starts that RL then corrects.
+
+    On a fixed share of tasks (:data:`HASTY_GUESS_RATE`, drawn per task, so deterministic) it
+    answers at once with a plausible guess (a value in the attribute's range, or one of the two
+    towns); on :data:`HASTY_MENTAL_RATE` of the rest that need arithmetic it looks the facts up
+    and then does the arithmetic in its head (the right number, without the calculator, which a
+    small model cannot imitate reliably). Otherwise it acts as :func:`oracle_action`.
+    """
+    draw = random.Random(f"hasty/{task_world(task)}/{task.prompt}")
+    habit = draw.random()
+    keys: list[str] = list(task.metadata["keys"])
+    if habit < HASTY_GUESS_RATE:
+        attribute = keys[0].split(".")[1]
+        _, low, high = ATTRIBUTES[attribute]
+        if task.metadata["type"] == "compare":
+            guess: Any = draw.choice([k.split(".")[0] for k in keys])
+        elif task.metadata.get("expression"):
+            guesses = [draw.randint(*ATTRIBUTES[k.split(".")[1]][1:]) for k in keys]
+            guess = _evaluate_plan(task.metadata["expression"], guesses)
+        else:
+            guess = draw.randint(low, high)
+        content = guess if isinstance(guess, str) else format_number(guess)
+        return Message(role="assistant", content=content)
+    expression = task.metadata.get("expression")
+    looked_up = [m for m in messages if m.get("role") == "tool" and m.get("name") == "lookup"]
+    if (
+        habit < HASTY_GUESS_RATE + (1 - HASTY_GUESS_RATE) * HASTY_MENTAL_RATE
+        and expression is not None
+        and len(looked_up) >= len(keys)
+    ):
+        values = [int(m["content"]) for m in looked_up[-len(keys) :]]
+        return Message(role="assistant", content=format_number(_evaluate_plan(expression, values)))
+    return oracle_action(task, messages)
