@@ -9,8 +9,13 @@ it called, or ``final_answer``).
     python -m benchmarks.env_step --episodes 50 --no-write
 
 Side by side in the same run, GEM's ``game:GuessTheNumber-v0-easy`` (PyPI ``gem-llm``) is timed
-the same way (``perf_counter_ns`` around ``env.step``, a bisection agent reading the feedback),
-in a separate virtual environment because gem-llm pins packages of its own::
+the same way (``perf_counter_ns`` around ``env.step``) in a separate virtual environment, because
+gem-llm pins packages of its own. Both sides then do the same work per step: the same bisection
+agent reads each side's feedback and sends the same action strings (``\\boxed{n}``) to
+GuessNumber-v0 and to GEM (our oracle's bare digits would hit a faster parse), and the passes
+interleave (ours, GEM, ours, ...) for ``--repeats`` repeats; the ratio is of the per-repeat
+medians, with a paired bootstrap interval. Ours keeps the structured message history in
+``info`` on every step, which GEM's text observation does not::
 
     python -m venv .venv-peers && .venv-peers/bin/pip install gem-llm
     python -m benchmarks.env_step --peers-python .venv-peers/bin/python   # the default path
@@ -32,7 +37,16 @@ from pathlib import Path
 import gymnasium as gym
 
 import llm_gym
-from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+from benchmarks.common import (
+    Conditions,
+    check_repeats,
+    median_interval,
+    output_dir,
+    pin_threads,
+    ratio_interval,
+    write_json,
+    write_markdown,
+)
 from llm_gym.gym import registered_envs
 
 TARGETS_US = {("ToolUseGame-v0", "lookup"): 50.0}
@@ -41,8 +55,10 @@ TARGETS_US = {("ToolUseGame-v0", "lookup"): 50.0}
 GEM_ENV = "game:GuessTheNumber-v0-easy"
 """GEM's environment timed beside ours."""
 GEM_LABEL = f"GEM {GEM_ENV}"
-RELATIVE_TARGETS = {"GuessNumber-v0": (GEM_LABEL, 2.0)}
-"""Targets relative to a peer: our env's median over all its steps <= factor x the peer's."""
+SAME_ACTIONS = "GuessNumber-v0 (\\boxed{n}, bisection)"
+"""Our GuessNumber driven exactly as GEM is: the same agent and action strings."""
+RELATIVE_TARGETS = {SAME_ACTIONS: (GEM_LABEL, 2.0)}
+"""Targets relative to a peer: our median step <= factor x the peer's (per-repeat medians)."""
 EPISODE_CAPS = {"Code-v0": 40}
 """Environments whose steps run a sandboxed subprocess (~50 ms a step) time fewer episodes."""
 DEFAULT_PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
@@ -80,16 +96,18 @@ class Args:
     """Environment ids (default: every registered one)."""
     episodes: int = 400
     """Oracle episodes per environment (tasks cycle through the val split)."""
-    repeats: int = 3
-    """Passes over the episodes; the median is over every timed step of every pass."""
-    out_dir: Path = RESULTS_DIR
-    """Where env_step.md and env_step.png go."""
+    repeats: int = 5
+    """Interleaved passes over the episodes (at least 5 for a result)."""
+    out_dir: Path | None = None
+    """Where env_step.md, .json and .png go (None: ``results/``; nowhere when ``quick``)."""
     write: bool = True
     """Write the results files (off for smoke tests)."""
     peers: bool = True
     """Time GEM's GuessTheNumber beside ours (skipped, with a note, when gem-llm is missing)."""
     peers_python: str | None = None
     """An interpreter with gem-llm installed (default: ``.venv-peers/bin/python``)."""
+    quick: bool = False
+    """A smoke run: at least 1 repeat, nothing written."""
 
 
 def _action_kind(info: dict, done: bool) -> str:
@@ -120,6 +138,35 @@ def time_env(env_id: str, episodes: int, repeats: int) -> dict[str, list[float]]
                 times[_action_kind(info, terminated or truncated)].append(elapsed)
                 if terminated or truncated:
                     break
+    env.close()
+    return times
+
+
+_BOUNDS = __import__("re").compile(r"between (\d+) and (\d+)")
+
+
+def time_boxed(episodes: int) -> list[float]:
+    """Our GuessNumber-v0 driven as GEM is driven: a bisection agent reading the feedback and
+    sending ``\\boxed{n}`` (µs per step)."""
+    env = gym.make("GuessNumber-v0")
+    n_tasks = len(env.unwrapped.tasks("val"))
+    times: list[float] = []
+    for episode in range(episodes):
+        observation, _ = env.reset(
+            seed=episode, options={"split": "val", "index": episode % n_tasks}
+        )
+        low, high = map(int, _BOUNDS.search(observation).groups())
+        while True:
+            guess = (low + high) // 2
+            start = time.perf_counter_ns()
+            observation, _, terminated, truncated, _ = env.step(f"\\boxed{{{guess}}}")
+            times.append((time.perf_counter_ns() - start) / 1000)
+            if terminated or truncated:
+                break
+            if "higher" in observation.lower():
+                low = guess + 1
+            else:
+                high = guess - 1
     env.close()
     return times
 
@@ -185,35 +232,57 @@ def _plot(rows: list[tuple[str, str, float, int]], path: Path) -> bool:
 
 
 def main(args: Args) -> list[tuple[str, str, float, int]]:
+    check_repeats(args.repeats, args.quick)
+    threads = pin_threads(1)
     env_ids = args.envs or [entry.id for entry in registered_envs()]
-    rows: list[tuple[str, str, float, int]] = []
+    conditions = Conditions.start(
+        "env_step",
+        threads=threads,
+        settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        quick=args.quick,
+    )
     by_env: dict[str, dict[str, list[float]]] = {env_id: defaultdict(list) for env_id in env_ids}
-    gem_times: list[float] | None = [] if args.peers else None
-    # Passes alternate between our environments and GEM's, so both see the same machine load.
-    for _ in range(args.repeats):
-        for env_id in env_ids:
-            episodes = min(args.episodes, EPISODE_CAPS.get(env_id, args.episodes))
-            for kind, values in time_env(env_id, episodes, 1).items():
-                by_env[env_id][kind].extend(values)
-        if gem_times is not None:
-            more = time_gem(args.peers_python, args.episodes, 1)
-            gem_times = None if more is None else gem_times + more
-    every_step: dict[str, list[float]] = {}
+    per_repeat: dict[str, list[float]] = defaultdict(list)  # contender -> median step per repeat
+    pooled: dict[str, list[float]] = defaultdict(list)
+    gem = args.peers
+    # Each repeat runs every contender once, in a rotating order (ours first, then GEM first...).
+    for repeat in range(args.repeats):
+        contenders = ["ours", "gem"] if gem else ["ours"]
+        for name in contenders[repeat % len(contenders) :] + contenders[: repeat % len(contenders)]:
+            if name == "gem":
+                times = time_gem(args.peers_python, args.episodes, 1)
+                if times is None:
+                    gem = False
+                    continue
+                per_repeat[GEM_LABEL].append(statistics.median(times))
+                pooled[GEM_LABEL].extend(times)
+                continue
+            for env_id in env_ids:
+                episodes = min(args.episodes, EPISODE_CAPS.get(env_id, args.episodes))
+                for kind, values in time_env(env_id, episodes, 1).items():
+                    by_env[env_id][kind].extend(values)
+            if "GuessNumber-v0" in env_ids:
+                times = time_boxed(args.episodes)
+                per_repeat[SAME_ACTIONS].append(statistics.median(times))
+                pooled[SAME_ACTIONS].extend(times)
+    conditions.finish()
+    rows: list[tuple[str, str, float, int]] = []
     for env_id in env_ids:
-        every_step[env_id] = [t for values in by_env[env_id].values() for t in values]
         for kind, values in sorted(by_env[env_id].items()):
             rows.append((env_id, kind, statistics.median(values), len(values)))
-    if gem_times:
-        every_step[GEM_LABEL] = gem_times
-        rows.append((GEM_LABEL, "guess (\\boxed{n})", statistics.median(gem_times), len(gem_times)))
+    for label, action in ((SAME_ACTIONS, "guess (\\boxed{n})"), (GEM_LABEL, "guess (\\boxed{n})")):
+        if pooled.get(label):
+            rows.append((label, action, statistics.median(pooled[label]), len(pooled[label])))
     lines = [
         "# env.step: median µs per step",
         "",
-        f"Machine: {machine_description()}. llm_gym {llm_gym.__version__}, "
-        f"gymnasium {gym.__version__}.",
-        f"Command: `python -m benchmarks.env_step --episodes {args.episodes} "
-        f"--repeats {args.repeats}`. Our steps go through `gym.make` (with its default "
-        "wrappers); actions come from each environment's oracle.",
+        conditions.describe(),
+        "",
+        f"llm_gym {llm_gym.__version__}, gymnasium {gym.__version__}. Our steps go through "
+        "`gym.make` (with its default wrappers); actions come from each environment's oracle, "
+        "except the row driven exactly as GEM is (the same bisection agent and `\\boxed{n}` "
+        f"strings). {args.episodes} episodes per environment and pass, {args.repeats} passes, "
+        "ours and GEM interleaved; medians over every timed step.",
         "",
         "| env | action | median µs | steps timed | target |",
         "| --- | --- | ---: | ---: | --- |",
@@ -225,39 +294,44 @@ def main(args: Args) -> list[tuple[str, str, float, int]]:
         )
         lines.append(f"| {env_id} | {kind} | {median:.1f} | {count} | {verdict} |")
     lines.append("")
-    for env_id, (peer, factor) in RELATIVE_TARGETS.items():
-        if env_id not in every_step:
+    ratios = {}
+    for ours_label, (peer, factor) in RELATIVE_TARGETS.items():
+        if not per_repeat.get(ours_label):
             continue
-        ours = statistics.median(every_step[env_id])
-        if peer not in every_step:
+        if len(per_repeat.get(peer, [])) != len(per_repeat[ours_label]):
             lines.append(
-                f"{env_id}: median {ours:.1f} µs over all steps; {peer} not measured (install "
-                "gem-llm in .venv-peers, see the module docstring)."
+                f"{ours_label}: {peer} not measured (install gem-llm in .venv-peers, see the "
+                "module docstring)."
             )
             continue
-        theirs = statistics.median(every_step[peer])
-        ratio = ours / theirs
+        ratio = ratio_interval(per_repeat[ours_label], per_repeat[peer])
+        ratios[ours_label] = {"peer": peer, "target": factor, **ratio.as_json()}
+        ours_median = median_interval(per_repeat[ours_label])
+        theirs = median_interval(per_repeat[peer])
+        met = "met" if ratio.median <= factor else "MISSED"
         lines.append(
-            f"{env_id} vs {peer}: median over all steps {ours:.1f} µs vs {theirs:.1f} µs, "
-            f"ratio {ratio:.2f} (target ≤ {factor:g}x: {'met' if ratio <= factor else 'MISSED'})."
+            f"{ours_label} vs {peer}, the same action strings: median step "
+            f"{ours_median.format('.1f')} µs vs {theirs.format('.1f')} µs (per-repeat medians), "
+            f"ratio {ratio.format('.2f')} (target ≤ {factor:g}x: {met})."
         )
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.write:
-        write_markdown("env_step", text, args.out_dir)
+    out = output_dir(args.quick, args.out_dir, args.write)
+    if out is not None:
+        write_markdown("env_step", text, out)
         record = {
-            "machine": machine_description(),
-            "command": f"python -m benchmarks.env_step --episodes {args.episodes} "
-            f"--repeats {args.repeats}",
+            "benchmark": "env_step",
+            "conditions": conditions.as_json(),
             "rows": [
                 {"env": env, "action": kind, "median_us": median, "steps": count}
                 for env, kind, median, count in rows
             ],
-            "median_us_over_all_steps": {k: statistics.median(v) for k, v in every_step.items()},
+            "median_us_per_repeat": dict(per_repeat),
+            "ratios": ratios,
         }
-        (args.out_dir / "env_step.json").write_text(json.dumps(record, indent=2) + "\n")
-        _plot(rows, args.out_dir / "env_step.png")
-        print(f"wrote {args.out_dir / 'env_step.md'}")
+        write_json("env_step", record, out)
+        _plot(rows, out / "env_step.png")
+        print(f"wrote {out / 'env_step.md'}")
     return rows
 
 
@@ -268,7 +342,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     parser.add_argument("--envs", nargs="*", default=None)
     parser.add_argument("--episodes", type=int, default=Args.episodes)
     parser.add_argument("--repeats", type=int, default=Args.repeats)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--no-write", dest="write", action="store_false")
     parser.add_argument(
         "--peers-python",
@@ -276,6 +350,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
         help=f"an interpreter with gem-llm (default: {DEFAULT_PEERS_PYTHON} if it exists)",
     )
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip GEM")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: writes nothing")
     ns = parser.parse_args(argv)
     return Args(
         envs=ns.envs,
@@ -285,6 +360,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
         write=ns.write,
         peers=ns.peers,
         peers_python=ns.peers_python,
+        quick=ns.quick,
     )
 
 

@@ -1,17 +1,29 @@
-"""Training step, side by side in one run: our ``MultiTurnGRPOTrainer`` against TRL's
-``GRPOTrainer`` with ``environment_factory`` (TRL's own multi-turn tool loop).
+"""Training step, side by side: our ``MultiTurnGRPOTrainer`` (and two ablations of it) against
+TRL's ``GRPOTrainer(environment_factory=...)`` at its best settings.
 
-Both start from the same tools-calling model (the SFT-warmed tiny model), train on the same
-ToolUseGame train tasks with the same seed, group size, tasks per step, turn limit, learning rate,
-loss (``dapo``, ``beta=0``) and number of optimizer steps, on the CPU, one after the other. We
-report seconds per optimizer step (median over the steps; rollout and update together) and the
-held-out success of each final model and of the starting model, measured by the same evaluator
-on the same val tasks: sampled (``val_samples`` episodes a task at the training temperature, the
-policy both trainers optimise; the gain over the start is paired by task) and greedy.
+Contenders, each a fresh trainer from the same tools-calling model, interleaved for ``--repeats``
+repeats by the common harness (:mod:`benchmarks.common`), each repeat ``--steps`` optimizer steps:
 
-    python -m benchmarks.train_step --model outputs/tool_use_game_tiny/sft
+* ``ours``: the default trainer (continuous-batching rollouts, shared-prefix scoring);
+* ``ours_no_shared_prefix``: ``shared_prefix=False`` (TRL's per-sample scoring path);
+* ``ours_waves``: the previous rollout engine (``HFPolicy(batching="waves")``, registered here
+  as the policy kind ``hf-waves`` for ``generation_backend``);
+* ``trl``: TRL's tool loop with the same per-turn budget (``generation_kwargs``), turn limit,
+  identical prompt token ids (asserted; :mod:`benchmarks.rollout_trl`), the same reward and the
+  same parse-failure reward (-0.1), loss (dapo, beta 0), lr schedule and seed.
 
-Targets (issue 4): our step <= 0.67x TRL's, our val success >= TRL's (sampled).
+Every step is split into generation (``_generate_and_score_completions``: rollouts, environment,
+rewards), scoring (``_compute_loss``: the forward pass over the batch and the loss) and the rest
+(backward and optimizer step), by the same wrappers on both trainers. A repeat's value is the median
+of its steps after the first (the first warms kernels up); ratios are ours' median over the other's
+with a paired bootstrap interval over repeats.
+
+Held-out quality: one longer run each of ``ours`` and ``trl`` (``--quality-steps``), evaluated by
+the same evaluator on ToolUseGame test tasks (sampled at temperature 1.0, the trained policy, and
+greedy), each gain paired by task against the starting model.
+
+    python -m benchmarks.train_step --model MAINJOB/sft
+    python -m benchmarks.train_step --quick --model PATH      # smoke run, writes nothing
 """
 
 from __future__ import annotations
@@ -21,19 +33,42 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+from benchmarks.common import (
+    Conditions,
+    add_harness_arguments,
+    check_repeats,
+    default_model,
+    interleave,
+    median_interval,
+    output_dir,
+    pin_threads,
+    ratio_interval,
+    write_json,
+    write_markdown,
+)
+
+NAME = "train_step"
+OURS = {
+    "ours": {},
+    "ours_no_shared_prefix": {"shared_prefix": False},
+    "ours_waves": {"generation_backend": "hf-waves"},
+}
+PARSE_FAILURE_REWARD = -0.1
+"""Ours' ``failed_parse_reward``; TRL's reward function gives the same to an unparsed call."""
 
 
 @dataclass
 class Args:
     model: str | None = None
-    """A tools-calling model directory (None: the rollout benchmark's SFT-warmed tiny model)."""
-    steps: int = 20
-    """Optimizer steps per trainer."""
+    """A tools-calling model directory (None: the main job's cached SFT model)."""
+    steps: int = 3
+    """Optimizer steps per timed repeat (the first is the warm-up)."""
+    quality_steps: int = 20
+    """Steps of the held-out quality run of ours and TRL (0: skip it)."""
     batch_size: int = 16
     """Tasks per optimizer step."""
     episodes_per_task: int = 8
@@ -41,160 +76,216 @@ class Args:
     max_turns: int = 6
     """Assistant turns per episode (TRL: ``max_tool_calling_iterations = max_turns - 1``)."""
     max_tokens_per_turn: int = 64
-    """Generation budget per assistant turn (TRL has one budget for the whole completion:
-    ``max_turns * max_tokens_per_turn``)."""
+    """Generation budget per assistant turn, on both sides."""
     learning_rate: float = 2e-4
-    """Both trainers' peak learning rate (linear warmup, then linear decay, as the main job)."""
     warmup_steps: int = 5
-    """Both trainers' warmup steps."""
-    scale_rewards: str = "none"
-    """Both trainers' advantage scaling (``none``: Dr. GRPO, the main job's choice)."""
-    val_tasks: int = 200
-    """Held-out ToolUseGame val tasks of the final evaluation."""
-    val_samples: int = 8
-    """Sampled episodes per val task (temperature 1.0), besides one greedy episode."""
+    eval_tasks: int = 200
+    """Held-out ToolUseGame test tasks of the quality evaluation."""
+    eval_samples: int = 8
+    """Sampled episodes per task (temperature 1.0), besides one greedy episode."""
+    repeats: int = 5
+    threads: int | None = 2
+    """torch intra-op threads, pinned and recorded (training uses both cores)."""
     seed: int = 0
-    """Seed of both trainers and of the evaluation."""
-    sft_seconds: float = 120.0
-    """SFT budget when no model is given."""
-    out_dir: Path = RESULTS_DIR
-    """Where train_step.md goes."""
+    order: str = "rotate"
+    out_dir: Path | None = None
     write: bool = True
-    """Write the results file."""
+    quick: bool = False
+
+    @classmethod
+    def quick_sizes(cls) -> dict[str, Any]:
+        return {
+            "steps": 2,
+            "quality_steps": 1,
+            "batch_size": 2,
+            "episodes_per_task": 2,
+            "max_turns": 2,
+            "max_tokens_per_turn": 8,
+            "eval_tasks": 2,
+            "eval_samples": 2,
+            "repeats": 2,
+        }
 
 
-def _step_clock(times: list[float]) -> Any:
-    from transformers import TrainerCallback
+def waves_policy_class() -> type:
+    from llm_gym.policies.hf import HFPolicy
 
-    class StepClock(TrainerCallback):
-        """Wall time of each optimizer step (generation, scoring and update)."""
+    class WavesHFPolicy(HFPolicy):
+        """``HFPolicy`` with ``batching="waves"``: one ``generate`` per wave of turns."""
 
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "batching": "waves"})
 
-        def on_step_end(self, args, state, control, **kwargs):
-            times.append(time.perf_counter() - self.start)
-
-    return StepClock()
+    return WavesHFPolicy
 
 
-def run_ours(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
+def __getattr__(name: str) -> Any:  # the registry resolves "benchmarks.train_step:WavesHFPolicy"
+    if name == "WavesHFPolicy":
+        return waves_policy_class()
+    raise AttributeError(name)
+
+
+def register_waves_policy() -> None:
+    from llm_gym.policies.registry import register_policy
+
+    register_policy(
+        "hf-waves",
+        "benchmarks.train_step:WavesHFPolicy",
+        description="HFPolicy with batching='waves' (the train_step ablation)",
+    )
+
+
+# --- timing both trainers the same way -----------------------------------------------------------
+
+
+class StepTimer:
+    """Per-step wall time split into generation, scoring and the rest, by wrapping the two
+    methods every GRPO trainer here runs (TRL's and ours alike) and a step callback."""
+
+    def __init__(self, trainer: Any) -> None:
+        from transformers import TrainerCallback
+
+        self.steps: list[dict[str, float]] = []
+        self._current = {"generation_s": 0.0, "scoring_s": 0.0}
+        for method, key in (
+            ("_generate_and_score_completions", "generation_s"),
+            ("_compute_loss", "scoring_s"),
+        ):
+            setattr(trainer, method, self._timed(getattr(trainer, method), key))
+        timer = self
+
+        class Clock(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                timer._current = {"generation_s": 0.0, "scoring_s": 0.0}
+                timer._start = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                total = time.perf_counter() - timer._start
+                rest = total - timer._current["generation_s"] - timer._current["scoring_s"]
+                timer.steps.append({"step_s": total, **timer._current, "backward_s": rest})
+
+        trainer.add_callback(Clock())
+
+    def _timed(self, method: Any, key: str) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._current[key] += time.perf_counter() - start
+
+        return wrapper
+
+    def summary(self) -> dict[str, Any]:
+        """The median of each part over the steps after the first (all, with one step)."""
+        timed = self.steps[1:] or self.steps
+        parts = ("step_s", "generation_s", "scoring_s", "backward_s")
+        return {**{p: statistics.median(s[p] for s in timed) for p in parts}, "steps": self.steps}
+
+
+# --- the trainers --------------------------------------------------------------------------------
+
+
+def build_ours(model_path: str, tasks, args: Args, out: Path, steps: int, **ablation: Any):
     from llm_gym.envs.tool_use_game import ToolUseGameEnv
-    from trainers import GRPOConfig, train_multi_turn
+    from trainers import GRPOConfig
+    from trainers.train import load_tasks
+    from trainers.trainer import MultiTurnGRPOTrainer
 
-    times: list[float] = []
     config = GRPOConfig(
         model=model_path,
         batch_size=args.batch_size,
         episodes_per_task=args.episodes_per_task,
-        num_steps=args.steps,
+        num_steps=steps,
         max_turns=args.max_turns,
         max_tokens_per_turn=args.max_tokens_per_turn,
         max_model_length=1024,
         learning_rate=args.learning_rate,
         lr_scheduler_type="linear",
         warmup_steps=args.warmup_steps,
-        scale_rewards=args.scale_rewards,
+        scale_rewards="none",
         max_sampling_attempts=1,  # no refills: the same episodes per step as TRL
         loss_type="dapo",
         beta=0.0,
         temperature=1.0,
-        wandb_project=None,
         validation_interval=None,
         use_cpu=True,
-        output_dir=str(out / "ours"),
+        output_dir=str(out),
         save_strategy="no",
         logging_steps=1,
         report_to="none",
         seed=args.seed,
+        **ablation,
     )
-    trainer = train_multi_turn(
-        config, tasks=tasks, env_factory=ToolUseGameEnv, callbacks=[_step_clock(times)]
+    return MultiTurnGRPOTrainer(
+        args=config, env_factory=ToolUseGameEnv, tasks=load_tasks(tasks), model=None
     )
-    trainer.save_model(str(out / "ours" / "final"))
-    return {"step_times": times, "model": str(out / "ours" / "final"), "log": _rewards(trainer)}
 
 
-def run_trl(model_path: str, tasks, args: Args, out: Path) -> dict[str, Any]:
-    import warnings
-
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from benchmarks.rollout_throughput import trl_environment
+def answer_reward(completions, target, **kwargs) -> list[float]:
+    """ToolUseGame's reward on TRL's completions: 1.0 for a final reply matching the target, the
+    parse-failure reward for a reply holding a tool call TRL could not parse, else 0.0."""
     from llm_gym.core.tool_env import answers_match, extract_answer
-    from llm_gym.envs.tool_use_game import SYSTEM_PROMPT
 
-    warnings.filterwarnings("ignore")
-    rows = [
-        {
-            "prompt": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": t.prompt},
-            ],
-            "target": str(t.target),
-        }
-        for t in tasks
-    ]
+    rewards = []
+    for completion, expected in zip(completions, target, strict=True):
+        last = completion[-1] if completion else {}
+        text = (last.get("content") or "") if isinstance(last, dict) else str(last)
+        if isinstance(last, dict) and last.get("tool_calls"):
+            rewards.append(0.0)  # still calling tools at the turn limit, as ours' max_turns
+        elif "<tool_call>" in text:
+            rewards.append(PARSE_FAILURE_REWARD)
+        else:
+            rewards.append(float(answers_match(extract_answer(text), expected)))
+    return rewards
 
-    def answer_reward(completions, target, **kwargs):
-        """ToolUseGame's reward: 1.0 when the final reply matches the target."""
-        rewards = []
-        for completion, expected in zip(completions, target, strict=True):
-            last = completion[-1] if completion else {}
-            text = last.get("content") or "" if isinstance(last, dict) else str(last)
-            final = not (isinstance(last, dict) and last.get("tool_calls"))
-            rewards.append(float(final and answers_match(extract_answer(text), expected)))
-        return rewards
 
-    times: list[float] = []
-    config = GRPOConfig(
-        output_dir=str(out / "trl"),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        num_generations=args.episodes_per_task,
+def build_trl(model_path: str, tasks, args: Args, out: Path, steps: int, tokenizer: Any):
+    from benchmarks.rollout_trl import build_trl as build
+    from benchmarks.rollout_trl import check_identical_prompts
+
+    trainer = build(
+        model_path,
+        tasks,
+        args,
+        reward_funcs=[answer_reward],
+        output_dir=str(out),
         per_device_train_batch_size=args.batch_size * args.episodes_per_task,
         gradient_accumulation_steps=1,
-        max_completion_length=args.max_turns * args.max_tokens_per_turn,
-        max_tool_calling_iterations=args.max_turns - 1,
-        temperature=1.0,
         learning_rate=args.learning_rate,
         lr_scheduler_type="linear",
         warmup_steps=args.warmup_steps,
-        scale_rewards=args.scale_rewards,
+        scale_rewards="none",
         loss_type="dapo",
-        beta=0.0,
-        max_steps=args.steps,
+        max_steps=steps,
         logging_steps=1,
-        report_to="none",
-        save_strategy="no",
         seed=args.seed,
     )
-    trainer = GRPOTrainer(
-        model=model_path,
-        reward_funcs=[answer_reward],
-        args=config,
-        train_dataset=Dataset.from_list(rows),
-        environment_factory=trl_environment(),
-        callbacks=[_step_clock(times)],
-    )
+    check_identical_prompts(trainer, tokenizer, tasks[:32])
+    return trainer
+
+
+def train(name: str, model_path: str, tasks, args: Args, out: Path, steps: int, tokenizer: Any):
+    """One fresh trainer of contender ``name`` run for ``steps`` steps: (trainer, timer)."""
+    if name == "trl":
+        trainer = build_trl(model_path, tasks, args, out, steps, tokenizer)
+    else:
+        trainer = build_ours(model_path, tasks, args, out, steps, **OURS[name])
+    timer = StepTimer(trainer)
     trainer.train()
-    trainer.save_model(str(out / "trl" / "final"))
-    return {"step_times": times, "model": str(out / "trl" / "final"), "log": _rewards(trainer)}
+    return trainer, timer
 
 
-def _rewards(trainer: Any) -> list[float]:
-    return [h["reward"] for h in trainer.state.log_history if "reward" in h]
+# --- the benchmark -------------------------------------------------------------------------------
 
 
 def evaluate(model_path: str, args: Args, label: str) -> dict[str, Any]:
-    """Greedy and sampled ``run_and_report`` reports of one model on the val tasks."""
+    """Greedy and sampled ``run_and_report`` reports of one model on the test tasks."""
     from llm_gym.eval import run_and_report
     from llm_gym.policies.hf import HFPolicy
 
     reports = {}
-    for mode, temperature, k in (("greedy", 0.0, 1), ("sampled", 1.0, args.val_samples)):
+    for mode, temperature, k in (("greedy", 0.0, 1), ("sampled", 1.0, args.eval_samples)):
         policy = HFPolicy.from_pretrained(
             model_path,
             device="cpu",
@@ -206,8 +297,8 @@ def evaluate(model_path: str, args: Args, label: str) -> dict[str, Any]:
         reports[mode] = run_and_report(
             "ToolUseGame-v0",
             policy,
-            split="val",
-            episodes=args.val_tasks * k,
+            split="test",
+            episodes=args.eval_tasks * k,
             k=k,
             seed=args.seed,
             max_turns=args.max_turns,
@@ -217,104 +308,176 @@ def evaluate(model_path: str, args: Args, label: str) -> dict[str, Any]:
     return reports
 
 
-def main(args: Args) -> dict[str, Any]:
-    import torch
-
-    from benchmarks.rollout_throughput import Args as RolloutArgs
-    from benchmarks.rollout_throughput import warm_model
-    from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS
+def quality(model_path: str, tasks, args: Args, tmp: Path, tokenizer: Any) -> dict[str, Any]:
+    """Ours and TRL trained ``quality_steps`` steps each, and the start, on held-out tasks."""
     from trainers.pipeline_eval import paired_gain
+
+    start = evaluate(model_path, args, "start")
+    result: dict[str, Any] = {}
+    for name in ("ours", "trl"):
+        trainer, _ = train(name, model_path, tasks, args, tmp / f"q_{name}", args.quality_steps,
+                           tokenizer)  # fmt: skip
+        trainer.save_model(str(tmp / f"q_{name}" / "final"))
+        tokenizer.save_pretrained(str(tmp / f"q_{name}" / "final"))
+        after = evaluate(str(tmp / f"q_{name}" / "final"), args, name)
+        result[name] = {
+            mode: {k: v for k, v in paired_gain(start[mode], after[mode]).items()} for mode in start
+        }
+        result[name]["train_reward"] = [
+            h["reward"] for h in trainer.state.log_history if "reward" in h
+        ]
+    return result
+
+
+def main(args: Args) -> dict[str, Any]:
+    check_repeats(args.repeats, args.quick)
+    threads = pin_threads(args.threads)
+    register_waves_policy()
+    from transformers import AutoTokenizer
+
+    from llm_gym.envs.tool_use_game import get_tasks
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    model_path = warm_model(RolloutArgs(model=args.model, sft_seconds=args.sft_seconds))
-    tasks = list(TOOL_USE_GAME_TASKS)
+    model_path = args.model or default_model("sft")
+    settings = {**asdict(args), "model": model_path}
+    conditions = Conditions.start(NAME, threads=threads, settings=settings, quick=args.quick)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tasks = list(get_tasks("train"))
     with tempfile.TemporaryDirectory(prefix="llm_gym_train_step_") as tmp:
-        out = Path(tmp)
-        start = evaluate(model_path, args, "start")
-        ours = run_ours(model_path, tasks, args, out)
-        ours["val"] = evaluate(ours["model"], args, "ours")
-        trl = run_trl(model_path, tasks, args, out)
-        trl["val"] = evaluate(trl["model"], args, "trl")
-    for result in (ours, trl):
-        result["step_s"] = statistics.median(result["step_times"])
-        result["gain"] = {mode: paired_gain(start[mode], result["val"][mode]) for mode in start}
-    ratio = ours["step_s"] / trl["step_s"]
-    trl_budget = args.max_turns * args.max_tokens_per_turn
 
-    def success(r: dict[str, Any], mode: str) -> float:
-        return r["gain"][mode]["success_after"]
+        def contender(name: str):
+            def run(repeat: int) -> dict[str, Any]:
+                out = Path(tmp) / f"{name}_{repeat}"
+                _, timer = train(name, model_path, tasks, args, out, args.steps, tokenizer)
+                return {**timer.summary(), "wall_s": timer.summary()["step_s"]}
 
-    def row(name: str, r: dict[str, Any]) -> str:
-        cells = []
-        for mode in ("sampled", "greedy"):
-            g = r["gain"][mode]
-            low, high = g["gain_ci"]
-            cells.append(f"{g['success_after']:.3f} ({g['gain']:+.3f} [{low:+.3f}, {high:+.3f}])")
-        times = " ".join(f"{t:.1f}" for t in r["step_times"])
-        return (
-            f"| {name} | {r['step_s']:.2f} | {times} | {cells[0]} | {cells[1]} | "
-            f"{statistics.fmean(r['log']):.3f} |"
-        )
+            return run
 
-    start_sampled = ours["gain"]["sampled"]["success_before"]
-    start_greedy = ours["gain"]["greedy"]["success_before"]
-
-    lines = [
-        "# Training step: MultiTurnGRPOTrainer vs TRL GRPOTrainer(environment_factory=...)",
-        "",
-        f"Machine: {machine_description()}, torch {torch.__version__}. Model: `{model_path}` "
-        f"(the SFT-warmed tiny model). ToolUseGame-v0 train tasks, {args.batch_size} tasks x "
-        f"{args.episodes_per_task} episodes per step, up to {args.max_turns} turns "
-        f"({args.max_tokens_per_turn} tokens per turn; TRL: {trl_budget} tokens per completion), "
-        f"{args.steps} steps, lr {args.learning_rate} (warmup {args.warmup_steps}, linear decay), "
-        f"dapo, beta 0, scale_rewards {args.scale_rewards}, temperature 1.0, seed {args.seed}; "
-        "ours without dynamic-sampling refills, so both collect the same episodes per step. "
-        f"Val: the same evaluator for every model on {args.val_tasks} val tasks, "
-        f"{args.val_samples} sampled episodes a task at temperature 1.0 (the trained policy) "
-        "and one greedy; in brackets the gain over the starting model, paired by task, with its "
-        "95% interval.",
-        "",
-        "| trainer | s / step (median) | every step (s) | val success, sampled (gain) | "
-        "val success, greedy (gain) | mean train reward |",
-        "| --- | ---: | --- | --- | --- | ---: |",
-        row("llm_gym MultiTurnGRPOTrainer", ours),
-        row("TRL GRPOTrainer + environment_factory", trl),
-        "",
-        f"Starting model: val success {start_sampled:.3f} sampled, {start_greedy:.3f} greedy.",
-        "",
-        f"Step time ratio (ours / TRL): **{ratio:.2f}** (target <= 0.67). Val success, sampled: "
-        f"ours {success(ours, 'sampled'):.3f} vs TRL {success(trl, 'sampled'):.3f} (target: ours "
-        f">= TRL); greedy: ours {success(ours, 'greedy'):.3f} vs TRL "
-        f"{success(trl, 'greedy'):.3f}.",
-    ]
-    text = "\n".join(lines) + "\n"
+        names = [*OURS, "trl"]
+        result = interleave({n: contender(n) for n in names}, args.repeats, order=args.order,
+                            seed=args.seed, log=print)  # fmt: skip
+        held_out = {}
+        if args.quality_steps:
+            held_out = quality(model_path, tasks, args, Path(tmp), tokenizer)
+    conditions.finish()
+    summary = summarize(result, held_out)
+    out = output_dir(args.quick, args.out_dir, args.write)
+    text = report(summary, conditions, args, model_path)
     print(text)
-    if args.write:
-        write_markdown("train_step", text, args.out_dir)
-    return {"ours": ours, "trl": trl, "start": start, "ratio": ratio}
+    if out is not None:
+        write_markdown(NAME, text, out)
+        write_json(NAME, {"benchmark": NAME, "conditions": conditions.as_json(), **summary}, out)
+    return summary
+
+
+def summarize(result: Any, held_out: dict[str, Any]) -> dict[str, Any]:
+    parts = ("step_s", "generation_s", "scoring_s", "backward_s")
+    contenders = {
+        name: {
+            **{p: median_interval([run[p] for run in runs]).as_json() for p in parts},
+            "runs": runs,
+        }
+        for name, runs in result.runs.items()
+    }
+    ours = [run["step_s"] for run in result.runs["ours"]]
+
+    def ratio(name: str) -> dict[str, Any]:
+        return ratio_interval(ours, [run["step_s"] for run in result.runs[name]]).as_json()
+
+    return {
+        "step_time_ratio_to_trl": ratio("trl"),
+        "step_time_ratio_to_no_shared_prefix": ratio("ours_no_shared_prefix"),
+        "step_time_ratio_to_waves": ratio("ours_waves"),
+        "contenders": contenders,
+        "order": result.order,
+        "held_out": held_out,
+    }
+
+
+LABELS = {
+    "ours": "llm_gym `MultiTurnGRPOTrainer`",
+    "ours_no_shared_prefix": "llm_gym, `shared_prefix=False`",
+    "ours_waves": 'llm_gym, `rollout_batching="waves"` (the engine before)',
+    "trl": "TRL `GRPOTrainer` + `environment_factory`, best settings",
+}
+
+
+def _cell(estimate: dict[str, Any]) -> str:
+    low, high = estimate["ci"]
+    return f"{estimate['median']:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def report(summary: dict[str, Any], conditions: Conditions, args: Args, model_path: str) -> str:
+    ratio = summary["step_time_ratio_to_trl"]
+    met = "met" if ratio["median"] <= 0.67 else "NOT met"
+    lines = [
+        "# Training step: MultiTurnGRPOTrainer (and two ablations) vs TRL's tool loop",
+        "",
+        conditions.describe(),
+        "",
+        f"Workload: model `{model_path}`; ToolUseGame train tasks, {args.batch_size} tasks x "
+        f"{args.episodes_per_task} episodes a step, up to {args.max_turns} turns of "
+        f"{args.max_tokens_per_turn} tokens on both sides, dapo, beta 0, Dr. GRPO advantages, "
+        f"lr {args.learning_rate} (warmup {args.warmup_steps}, linear), temperature 1.0, seed "
+        f"{args.seed}, the same reward and parse-failure reward ({PARSE_FAILURE_REWARD}); TRL's "
+        "prompt ids asserted identical to ours. Each repeat trains a fresh trainer for "
+        f"{args.steps} steps; its value is the median of the steps after the first. "
+        f"{len(summary['order'])} repeats, interleaved; medians over repeats with 95% intervals.",
+        "",
+        "| trainer | s / step | generation | scoring (forward + loss) | backward + optimizer |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, entry in summary["contenders"].items():
+        lines.append(
+            f"| {LABELS[name]} | {_cell(entry['step_s'])} | {_cell(entry['generation_s'])} | "
+            f"{_cell(entry['scoring_s'])} | {_cell(entry['backward_s'])} |"
+        )
+    lines += [
+        "",
+        f"Step time, ours / TRL: **{_cell(ratio)}** (target <= 0.67: {met}). Attribution: "
+        "ours / ours without shared-prefix scoring "
+        f"{_cell(summary['step_time_ratio_to_no_shared_prefix'])}; ours / ours with the waves "
+        f"engine {_cell(summary['step_time_ratio_to_waves'])}.",
+    ]
+    held = summary["held_out"]
+    if held:
+        lines += [
+            "",
+            f"## Held-out quality after {args.quality_steps} steps",
+            "",
+            f"{args.eval_tasks} ToolUseGame test tasks, the same evaluator for every model: "
+            f"{args.eval_samples} sampled episodes a task at temperature 1.0 and one greedy; the "
+            "gain over the starting model is paired by task, with its 95% interval.",
+            "",
+            "| trainer | sampled success (gain) | greedy success (gain) |",
+            "| --- | --- | --- |",
+        ]
+        for name in ("ours", "trl"):
+            cells = []
+            for mode in ("sampled", "greedy"):
+                g = held[name][mode]
+                low, high = g["gain_ci"]
+                gain = f"{g['gain']:+.3f} [{low:+.3f}, {high:+.3f}]"
+                cells.append(f"{g['success_after']:.3f} ({gain})")
+            lines.append(f"| {LABELS[name]} | {cells[0]} | {cells[1]} |")
+        start = held["ours"]["sampled"]["success_before"]
+        lines.append(f"\nStarting model: sampled success {start:.3f}.")
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
-    parser.add_argument("--steps", type=int, default=Args.steps)
-    parser.add_argument("--batch-size", type=int, default=Args.batch_size)
-    parser.add_argument("--episodes-per-task", type=int, default=Args.episodes_per_task)
-    parser.add_argument("--max-turns", type=int, default=Args.max_turns)
-    parser.add_argument("--max-tokens-per-turn", type=int, default=Args.max_tokens_per_turn)
-    parser.add_argument("--learning-rate", type=float, default=Args.learning_rate)
-    parser.add_argument("--warmup-steps", type=int, default=Args.warmup_steps)
-    parser.add_argument("--scale-rewards", default=Args.scale_rewards)
-    parser.add_argument("--val-tasks", type=int, default=Args.val_tasks)
-    parser.add_argument("--val-samples", type=int, default=Args.val_samples)
-    parser.add_argument("--seed", type=int, default=Args.seed)
-    parser.add_argument("--sft-seconds", type=float, default=Args.sft_seconds)
-    parser.add_argument("--no-write", dest="write", action="store_false")
-    ns = parser.parse_args(argv)
-    if ns.val_samples < 1:
-        parser.error(f"--val-samples must be >= 1, actual value: {ns.val_samples}.")
-    return Args(**{k: v for k, v in vars(ns).items()})
+    for name in ("steps", "quality_steps", "batch_size", "episodes_per_task", "max_turns",
+                 "max_tokens_per_turn", "eval_tasks", "eval_samples"):  # fmt: skip
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    parser.add_argument("--learning-rate", type=float, default=None)
+    add_harness_arguments(parser, repeats=Args.repeats, threads=Args.threads)
+    ns = vars(parser.parse_args(argv))
+    sizes = Args.quick_sizes() if ns["quick"] else {}
+    given = {f.name: ns[f.name] for f in fields(Args) if ns.get(f.name) is not None}
+    return Args(**{**sizes, **given})
 
 
 if __name__ == "__main__":

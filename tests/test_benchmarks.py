@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 from benchmarks import env_step
 
 
 def test_env_step_smoke(tmp_path) -> None:
-    rows = env_step.main(env_step.Args(episodes=5, repeats=1, out_dir=tmp_path, write=True))
+    args = env_step.parse_args(["--quick", "--episodes", "5", "--repeats", "2"])
+    args.out_dir = tmp_path
+    rows = env_step.main(args)
     kinds = {(env, kind) for env, kind, _, _ in rows}
     assert ("ToolUseGame-v0", "lookup") in kinds and ("ToolUseGame-v0", "final_answer") in kinds
     assert (tmp_path / "env_step.md").exists() and (tmp_path / "env_step.png").exists()
-    assert (tmp_path / "env_step.json").exists()
+    data = json.loads((tmp_path / "env_step.json").read_text())
+    assert data["conditions"]["quick"] and data["conditions"]["threads"]["torch_threads"] == 1
+    assert len(data["median_us_per_repeat"]["GuessNumber-v0 (\\boxed{n}, bisection)"]) == 2
 
 
 def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
@@ -27,7 +33,17 @@ def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
     assert (args.tasks, args.repeats, args.threads) == (2, 3, 1)
     summary = rt.main(args)
     contenders = summary["contenders"]
-    assert set(contenders) == {"ours", "replay", "generate", "trl", "waves"}
+    assert set(contenders) == {
+        "ours",
+        "replay",
+        "generate",
+        "trl_generate",
+        "trl_continuous_batching",
+        "waves",
+    }
+    for backend in ("trl_generate", "trl_continuous_batching"):  # identical prompts, asserted
+        assert all(r["identical_prompt_ids"] == 2 for r in contenders[backend]["runs"])
+    assert summary["trl_best"] in ("trl_generate", "trl_continuous_batching")
     for entry in contenders.values():
         assert len(entry["runs"]) == 3
         assert all(run["episodes"] == 4 and run["wall_s"] > 0 for run in entry["runs"])
@@ -36,6 +52,8 @@ def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
     data = json.loads((tmp_path / "rollout_throughput.json").read_text())
     limit = data["ratio_to_replay_limit"]
     assert set(limit) == {"median", "ci"} and limit["ci"][0] <= limit["median"] <= limit["ci"][1]
+    best = data["ratio_to_trl_best"]
+    assert best == data[f"ratio_to_{data['trl_best']}"] and best["median"] > 0
     assert data["conditions"]["quick"] and data["conditions"]["threads"]["torch_threads"] == 1
     assert len(data["conditions"]["load_after"]) == 3
     assert data["statistics"]["repeats"] == 3 and len(data["statistics"]["order"]) == 3
@@ -143,31 +161,36 @@ def test_the_replay_reproduces_the_engines_logprobs(small_model) -> None:
 
 
 def test_train_step_smoke(small_model_dir, tmp_path) -> None:
+    """``--quick``: every contender (ours, two ablations, TRL) trains through the harness, each
+    step split into generation, scoring and the rest; the held-out quality run evaluates ours and
+    TRL; the JSON holds ``step_time_ratio_to_trl`` with its interval."""
+    import json
+
     import pytest
 
     pytest.importorskip("trl")
     from benchmarks import train_step
 
-    result = train_step.main(
-        train_step.Args(
-            model=str(small_model_dir),
-            steps=1,
-            batch_size=2,
-            episodes_per_task=2,
-            max_turns=2,
-            max_tokens_per_turn=8,
-            val_tasks=2,
-            val_samples=2,
-            out_dir=tmp_path,
-        )
+    args = train_step.parse_args(
+        ["--quick", "--model", str(small_model_dir), "--out-dir", str(tmp_path)]
     )
+    summary = train_step.main(args)
+    assert set(summary["contenders"]) == {"ours", "ours_no_shared_prefix", "ours_waves", "trl"}
+    for entry in summary["contenders"].values():
+        assert len(entry["runs"]) == 2
+        for run in entry["runs"]:
+            assert len(run["steps"]) == 2
+            for step in run["steps"]:
+                assert step["generation_s"] > 0 and step["scoring_s"] > 0
+                parts = step["generation_s"] + step["scoring_s"] + step["backward_s"]
+                assert parts == pytest.approx(step["step_s"])
     for name in ("ours", "trl"):
-        assert len(result[name]["step_times"]) == 1
-        assert len(result[name]["val"]["greedy"].episodes) == 2
-        assert result[name]["gain"]["sampled"]["episodes"] == 4  # 2 tasks x 2 samples
-        assert result[name]["gain"]["sampled"]["tasks"] == 2
-    assert result["ratio"] > 0
-    assert (tmp_path / "train_step.md").exists()
+        assert summary["held_out"][name]["sampled"]["episodes"] == 4  # 2 tasks x 2 samples
+    data = json.loads((tmp_path / "train_step.json").read_text())
+    ratio = data["step_time_ratio_to_trl"]
+    assert ratio["ci"][0] <= ratio["median"] <= ratio["ci"][1]
+    assert data["conditions"]["threads"]["torch_threads"] == 2
+    assert "Step time, ours / TRL" in (tmp_path / "train_step.md").read_text()
 
 
 def test_grpo_overfit_smoke(small_model_dir, capsys) -> None:
@@ -253,3 +276,27 @@ def test_serve_load_smoke(small_model_dir, tmp_path) -> None:
     assert summary["latency"]["p99_s"] >= summary["latency"]["p50_s"] > 0
     for suffix in ("md", "json", "png"):
         assert (tmp_path / f"serve_load.{suffix}").exists()
+
+
+def test_main_job_smoke(small_model_dir, tmp_path) -> None:
+    """``--quick``: the job once, then its GRPO phase with a second seed from the same SFT model;
+    the JSON has the test split and the new world per seed."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("trl")
+    from benchmarks import main_job
+
+    args = ["--quick", "--model", str(small_model_dir), "--seeds", "0", "1"]
+    result = main_job.main([*args, "--out-dir", str(tmp_path)])
+    data = json.loads((tmp_path / "main_job.json").read_text())
+    assert data["split"] == "test" and data["variants"] == {"new_world": {"world_seed": 1}}
+    for section in ("test_split", "new_world"):
+        seeds = [entry["grpo_seed"] for entry in data[section]["per_seed"]]
+        assert seeds == [0, 1]
+        for entry in data[section]["per_seed"]:
+            assert entry["sampled"]["tasks"] == 2 and entry["greedy"]["tasks"] == 2
+    assert set(result["train_log"]) == {0, 1}
+    assert (tmp_path / "main_job_reward_curve.png").exists()
+    assert "new_world" in (tmp_path / "main_job.md").read_text()
