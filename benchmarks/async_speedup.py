@@ -37,9 +37,11 @@ from typing import Any
 
 from benchmarks.common import (
     RESULTS_DIR,
+    Conditions,
     default_model,
     machine_description,
     sampled_success,
+    thread_settings,
     write_markdown,
 )
 
@@ -237,8 +239,7 @@ def render(summary: dict[str, Any], args: Args, model: str, seconds: float) -> s
     lines = [
         "# Async training against lockstep (ToolUseGame-v0, CPU)",
         "",
-        f"Machine: {machine_description()}. Command: `python -m benchmarks.async_speedup "
-        f"--model {model}`; {seconds / 60:.0f} min.",
+        Conditions(**summary["conditions"]).describe(),
         "",
         f"Each run: {args.steps} optimizer steps (the first two untimed) of {args.batch_size} "
         f"tasks x {args.episodes_per_task} episodes, max {args.max_turns} turns, "
@@ -344,6 +345,12 @@ def main(args: Args) -> dict[str, Any]:
     ]
     runs: list[Run] = []
     start = time.perf_counter()
+    conditions = Conditions.start(
+        "async_speedup",
+        threads=thread_settings(),
+        settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+        quick=args.rounds == 1,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for latency in args.latencies:
@@ -362,8 +369,10 @@ def main(args: Args) -> dict[str, Any]:
                     )
                     runs.append(run)
     seconds = time.perf_counter() - start
+    conditions.finish()
     summary = summarise(runs, args)
     summary.update(
+        conditions=conditions.as_json(),
         machine=machine_description(),
         model=model,
         settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+from benchmarks.common import RESULTS_DIR, machine_description, ratio_interval, write_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,8 @@ def _probe_all(tree: Path, args: Args) -> dict[str, float]:
 
 
 def compare(rounds: list[dict[str, dict[str, float]]]) -> list[dict[str, object]]:
-    """Per metric: both medians and the per-round ratios after/before (median, min, max).
+    """Per metric: both medians, the per-round ratios after/before (median, min, max), and the
+    ratio of the medians with its paired bootstrap 95% interval over rounds.
 
     Example:
         >>> rows = compare([{"before": {"m": 2.0}, "after": {"m": 3.0}},
@@ -135,10 +136,16 @@ def compare(rounds: list[dict[str, dict[str, float]]]) -> list[dict[str, object]
                 "after": statistics.median(after),
                 "ratio": statistics.median(ratios),
                 "ratio_range": [min(ratios), max(ratios)],
+                "ratio_of_medians": ratio_interval(after, before).as_json(),
                 "rounds": len(rounds),
             }
         )
     return rows
+
+
+def _ci(estimate: dict[str, object]) -> str:
+    low, high = estimate["ci"]  # type: ignore[misc]
+    return f"{estimate['median']:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def _plot(rows: list[dict[str, object]], path: Path) -> None:
@@ -199,14 +206,15 @@ def main(args: Args) -> list[dict[str, object]]:
         "",
         conditions,
         "",
-        "| metric | before | after | after / before (median) | range over rounds |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| metric | before | after | after / before (median) | range over rounds | "
+        "ratio of medians [95% CI] |",
+        "| --- | ---: | ---: | ---: | --- | --- |",
     ]
     for row in rows:
         low, high = row["ratio_range"]  # type: ignore[misc]
         lines.append(
             f"| {row['metric']} | {row['before']:.2f} | {row['after']:.2f} | "
-            f"{row['ratio']:.3f} | [{low:.3f}, {high:.3f}] |"
+            f"{row['ratio']:.3f} | [{low:.3f}, {high:.3f}] | {_ci(row['ratio_of_medians'])} |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

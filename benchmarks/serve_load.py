@@ -32,7 +32,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, machine_description, write_markdown
+from benchmarks.common import (
+    RESULTS_DIR,
+    Conditions,
+    machine_description,
+    thread_settings,
+    write_markdown,
+)
 
 PROMPT = [{"role": "user", "content": "What is 17 + 25? Answer with the number."}]
 
@@ -259,6 +265,7 @@ def write_results(summary: dict[str, Any], out_dir: Path) -> None:
     lines = [
         "# `llm-gym serve` under load",
         "",
+        *([Conditions(**summary["conditions"]).describe(), ""] if "conditions" in summary else []),
         f"{a['clients']} concurrent clients for {a['duration_s']:g} s on loopback against "
         f"`llm-gym serve` (Starlette on uvicorn, one generation at a time) with the tiny model "
         f"(`{a['model']}`); chat completions of at most {a['max_tokens']} tokens, every "
@@ -333,9 +340,15 @@ def main(args: Args) -> dict[str, Any]:
         from llm_gym.models import build_tiny_model
 
         args.model = str(build_tiny_model())
+    conditions = Conditions.start(
+        "serve_load",
+        threads={"server_torch_threads": args.torch_threads, **thread_settings()},
+        settings={k: str(v) if isinstance(v, Path) else v for k, v in asdict(args).items()},
+    )
     process, port = start_server(args.model, args.torch_threads)
     try:
         summary = run_load(args, port, process.pid)
+        summary["conditions"] = conditions.finish().as_json()
     finally:
         process.terminate()
         try:

@@ -159,6 +159,15 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     trainer.processing_class.save_pretrained(str(final_path))
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
+    summary["train_log"] = [
+        {
+            "step": record["step"],
+            "reward": record["reward"],
+            "success_rate": record.get("episodes/success_rate"),
+        }
+        for record in trainer.state.log_history
+        if "reward" in record and "step" in record
+    ]
 
     # 5. held-out success after GRPO, and the gain on the same tasks
     after: dict[str, Any] = {}
@@ -256,7 +265,7 @@ def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) 
                 max_steps=sft.short_context_steps,
                 lr_scheduler_type="constant",
                 warmup_steps=warmup,
-                time_budget_s=budget / 2 if budget is not None else None,
+                time_budget_s=budget * _short_share(sft) if budget is not None else None,
                 **common,
             )
         )
@@ -277,6 +286,15 @@ def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) 
             **common,
         )
     )
+
+
+def _short_share(sft: SFTSettings) -> float:
+    """The share of the SFT time budget the short-context phase may use: its share of the steps
+    (its steps are the cheaper ones, so the full phase keeps at least its share of the time), or
+    half when the full phase runs by epochs."""
+    if sft.max_steps is None:
+        return 0.5
+    return sft.short_context_steps / (sft.short_context_steps + sft.max_steps)
 
 
 def _sft_tasks(

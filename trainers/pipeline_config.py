@@ -66,7 +66,8 @@ class SFTSettings:
     imperfect demonstrator's data would)."""
     time_budget_s: float | None = None
     """Stop after this many seconds of training, both phases together (None: no limit); the
-    short-context phase gets at most half of it."""
+    short-context phase gets at most its share of the steps (half when the full phase runs by
+    epochs)."""
 
 
 @dataclass
