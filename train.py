@@ -16,6 +16,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--set",
         nargs="*",
+        action="extend",  # --set a=1 --set b=2 keeps both (the default "store" kept the last)
         default=[],
         metavar="KEY=VALUE",
         help="override config keys, e.g. grpo.num_steps=2 (values are parsed as YAML)",

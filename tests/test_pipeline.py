@@ -179,7 +179,10 @@ sft:
   episodes: 16
   batch_size: 4
   max_steps: 1
-  oracle: llm_gym.envs.tool_use_game:hasty_oracle_action
+  short_context_steps: 1
+  short_context_oracle: llm_gym.envs.tool_use_game:oracle_action
+  oracle: llm_gym.envs.tool_use_game:HastyOracle
+  oracle_options: {{guess_rate: 0.5}}
   only_successful: false
 grpo:
   batch_size: 2
@@ -219,3 +222,24 @@ def test_config_refuses_bad_variants_and_an_unknown_demonstrator(tmp_path) -> No
 
     with pytest.raises(InvalidArgumentError, match="has no attribute 'nope'"):
         resolve("llm_gym.envs.tool_use_game:nope")
+    from trainers.pipeline import _demonstrator
+
+    with pytest.raises(InvalidArgumentError, match="options need the demonstrator"):
+        _demonstrator(None, {"guess_rate": 0.5}, resolve)
+    hasty = _demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 0.5}, resolve)
+    assert hasty.guess_rate == 0.5
+    with pytest.raises(InvalidArgumentError, match="guess_rate must be a number in"):
+        _demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 2}, resolve)
+
+
+def test_train_py_keeps_every_set_override() -> None:
+    """``--set a=1 --set b=2`` keeps both (argparse's default kept only the last ``--set``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
+    train_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_script)
+    args = train_script.parse_args(
+        ["--config", "c.yaml", "--set", "output_dir=/x", "--set", "a=1", "b=2"]
+    )
+    assert args.set == ["output_dir=/x", "a=1", "b=2"]

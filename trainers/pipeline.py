@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llm_gym.errors import InvalidArgumentError
 from trainers.pipeline_config import (
     EvalSettings,
     PipelineConfig,
@@ -69,16 +70,37 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     if config.sft is not None:
         from trainers.sft_data import oracle_sft_dataset
 
-        print(f"== 2/5 SFT warm start on {config.sft.episodes} oracle transcripts", flush=True)
+        print(f"== 2/5 SFT warm start on {config.sft.episodes} demonstrations", flush=True)
         t = time.perf_counter()
         sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed, config.task_options)
-        dataset = oracle_sft_dataset(
-            entry,
-            sft_tasks,
-            oracle=resolve(config.sft.oracle) if config.sft.oracle else None,
-            only_successful=config.sft.only_successful,
+        datasets = {}
+        for phase, spec, options in (
+            ("full", config.sft.oracle, config.sft.oracle_options),
+            ("short", config.sft.short_context_oracle, config.sft.short_context_oracle_options),
+        ):
+            if phase == "short" and config.sft.short_context_steps == 0:
+                continue
+            key = (spec, repr(options))
+            reused = [d for k, d in datasets.values() if k == key]
+            datasets[phase] = (
+                key,
+                reused[0]
+                if reused
+                else oracle_sft_dataset(
+                    entry,
+                    sft_tasks,
+                    oracle=_demonstrator(spec, options, resolve),
+                    only_successful=config.sft.only_successful,
+                ),
+            )
+        model_path = _sft(
+            model_path,
+            out,
+            datasets["full"][1],
+            config.sft,
+            config.seed,
+            short=datasets["short"][1] if "short" in datasets else None,
         )
-        model_path = _sft(model_path, out, dataset, config.sft, config.seed)
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
@@ -244,8 +266,11 @@ def build_grpo_config(
     return GRPOConfig(output_dir=output_dir, model=model_path, **fields)
 
 
-def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) -> str:
-    """The SFT warm start: the short-context phase (if any), then the full transcripts."""
+def _sft(
+    model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int, short: Any = None
+) -> str:
+    """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then
+    the full transcripts of ``dataset``."""
     from trainers.sft import sft_warm_start
     from trainers.sft_data import short_context_dataset
 
@@ -261,7 +286,7 @@ def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) 
             sft_warm_start(
                 model_path,
                 out / "sft_short_context",
-                short_context_dataset(dataset),
+                short_context_dataset(short if short is not None else dataset),
                 max_steps=sft.short_context_steps,
                 lr_scheduler_type="constant",
                 warmup_steps=warmup,
@@ -286,6 +311,17 @@ def _sft(model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int) 
             **common,
         )
     )
+
+
+def _demonstrator(spec: str | None, options: dict[str, Any] | None, resolve: Any) -> Any:
+    """A demonstrator: ``spec`` resolved (called with ``options`` when given); None: the
+    environment's registered oracle."""
+    if spec is None:
+        if options:
+            raise InvalidArgumentError("demonstrator options need the demonstrator (the factory).")
+        return None
+    found = resolve(spec)
+    return found(**options) if options else found
 
 
 def _short_share(sft: SFTSettings) -> float:

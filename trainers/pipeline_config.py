@@ -61,6 +61,15 @@ class SFTSettings:
     """The demonstrator, as ``"module:attr"`` (``(task, messages) -> Message``); None: the
     environment's registered oracle. An imperfect one (ToolUseGame's ``hasty_oracle_action``)
     gives a warm start that RL then corrects."""
+    oracle_options: dict[str, Any] | None = None
+    """With options, ``oracle`` names a factory and the demonstrator is ``oracle(**options)``
+    (``{guess_rate: 0.5}`` for ToolUseGame's ``HastyOracle``)."""
+    short_context_oracle: str | None = None
+    """The demonstrator of the short-context phase (the same form as ``oracle``); None: the
+    environment's registered oracle. The skills (copying names and numbers) come from clean
+    demonstrations there; the full phase's ``oracle`` sets the habits."""
+    short_context_oracle_options: dict[str, Any] | None = None
+    """Options of ``short_context_oracle`` (as ``oracle_options``)."""
     only_successful: bool = True
     """Keep only the demonstrations that succeed (False: keep the failed ones too, as an
     imperfect demonstrator's data would)."""

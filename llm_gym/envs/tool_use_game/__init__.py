@@ -7,6 +7,7 @@ from llm_gym.envs.tool_use_game.env import (
     SYSTEM_PROMPT,
     TOOL_USE_GAME_TASKS,
     VERSION,
+    HastyOracle,
     ToolUseGameEnv,
     generate_tasks,
     get_tasks,
@@ -21,6 +22,7 @@ from llm_gym.envs.tool_use_game.env import (
 __all__ = [
     "DEFAULT_WORLD_SEED",
     "FACTS",
+    "HastyOracle",
     "NEW_WORLD_SEED",
     "SYSTEM_PROMPT",
     "TOOL_USE_GAME_TASKS",
