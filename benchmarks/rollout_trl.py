@@ -19,7 +19,6 @@ What "its best settings" means here (issue 16, item 2), each the same as ours:
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any
 
@@ -71,22 +70,11 @@ def our_tool_specs() -> list[dict[str, Any]]:
 
 
 def our_rendering(tokenizer: Any) -> Any:
-    """``tokenizer`` with its ``apply_chat_template`` rendering our tool specs, in our order,
-    wherever TRL passes its tool callables (matched by name; TRL lists an environment's methods
-    alphabetically), so both sides see the same prompt text."""
-    specs = {spec["function"]["name"]: spec for spec in our_tool_specs()}
-    original = tokenizer.apply_chat_template
+    """``tokenizer`` rendering our tool specs, in our order, where TRL passes its tool callables
+    (:func:`llm_gym.integrations.trl.our_rendering`)."""
+    from llm_gym.integrations.trl import our_rendering as render_ours
 
-    @functools.wraps(original)
-    def apply_chat_template(conversation: Any, *args: Any, tools: Any = None, **kwargs: Any):
-        if tools:
-            names = {getattr(t, "__name__", None) for t in tools}
-            if names <= specs.keys():
-                tools = [spec for name, spec in specs.items() if name in names]
-        return original(conversation, *args, tools=tools, **kwargs)
-
-    tokenizer.apply_chat_template = apply_chat_template
-    return tokenizer
+    return render_ours(tokenizer, our_tool_specs())
 
 
 def prompt_rows(tasks: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,256 @@
+"""TRL's own trainer on llm_gym environments: ``GRPOTrainer(environment_factory=...)``.
+
+TRL 1.16 plays an environment through a class it instantiates once per rollout: ``reset(**row)``
+starts an episode of the dataset row, every other public method is a tool the model may call
+(its JSON schema read from the method's signature and docstring), and reward functions receive
+the instances as ``environments``. :func:`environment_factory` builds that class for any
+registered llm_gym environment (or env factory), :func:`trl_dataset` the rows it resets from, and
+:func:`env_reward` the reward: the completion's final reply is sent to the environment as its last
+step, and the environment's own reward is read back.
+
+    from trl import GRPOConfig, GRPOTrainer
+    from llm_gym.integrations.trl import env_reward, environment_factory, trl_dataset
+
+    trainer = GRPOTrainer(
+        model="path/to/model",
+        args=GRPOConfig(max_tool_calling_iterations=7, ...),
+        train_dataset=trl_dataset("ToolUseGame-v0", "train"),
+        environment_factory=environment_factory("ToolUseGame-v0"),
+        reward_funcs=[env_reward],
+    )
+
+Each tool method carries the environment's own tool spec (name, description, parameter types
+and descriptions), so the model sees the tools it would see in our loop; :func:`our_rendering`
+goes one step further and makes a tokenizer render exactly our specs, in our order (TRL lists
+methods alphabetically and transformers' schema drops an empty ``required``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from llm_gym.aio import LoopRunner
+from llm_gym.core.registry import as_env_entry
+from llm_gym.core.task import Task
+from llm_gym.core.types import Message
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["env_reward", "environment_factory", "our_rendering", "trl_dataset"]
+
+_PYTHON_TYPES: dict[str, type] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+TASK_ID = "task_id"
+"""The dataset column that names each row's task."""
+
+
+def _tool_method(spec: Mapping[str, Any]) -> Callable[..., str]:
+    """A method named after the tool, with a signature and Google-style docstring made from its
+    JSON schema, that runs the tool in the instance's episode."""
+    function = spec["function"]
+    name = function["name"]
+    schema = function.get("parameters") or {}
+    properties: dict[str, Any] = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    if not name.isidentifier():
+        raise InvalidArgumentError(
+            f"Tool name {name!r} is not a Python identifier: TRL calls tools as methods."
+        )
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    for argument, argument_schema in properties.items():
+        kind = _PYTHON_TYPES.get(str(argument_schema.get("type")), str)
+        optional = argument not in required
+        annotations[argument] = kind  # optional: default None, left out of the call
+        parameters.append(
+            inspect.Parameter(
+                argument,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=None if optional else inspect.Parameter.empty,
+                annotation=annotations[argument],
+            )
+        )
+    annotations["return"] = str
+    lines = [str(function.get("description") or name)]
+    if properties:
+        lines += ["", "Args:"]
+        for argument, argument_schema in properties.items():
+            lines.append(f"    {argument}: {argument_schema.get('description') or argument}")
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> str:
+        bound = signature.bind(self, *args, **kwargs)
+        arguments = {k: v for k, v in bound.arguments.items() if k != "self" and v is not None}
+        return self._call(name, arguments)
+
+    signature = inspect.Signature(parameters, return_annotation=str)
+    method.__name__ = method.__qualname__ = name
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    method.__annotations__ = annotations
+    method.__doc__ = "\n".join(lines)
+    return method
+
+
+class _Episode:
+    """One rollout's episode of an llm_gym environment, as TRL drives it (the base of the class
+    :func:`environment_factory` returns)."""
+
+    _entry: Any
+    _tasks: Mapping[str, Task]
+    _runner: LoopRunner
+
+    def __init__(self) -> None:
+        self._env: Any = None
+        self._messages: list[Message] = []
+        self._calls = 0
+        self.reward: float | None = None
+        """The environment's reward once :func:`env_reward` sent the final reply (else None)."""
+        self.done = False
+
+    def reset(self, **row: Any) -> None:
+        """Start an episode of the row's task (the prompt is already in the row)."""
+        task_id = row.get(TASK_ID)
+        if task_id not in self._tasks:
+            raise InvalidArgumentError(
+                f"The row's {TASK_ID!r} ({task_id!r:.80}) names no task of this environment: "
+                "build the dataset with llm_gym.integrations.trl.trl_dataset."
+            )
+        task = self._tasks[task_id]
+        self._env = self._entry.env_factory()(task)
+        self._messages = self._runner.run(self._env.reset(task))
+        self._calls, self.reward, self.done = 0, None, False
+        return None
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one tool call as a step of the episode; its result is the tool message."""
+        if self._env is None or self.done:
+            return "tool_error: no episode is running."
+        self._calls += 1
+        call = {
+            "id": f"trl_{self._calls}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)},
+        }
+        message = Message(role="assistant", content="", tool_calls=[call])
+        result = self._runner.run(self._env.step(message))
+        self._messages = list(result.messages)
+        if result.terminated or result.truncated:
+            self.done, self.reward = True, float(result.reward)
+        tools = [m for m in result.messages if m.get("role") == "tool"]
+        return str(tools[-1].get("content", "")) if tools else ""
+
+    def _finish(self, reply: str) -> float:
+        """Send the final reply as the episode's last step; return the environment's reward."""
+        if self._env is None:
+            raise InvalidArgumentError("A final reply before reset(): no episode is running.")
+        if not self.done:
+            result = self._runner.run(self._env.step(Message(role="assistant", content=reply)))
+            self.done = True
+            self.reward = float(result.reward) if result.terminated else 0.0
+        return float(self.reward or 0.0)
+
+
+def environment_factory(
+    env: Any, *, split: str = "train", task_options: Mapping[str, Any] | None = None
+) -> type:
+    """The class ``GRPOTrainer(environment_factory=...)`` instantiates once per rollout.
+
+    Args:
+        env: A registered id (``"ToolUseGame-v0"``), its ``EnvEntry``, or an env factory.
+        split: The split whose tasks rows may name (``trl_dataset``'s split).
+        task_options: Options of the task source (``{"world_seed": 1}`` for ToolUseGame).
+
+    Returns:
+        A class with ``reset(**row)`` and one public method per tool of the environment (its
+        spec's name, parameters and descriptions); TRL treats every other public method as a
+        tool, so the rest is private (:func:`env_reward` sends the final reply).
+    """
+    entry = as_env_entry(env)
+    tasks = entry.tasks(split, **dict(task_options or {}))
+    probe = entry.env_factory()(tasks[0])
+    specs = list(probe.tool_specs)
+    methods = {spec["function"]["name"]: _tool_method(spec) for spec in specs}
+    clash = sorted(set(methods) & {"reset", "get_reward"})
+    if clash:
+        raise InvalidArgumentError(f"Tool name(s) {clash} clash with the episode's own methods.")
+    namespace = {
+        **methods,
+        "_entry": entry,
+        "_tasks": {_task_key(t, i): t for i, t in enumerate(tasks)},
+        "_runner": LoopRunner(),
+        "_specs": specs,
+        "__doc__": f"{entry.id} as a TRL environment (one instance per rollout).",
+    }
+    return type(f"{entry.id.replace('-', '_').replace('/', '_')}_TRL", (_Episode,), namespace)
+
+
+def _task_key(task: Task, index: int) -> str:
+    return str(task.id or f"task-{index}")
+
+
+def trl_dataset(
+    env: Any,
+    split: str = "train",
+    *,
+    task_options: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+) -> Any:
+    """The rows TRL trains on: ``prompt`` (the environment's opening messages) and ``task_id``
+    (the task :func:`environment_factory`'s ``reset`` starts), as a ``datasets.Dataset``."""
+    from datasets import Dataset
+
+    entry = as_env_entry(env)
+    tasks = entry.tasks(split, **dict(task_options or {}))[:limit]
+    runner = LoopRunner()
+    rows = []
+    for index, task in enumerate(tasks):
+        opening = runner.run(entry.env_factory()(task).reset(task))
+        prompt = [{"role": m["role"], "content": m.get("content") or ""} for m in opening]
+        rows.append({"prompt": prompt, TASK_ID: _task_key(task, index)})
+    return Dataset.from_list(rows)
+
+
+def env_reward(completions: Sequence[Any], environments: Sequence[Any], **kwargs: Any) -> list:
+    """A TRL reward function: each completion's final reply goes to its environment as the last
+    step, and the environment's reward comes back. A completion still calling tools when TRL
+    stopped it (its turn limit) gets the environment's reward so far (0 for ToolUseGame)."""
+    rewards = []
+    for completion, environment in zip(completions, environments, strict=True):
+        last = completion[-1] if isinstance(completion, list) and completion else completion
+        if isinstance(last, dict):
+            reply = "" if last.get("tool_calls") else str(last.get("content") or "")
+            still_calling = bool(last.get("tool_calls"))
+        else:
+            reply, still_calling = str(last), False
+        if still_calling:
+            rewards.append(float(environment.reward or 0.0))
+        else:
+            rewards.append(environment._finish(reply))
+    return rewards
+
+
+def our_rendering(tokenizer: Any, tool_specs: Sequence[Mapping[str, Any]]) -> Any:
+    """``tokenizer`` with its ``apply_chat_template`` rendering ``tool_specs`` (ours), in their
+    order, wherever TRL passes tool callables with the same names, so TRL's prompts are token for
+    token the prompts our loop renders. Returns the tokenizer (patched in place)."""
+    specs = {spec["function"]["name"]: dict(spec) for spec in tool_specs}
+    original = tokenizer.apply_chat_template
+
+    @functools.wraps(original)
+    def apply_chat_template(conversation: Any, *args: Any, tools: Any = None, **kwargs: Any):
+        if tools:
+            names = {getattr(t, "__name__", None) for t in tools}
+            if names <= specs.keys():
+                tools = [spec for name, spec in specs.items() if name in names]
+        return original(conversation, *args, tools=tools, **kwargs)
+
+    tokenizer.apply_chat_template = apply_chat_template
+    return tokenizer
