@@ -7,6 +7,9 @@
 2. The GRPO phase again from the same SFT model with GRPO seeds 1, 2, ... (the evaluation seed
    stays the job's), so the gains come with their spread over seeds.
 
+The job's outputs stay in the benchmark cache (``~/.cache/llm_gym/main-job``): the other
+benchmarks start from its SFT model (``benchmarks.common.default_model``).
+
 Every evaluation reads the config's split (the untouched test split: settings were chosen on
 val) and each ``evaluation.variants`` entry (a new world: the same questions over a fact table
 no training task has seen). Writes ``main_job.md``, ``main_job.json`` (``test_split`` and
@@ -27,6 +30,7 @@ from typing import Any
 from benchmarks.common import (
     ROOT,
     Conditions,
+    cache_dir,
     output_dir,
     thread_settings,
     write_json,
@@ -69,7 +73,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overrides["model"] = args.model
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="llm_gym_main_job_") as tmp:
-        first = load_config(args.config, {**overrides, "output_dir": f"{tmp}/seed0"})
+        # The job's own outputs are kept (the other benchmarks read its SFT model from there).
+        job_dir = f"{tmp}/seed0" if args.quick else str(cache_dir() / "main-job")
+        first = load_config(args.config, {**overrides, "output_dir": job_dir})
         print(f"== the main job, GRPO seed {args.seeds[0]}", flush=True)
         first.grpo.setdefault("seed", args.seeds[0])
         runs.append(run_pipeline(first))
