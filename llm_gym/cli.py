@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from llm_gym.errors import LlmGymError
+from llm_gym.errors import InvalidArgumentError, LlmGymError
 
 __all__ = ["build_parser", "main"]
 
@@ -101,6 +101,26 @@ def _cmd_play(
             return 0
 
 
+def _assignments(items: list[str]) -> dict[str, object]:
+    """``["world_seed=1", "name=x"]`` -> ``{"world_seed": 1, "name": "x"}`` (JSON values where
+    they parse, else text).
+
+    Example:
+        >>> _assignments(["world_seed=1", "mode=varied"])
+        {'world_seed': 1, 'mode': 'varied'}
+    """
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise InvalidArgumentError(f"Expected KEY=VALUE with a name for KEY, got {item!r}.")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.eval import run_and_report
     from llm_gym.policies import policy_backend, policy_from_spec
@@ -109,10 +129,16 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     if args.temperature is not None and not policy_backend(args.policy.partition(":")[0]).scripted:
         options["temperature"] = args.temperature  # sampling settings are a model's
     policy = policy_from_spec(args.policy, **options)
+    tasks = None
+    if args.task_option:
+        from llm_gym.core.registry import env_entry
+
+        tasks = env_entry(args.env_id).tasks(args.split, **_assignments(args.task_option))
     report = run_and_report(
         args.env_id,
         policy,
         split=args.split,
+        tasks=tasks,
         episodes=args.episodes,
         k=args.k,
         seed=args.seed,
@@ -258,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-length", type=int, default=None)
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--task-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the task source, e.g. world_seed=1 (ToolUseGame in another world)",
+    )
     p.set_defaults(func=_cmd_eval)
 
     _add_leaderboard(sub)

@@ -100,6 +100,21 @@ def test_cli_eval_writes_a_record(tmp_path) -> None:
     assert json.loads(path.read_text())["metrics"]["success_rate"] == 1.0
 
 
+def test_cli_eval_reads_the_tasks_with_task_options(tmp_path) -> None:
+    """``--task-option world_seed=1``: ToolUseGame's questions in another world (the oracle,
+    which reads its tool results, still succeeds); a bad option is a clear error."""
+    import io
+
+    from llm_gym.cli import main
+
+    path = tmp_path / "r.json"
+    argv = ["eval", "ToolUseGame-v0", "--episodes", "6", "--no-progress", "--output", str(path)]
+    assert main([*argv, "--task-option", "world_seed=1"], out=io.StringIO()) == 0
+    assert json.loads(path.read_text())["metrics"]["success_rate"] == 1.0
+    err = io.StringIO()
+    assert main([*argv, "--task-option", "planet=3"], out=err) != 0
+
+
 def test_tool_counts_of_text_protocol_envs_come_from_their_metrics() -> None:
     from types import SimpleNamespace
 
