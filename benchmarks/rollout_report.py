@@ -144,8 +144,47 @@ def report(
     text = "\n".join(lines) + "\n"
     if out is not None:
         write_markdown(name, text, out)
-        write_json(name, _payload(name, summary, conditions, coverage), out)
+        payload = _payload(name, summary, conditions, coverage)
+        write_json(name, payload, out)
+        plot(payload, out / f"{name}.png")
     return text
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """Each contender's episodes/s (median and 95% interval), from the JSON payload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(payload["contenders"])
+    medians = [payload["contenders"][n]["episodes_per_s"]["median"] for n in names]
+    lows = [
+        m - payload["contenders"][n]["episodes_per_s"]["ci"][0]
+        for n, m in zip(names, medians, strict=True)
+    ]
+    highs = [
+        payload["contenders"][n]["episodes_per_s"]["ci"][1] - m
+        for n, m in zip(names, medians, strict=True)
+    ]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    colors = ["#4C72B0" if n == "ours" else "#999999" for n in names]
+    ax.bar(range(len(names)), medians, yerr=[lows, highs], color=colors, capsize=4)
+    short = {
+        "ours": "llm_gym",
+        "replay": "replay limit",
+        "generate": "HF generate,\nprefix prefilled",
+        "trl_generate": "TRL best,\ngenerate",
+        "trl_continuous_batching": "TRL best,\ncontinuous batching",
+        "waves": "llm_gym,\nwaves engine",
+    }
+    ax.set_xticks(range(len(names)), [short.get(n, n) for n in names], fontsize=8)
+    ax.set_ylabel("episodes / s (median, 95% interval)")
+    ax.set_title("Rollout throughput, ToolUseGame-v0, 1 thread")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _payload(
