@@ -26,12 +26,16 @@ COVERED_ELSEWHERE = {
     "--policy hf:outputs/tool_use_game_tiny/final": (
         "tests/test_pipeline.py::test_pipeline_runs_end_to_end"
     ),
+    'model="path/to/model"': (
+        "tests/test_integration_trl.py::test_trl_trains_two_steps_on_tool_use_game"
+    ),
     "--policy openai:MODEL@": (
         "tests/test_openai_policy.py::test_real_server_through_run_and_report"
     ),
 }
 """What the README shows but a test elsewhere runs: the Qwen call downloads a model (the seeds'
-test runs it on the tiny one), the hf line needs the main job's model, the openai line a server."""
+test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
+the TRL block a model path (its test trains two steps on the tiny one)."""
 
 
 def blocks(language: str) -> list[str]:
