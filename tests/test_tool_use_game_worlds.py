@@ -22,7 +22,8 @@ from llm_gym.envs.tool_use_game import (
     task_world,
     world_facts,
 )
-from llm_gym.envs.tool_use_game.env import HASTY_GUESS_RATE, TRAINING_WORLD_SEEDS
+from llm_gym.envs.tool_use_game.demonstrators import HASTY_GUESS_RATE
+from llm_gym.envs.tool_use_game.env import TRAINING_WORLD_SEEDS
 from llm_gym.policies import OraclePolicy
 from llm_gym.rollout import collect_groups
 

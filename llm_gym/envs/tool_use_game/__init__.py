@@ -1,5 +1,6 @@
 """ToolUseGame-v0: the seeds' reference tool-use environment."""
 
+from llm_gym.envs.tool_use_game.demonstrators import HastyOracle, hasty_oracle_action
 from llm_gym.envs.tool_use_game.env import (
     DEFAULT_WORLD_SEED,
     FACTS,
@@ -7,11 +8,9 @@ from llm_gym.envs.tool_use_game.env import (
     SYSTEM_PROMPT,
     TOOL_USE_GAME_TASKS,
     VERSION,
-    HastyOracle,
     ToolUseGameEnv,
     generate_tasks,
     get_tasks,
-    hasty_oracle_action,
     list_fact_keys,
     lookup,
     oracle_action,
