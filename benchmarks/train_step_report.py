@@ -12,7 +12,7 @@ PARSE_FAILURE_REWARD = -0.1
 LABELS = {
     "ours": "llm_gym `MultiTurnGRPOTrainer`",
     "ours_no_shared_prefix": "llm_gym, `shared_prefix=False`",
-    "ours_waves": 'llm_gym, `rollout_batching="waves"` (the engine before)',
+    "ours_waves": 'llm_gym, `HFPolicy(batching="waves")` (the engine before)',
     "trl": "TRL `GRPOTrainer` + `environment_factory`, best settings",
 }
 
