@@ -73,34 +73,25 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         print(f"== 2/5 SFT warm start on {config.sft.episodes} demonstrations", flush=True)
         t = time.perf_counter()
         sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed, config.task_options)
-        datasets = {}
-        for phase, spec, options in (
-            ("full", config.sft.oracle, config.sft.oracle_options),
-            ("short", config.sft.short_context_oracle, config.sft.short_context_oracle_options),
-        ):
-            if phase == "short" and config.sft.short_context_steps == 0:
-                continue
+        made: dict[tuple[str | None, str], Any] = {}  # one dataset per distinct demonstrator
+
+        def demonstrations(spec: str | None, options: dict[str, Any] | None) -> Any:
             key = (spec, repr(options))
-            reused = [d for k, d in datasets.values() if k == key]
-            datasets[phase] = (
-                key,
-                reused[0]
-                if reused
-                else oracle_sft_dataset(
+            if key not in made:
+                made[key] = oracle_sft_dataset(
                     entry,
                     sft_tasks,
                     oracle=_demonstrator(spec, options, resolve),
                     only_successful=config.sft.only_successful,
-                ),
-            )
-        model_path = _sft(
-            model_path,
-            out,
-            datasets["full"][1],
-            config.sft,
-            config.seed,
-            short=datasets["short"][1] if "short" in datasets else None,
-        )
+                )
+            return made[key]
+
+        sft = config.sft
+        full = demonstrations(sft.oracle, sft.oracle_options)
+        short = None
+        if sft.short_context_steps > 0:
+            short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
+        model_path = _sft(model_path, out, full, sft, config.seed, short=short)
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
