@@ -195,6 +195,65 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.integrations.openenv_server import serve_env
+
+    server = serve_env(
+        args.env_id,
+        host=args.host,
+        port=args.port,
+        log=args.log,
+        max_sessions=args.max_sessions,
+        task_options=_assignments(args.task_option),
+        step_timeout_s=args.step_timeout,
+        idle_timeout_s=args.idle_timeout or None,
+    )
+    print(
+        f"serving {args.env_id} over OpenEnv at {server.url} (Ctrl-C stops)", file=out, flush=True
+    )
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+def _add_serve_env(sub: argparse._SubParsersAction) -> None:
+    """``llm-gym serve-env ENV_ID``: :mod:`llm_gym.integrations.openenv_server`."""
+    p = sub.add_parser(
+        "serve-env",
+        help="serve a registered environment over OpenEnv (WebSocket sessions at /ws)",
+        description="Serve ENV_ID with openenv-core's server: any OpenEnv client (and llm_gym's "
+        "RemoteEnv) plays it, one session per client. Needs the interop extra.",
+    )
+    p.add_argument("env_id", help="e.g. ToolUseGame-v0")
+    p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
+    p.add_argument("--port", type=int, default=8001, help="default: 8001 (0: any free port)")
+    p.add_argument("--max-sessions", type=int, default=256, help="concurrent sessions (256)")
+    p.add_argument(
+        "--step-timeout", type=float, default=60.0, help="seconds a reset or step may take (60)"
+    )
+    p.add_argument(
+        "--idle-timeout", type=float, default=600.0, help="seconds before an idle session is "
+        "reaped (600; 0: never)",
+    )  # fmt: skip
+    _add_task_option(p)
+    p.add_argument("--log", action="store_true", help="log one line per request")
+    p.set_defaults(func=_cmd_serve_env)
+
+
+def _add_task_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--task-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the task source, e.g. world_seed=1 (ToolUseGame in another world)",
+    )
+
+
 def _cmd_new_env(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.scaffold import new_env, scaffold_names
 
@@ -284,13 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-length", type=int, default=None)
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument(
-        "--task-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of the task source, e.g. world_seed=1 (ToolUseGame in another world)",
-    )
+    _add_task_option(p)
     p.set_defaults(func=_cmd_eval)
 
     _add_leaderboard(sub)
@@ -330,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_serve)
 
+    _add_serve_env(sub)
     _add_new_env(sub)
 
     p = sub.add_parser("show-task", help="print one task as JSON")

@@ -15,6 +15,7 @@ __all__ = [  # the exception classes; did_you_mean (below) is the registries' sh
     "EnvTimeoutError",
     "InvalidArgumentError",
     "LlmGymError",
+    "RemoteEnvError",
     "ToolArgumentError",
     "UnknownNameError",
 ]
@@ -39,6 +40,11 @@ class CalculatorError(LlmGymError, ValueError):
 class EnvTimeoutError(LlmGymError, TimeoutError):
     """An environment call outlasted its time limit and was cancelled (the episode driver's
     ``env_timeout_s``)."""
+
+
+class RemoteEnvError(LlmGymError, ConnectionError):
+    """A remote environment (an OpenEnv server) could not be reached, answered with an error,
+    or outlasted its per-call deadline; the episode that used it ends (cause ``ENV``)."""
 
 
 class UnknownNameError(LlmGymError, KeyError):

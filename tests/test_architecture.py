@@ -35,7 +35,7 @@ LAYERS = [
     {"llm_gym.environments", "llm_gym.datasets"},
     {"llm_gym.envs"},
     {"llm_gym.eval"},
-    {"llm_gym.models", "llm_gym.serving", "llm_gym.scaffold"},
+    {"llm_gym.models", "llm_gym.serving", "llm_gym.scaffold", "llm_gym.integrations"},
     # the root package imports the layers to re-export them; the start-up hook (installed as a
     # top-level module, it imports llm_gym to register the envs) belongs with it
     {"llm_gym.cli", "llm_gym", "llm_gym.gym.startup_hook"},

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_gym.gym.registration import register_env
+import gymnasium
 
-__all__ = ["BUILTIN_ENVS", "BuiltinEnv", "register_builtin_envs"]
+from llm_gym.gym.registration import TEXT_ENV_ENTRY_POINT, register_env
+
+__all__ = ["BUILTIN_ENVS", "OPENENV_ID", "BuiltinEnv", "register_builtin_envs"]
+
+OPENENV_ID = "OpenEnv-v0"
+"""``gym.make(OPENENV_ID, base_url=...)`` plays an OpenEnv server (the interop extra)."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,14 @@ class BuiltinEnv:
     """One line for ``llm-gym list``."""
     version: str = "0"
     """The environment's version."""
+    tasks: str = "get_tasks"
+    """The task source's name in that package (``split -> tasks``)."""
+    entry_point: str = TEXT_ENV_ENTRY_POINT
+    """What ``gym.make`` builds, as ``"module:Class"``: TextEnv, or a subclass that takes more
+    keywords."""
 
+
+_RG_TEXT_ENV = "llm_gym.envs.reasoning_gym.text_env:ReasoningGymTextEnv"
 
 BUILTIN_ENVS: tuple[BuiltinEnv, ...] = (
     BuiltinEnv("ToolUseGame-v0", "tool_use_game", "ToolUseGameEnv", 8,
@@ -55,6 +67,30 @@ BUILTIN_ENVS: tuple[BuiltinEnv, ...] = (
     BuiltinEnv("Maze-v0", "maze", "MazeEnv", 40,
                "Reach the goal of a text grid under partial observation with look and move "
                "tools."),
+    # reasoning-gym (the interop extra, imported on first use): any dataset by name, then one
+    # id per family; the turn limit is the most attempts a task may allow (1 by default).
+    BuiltinEnv("ReasoningGym-v0", "reasoning_gym", "ReasoningGymEnv", 10,
+               "Any reasoning-gym dataset (dataset=..., default basic_arithmetic), scored by "
+               "its own scorer; retry with feedback via max_attempts.",
+               entry_point=_RG_TEXT_ENV),
+    BuiltinEnv("RG-BasicArithmetic-v0", "reasoning_gym", "ReasoningGymEnv", 10,
+               "reasoning-gym basic_arithmetic: evaluate an integer expression with + - * / "
+               "and brackets.",
+               tasks="basic_arithmetic_tasks", entry_point=_RG_TEXT_ENV),
+    BuiltinEnv("RG-ChainSum-v0", "reasoning_gym", "ReasoningGymEnv", 10,
+               "reasoning-gym chain_sum: add and subtract a chain of integers.",
+               tasks="chain_sum_tasks", entry_point=_RG_TEXT_ENV),
+    BuiltinEnv("RG-SpellBackward-v0", "reasoning_gym", "ReasoningGymEnv", 10,
+               "reasoning-gym spell_backward: spell a word backward.",
+               tasks="spell_backward_tasks", entry_point=_RG_TEXT_ENV),
+    BuiltinEnv("RG-WordSorting-v0", "reasoning_gym", "ReasoningGymEnv", 10,
+               "reasoning-gym word_sorting: sort words by ASCII/Unicode order (partial credit "
+               "per word in place).",
+               tasks="word_sorting_tasks", entry_point=_RG_TEXT_ENV),
+    BuiltinEnv("RG-FamilyRelationships-v0", "reasoning_gym", "ReasoningGymEnv", 10,
+               "reasoning-gym family_relationships: name how two people of a family tree are "
+               "related.",
+               tasks="family_relationships_tasks", entry_point=_RG_TEXT_ENV),
 )  # fmt: skip
 
 
@@ -65,9 +101,18 @@ def register_builtin_envs() -> None:
         register_env(
             row.id,
             env=f"{package}:{row.env_class}",
-            tasks=f"{package}:get_tasks",
+            tasks=f"{package}:{row.tasks}",
             oracle=f"{package}:oracle_action",
             description=row.description,
             max_turns=row.max_turns,
             version=row.version,
+            entry_point=row.entry_point,
+        )
+    if OPENENV_ID not in gymnasium.registry:
+        # Any OpenEnv server as a TextEnv: gym.make("OpenEnv-v0", base_url=...). Only
+        # gymnasium knows it (no catalogue row: its tasks are the server's).
+        gymnasium.register(
+            OPENENV_ID,
+            entry_point="llm_gym.integrations.openenv_client:make_text_env",
+            disable_env_checker=True,
         )

@@ -25,13 +25,16 @@ def register_env(
     max_turns: int = 8,
     oracle: str | Callable[..., Any] | None = None,
     version: str = "0",
+    entry_point: str = TEXT_ENV_ENTRY_POINT,
     **kwargs: Any,
 ) -> EnvEntry:
     """Register an async :class:`~llm_gym.core.Env` with gymnasium as a :class:`TextEnv`.
 
     Use string entry points (``"package.module:attr"``) for ``env``, ``tasks`` and ``oracle`` so
     that registration imports nothing heavy. Registering an id twice with the same settings is a
-    no-op; with different settings it raises.
+    no-op; with different settings it raises. ``entry_point`` is what ``gym.make`` builds:
+    :class:`TextEnv`, or a subclass of it (``"module:Class"``) that takes more keywords
+    (``ReasoningGym-v0``'s ``dataset=``); everything else reads the catalogue entry.
 
     Example:
         >>> import gymnasium as gym
@@ -58,7 +61,7 @@ def register_env(
         # gym.make(id, disable_env_checker=False) still adds the passive checker.
         gymnasium.register(
             id=id,
-            entry_point=TEXT_ENV_ENTRY_POINT,
+            entry_point=entry_point,
             kwargs=make_kwargs,
             order_enforce=False,
             disable_env_checker=True,

@@ -113,13 +113,22 @@ def _env_transcripts(entry: Any, max_tasks: int) -> list[str]:
     return texts
 
 
+DEFAULT_CORPUS_ENVS = (
+    "ToolUseGame-v0", "GuessNumber-v0", "Math-v0", "Wordle-v0", "Refund-v0", "SQL-v0", "Code-v0",
+    "Maze-v0",
+)  # fmt: skip
+"""The environments the default tiny model's tokenizer is trained on: the core built-ins. Fixed,
+so that registering more environments (reasoning-gym's, a user's, a test's) neither changes the
+default model nor its cache key."""
+
+
 def selected_envs(envs: Sequence[str] | None) -> list[Any]:
-    """The registry entries of ``envs`` (None: every registered environment), in registry order."""
+    """The registry entries of ``envs`` (None: :data:`DEFAULT_CORPUS_ENVS`), in registry order."""
     from llm_gym.core.registry import registered_envs
 
     entries = list(registered_envs())
     if envs is None:
-        return entries
+        return [entry for entry in entries if entry.id in DEFAULT_CORPUS_ENVS]
     if isinstance(envs, str):
         envs = [envs]
     known = {entry.id: entry for entry in entries}
@@ -150,9 +159,10 @@ def default_corpus(max_tasks_per_env: int = 400, envs: Sequence[str] | None = No
 
     Args:
         max_tasks_per_env: Training tasks played per environment (the first ones of the split).
-        envs: The environment ids (None: every registered one). A model trained on one
-            environment gets a tokenizer fitted to its text: with all eight environments a
-            1,024-token vocabulary no longer holds ToolUseGame's town names as single tokens.
+        envs: The environment ids (None: the eight core built-ins, :data:`DEFAULT_CORPUS_ENVS`).
+            A model trained on one environment gets a tokenizer fitted to its text: with all
+            eight environments a 1,024-token vocabulary no longer holds ToolUseGame's town
+            names as single tokens.
 
     Returns:
         The corpus, one transcript per string.

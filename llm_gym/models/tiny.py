@@ -202,8 +202,9 @@ def build_tiny_model(
         vocab_size: The tokenizer's target size (see :func:`build_tokenizer`).
         seed: Seed of the weight initialisation.
         max_tasks_per_env: Training tasks per environment in the tokenizer corpus.
-        envs: The environments whose transcripts make the tokenizer corpus (None: every
-            registered one); ``train.py`` builds its model for the environment it trains on.
+        envs: The environments whose transcripts make the tokenizer corpus (None: the eight core
+            built-ins, ``DEFAULT_CORPUS_ENVS``); ``train.py`` builds its model for the environment
+            it trains on.
         force: Rebuild even when a complete build of the same arguments is there.
 
     Returns:
