@@ -278,6 +278,29 @@ def test_serve_load_smoke(small_model_dir, tmp_path) -> None:
         assert (tmp_path / f"serve_load.{suffix}").exists()
 
 
+def test_remote_env_smoke(small_model_dir, tmp_path) -> None:
+    import json
+
+    import pytest
+
+    pytest.importorskip("openenv")
+    from benchmarks import remote_env
+
+    summary = remote_env.main(
+        ["--quick", "--model", str(small_model_dir), "--out-dir", str(tmp_path)]
+    )
+    load = summary["load"]
+    assert load["failed_episodes"] == 0 and load["sessions_left_on_server"] == 0
+    assert load["calls"] >= 3 * load["episodes"]  # a reset and at least two steps each
+    runs = summary["collection"]["runs"]
+    assert [r["episodes"] for r in runs["remote"]] == [r["episodes"] for r in runs["in_process"]]
+    assert all(r["env_errors"] == 0 for r in runs["remote"])
+    for suffix in ("md", "json", "png"):
+        assert (tmp_path / f"remote_env.{suffix}").exists()
+    saved = json.loads((tmp_path / "remote_env.json").read_text())
+    assert set(saved["ratio_remote_to_in_process"]) == {"median", "ci"}
+
+
 def test_main_job_smoke(small_model_dir, tmp_path) -> None:
     """``--quick``: the job once, then its GRPO phase with a second seed from the same SFT model;
     the JSON has the test split and the new world per seed."""

@@ -29,6 +29,10 @@ COVERED_ELSEWHERE = {
     'model="path/to/model"': (
         "tests/test_integration_trl.py::test_trl_trains_two_steps_on_tool_use_game"
     ),
+    "rollout_func=rollout,": (
+        "tests/test_integration_trl_rollout.py::test_trl_trains_two_steps_with_our_rollout"
+    ),
+    "llm-gym serve-env": "tests/test_integration_openenv.py::test_the_cli_serves_an_env",
     "--policy openai:MODEL@": (
         "tests/test_openai_policy.py::test_real_server_through_run_and_report"
     ),

@@ -62,6 +62,7 @@ __all__ = [
     "EnvAction",
     "EnvObservation",
     "EnvServer",
+    "QuietDisconnects",
     "ServedEnv",
     "build_env_app",
     "serve_env",
@@ -282,6 +283,7 @@ def build_env_app(
         ),
     )
     server.register_routes(app)
+    app.add_middleware(QuietDisconnects)
     app.state.env_server = server
 
     @app.get("/llm_gym/sessions", tags=["llm_gym"])
@@ -304,6 +306,28 @@ def build_env_app(
         }
 
     return app
+
+
+class QuietDisconnects:
+    """ASGI middleware: a WebSocket client that leaves without a close handshake is normal.
+
+    OpenEnv's ``/ws`` handler destroys the session, then closes the socket; when the client is
+    already gone, that close raises ``WebSocketDisconnect`` (it only expects ``RuntimeError``),
+    which uvicorn logs as an application error. The session is gone either way, so the error is
+    dropped here (for WebSocket scopes only).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "websocket":
+            await self.app(scope, receive, send)
+            return
+        from starlette.websockets import WebSocketDisconnect
+
+        with contextlib.suppress(WebSocketDisconnect):
+            await self.app(scope, receive, send)
 
 
 class EnvServer:

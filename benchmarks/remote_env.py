@@ -1,0 +1,379 @@
+"""Environments out of process: ``llm-gym serve-env`` under load, and collection through
+:class:`~llm_gym.integrations.openenv_client.RemoteEnv` against collection in process.
+
+The server runs as its own process (``python -m llm_gym.cli serve-env ToolUseGame-v0 --port 0``,
+openenv-core's server on uvicorn), on loopback. Two measurements:
+
+1. **Load.** ``sessions`` players, all at once, each playing ``rounds`` ToolUseGame episodes one
+   after another with the scripted oracle; every episode is one OpenEnv session (a WebSocket:
+   ``reset``, the steps, ``close``), so ``sessions`` sessions are open together all through.
+   Reported: steps per second (reset and step calls), p50/p99/max latency of a call from the
+   client's side, episodes that failed (a lost session: must be 0), the sessions the server
+   still holds at the end (must be 0), and the server's resident memory (RSS) after each round
+   (flat: the last round within a few MiB of the first).
+2. **Collection.** ``collect_groups`` with the tiny model (``HFPolicy``, continuous batching) on
+   the same ToolUseGame tasks, seeds and budgets, with the env in process (``in_process``) and
+   through ``RemoteEnv`` (``remote``), interleaved for ``--repeats`` repeats by the common
+   harness (:mod:`benchmarks.common`); episodes per second as medians with 95% intervals, and
+   the ratio remote / in-process with its paired-bootstrap interval (target: at least 0.8: the
+   model, not the network, should be the bottleneck). The server shares the two cores with the
+   model, whose torch threads are pinned (``--threads``, default 2: the server competes for the
+   model's cores, the harder case).
+
+    python -m benchmarks.remote_env              # writes results/remote_env.{md,json,png}
+    python -m benchmarks.remote_env --quick      # a smoke run (writes nothing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import (
+    Conditions,
+    add_harness_arguments,
+    check_repeats,
+    default_model,
+    interleave,
+    output_dir,
+    pin_threads,
+    write_json,
+    write_markdown,
+)
+from benchmarks.stats import median_interval, ratio_interval
+
+ENV_ID = "ToolUseGame-v0"
+
+
+def rss_mib(pid: int) -> float | None:
+    """A process's resident memory in MiB (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def start_server(max_sessions: int) -> tuple[subprocess.Popen[str], str]:
+    """``llm-gym serve-env`` in a child process; returns it and its URL."""
+    command = [sys.executable, "-m", "llm_gym.cli", "serve-env", ENV_ID, "--port", "0"]
+    command += ["--max-sessions", str(max_sessions)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in process.stdout:
+        match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+        if match:
+            threading.Thread(target=process.stdout.read, daemon=True).start()  # drain the rest
+            return process, match.group(1)
+        if time.monotonic() > deadline:
+            break
+    process.kill()
+    raise SystemExit(f"the env server did not start: {' '.join(command)}")
+
+
+# --- 1. load ------------------------------------------------------------------------------------
+
+
+async def _play(url: str, tasks: list[Any], timings: list[float], failures: list[str]) -> None:
+    """One oracle episode of each task in turn, one session each, every call timed."""
+    from llm_gym.envs.tool_use_game import oracle_action
+    from llm_gym.integrations.openenv_client import RemoteEnv
+
+    for task in tasks:
+        env = RemoteEnv(url, call_timeout_s=60.0)
+        try:
+            start = time.perf_counter()
+            messages = await env.reset(task)
+            timings.append(time.perf_counter() - start)
+            while True:
+                action = oracle_action(task, messages)
+                start = time.perf_counter()
+                result = await env.step(action)
+                timings.append(time.perf_counter() - start)
+                messages = result.messages
+                if result.terminated or result.truncated:
+                    if result.reward != 1.0:
+                        failures.append(f"{task.id}: reward {result.reward}")
+                    break
+        except Exception as exc:  # a lost session: counted, never hidden
+            failures.append(f"{task.id}: {type(exc).__name__}: {exc}"[:300])
+        finally:
+            await env.close()
+
+
+def run_load(url: str, pid: int, sessions: int, rounds: int) -> dict[str, Any]:
+    """``sessions`` players at once for ``rounds`` rounds (see the module docstring)."""
+    from llm_gym.envs.tool_use_game import get_tasks
+
+    tasks = list(get_tasks("val"))
+    timings: list[float] = []
+    failures: list[str] = []
+    rss = [rss_mib(pid)]
+    per_round = []
+
+    async def one_round(r: int) -> None:
+        chosen = [[tasks[(r * sessions + i) % len(tasks)]] for i in range(sessions)]
+        await asyncio.gather(*(_play(url, t, timings, failures) for t in chosen))
+
+    start = time.perf_counter()
+    for r in range(rounds):
+        began, calls = time.perf_counter(), len(timings)
+        asyncio.run(one_round(r))
+        per_round.append({"calls": len(timings) - calls, "wall_s": time.perf_counter() - began})
+        rss.append(rss_mib(pid))
+    wall = time.perf_counter() - start
+    time.sleep(0.5)
+    left = httpx.get(f"{url}/llm_gym/sessions", timeout=10).json()
+    ordered = sorted(timings)
+
+    def pct(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+    return {
+        "sessions": sessions,
+        "rounds": rounds,
+        "episodes": sessions * rounds,
+        "calls": len(timings),
+        "wall_s": wall,
+        "calls_per_s": len(timings) / wall,
+        "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": ordered[-1]},
+        "failed_episodes": len(failures),
+        "failures": failures[:10],
+        "sessions_left_on_server": left["active"],
+        "rss_mib_after_round": rss,
+        "per_round": per_round,
+        "latencies_s": timings,
+    }
+
+
+# --- 2. collection ------------------------------------------------------------------------------
+
+
+def collection_runner(name: str, url: str, model: Any, tokenizer: Any, args: argparse.Namespace):
+    """``run(repeat)`` for one contender: ``collect_groups`` over the same tasks and seed."""
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from llm_gym.integrations.openenv_client import RemoteEnvFactory
+    from llm_gym.policies import HFPolicy
+    from llm_gym.rollout import collect_groups
+
+    tasks = list(get_tasks("val"))[: args.tasks]
+    factory = ToolUseGameEnv if name == "in_process" else RemoteEnvFactory(url)
+
+    def run(repeat: int) -> dict[str, Any]:
+        policy = HFPolicy(model, tokenizer, max_new_tokens=64, seed=1000 + max(repeat, 0))
+        start = time.perf_counter()
+        groups = collect_groups(
+            factory,
+            tasks,
+            policy,
+            episodes_per_task=args.group_size,
+            max_turns=6,
+            max_model_length=1024,
+            max_new_tokens=64,
+        )
+        wall = time.perf_counter() - start
+        episodes = [e for g in groups for e in g]
+        return {
+            "wall_s": wall,
+            "episodes": len(episodes),
+            "turns": sum(e.num_turns for e in episodes),
+            "env_errors": sum(e.truncation_cause == "env" for e in episodes),
+            "success": statistics.fmean(float(e.reward >= 1.0) for e in episodes),
+        }
+
+    return run
+
+
+def run_collection(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    contenders = {
+        name: collection_runner(name, url, model, tokenizer, args)
+        for name in ("in_process", "remote")
+    }
+    result = interleave(
+        contenders,
+        args.repeats,
+        order=args.order,
+        seed=args.seed,
+        warmup=["in_process", "remote"],
+        log=lambda line: print(f"[remote_env] {line}", file=sys.stderr, flush=True),
+    )
+    rates = {name: result.rates(name, "episodes") for name in contenders}
+    ratio = ratio_interval(rates["remote"], rates["in_process"], seed=args.seed)
+    return {
+        "episodes_per_s": {name: median_interval(v).as_json() for name, v in rates.items()},
+        "ratio_remote_to_in_process": ratio.as_json(),
+        "runs": result.runs,
+        "order": result.order,
+    }
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def report(summary: dict[str, Any]) -> str:
+    load, coll = summary["load"], summary["collection"]
+    ms = {k: 1000 * v for k, v in load["latency_s"].items()}
+    rss = load["rss_mib_after_round"]
+    growth = rss[-1] - rss[1] if len(rss) > 2 else 0.0
+    eps = coll["episodes_per_s"]
+    ratio = coll["ratio_remote_to_in_process"]
+    a = summary["args"]
+    verdict = "met" if ratio["ci"][0] >= 0.8 else ("met by the median" if ratio["median"] >= 0.8
+                                                    else "missed")  # fmt: skip
+    return "\n".join(
+        [
+            "# Environments out of process (`llm-gym serve-env`, `RemoteEnv`)",
+            "",
+            Conditions(**summary["conditions"]).describe(),
+            "",
+            "## 1. Load: one server, many concurrent sessions",
+            "",
+            f"{load['sessions']} players at once, each playing {load['rounds']} oracle episodes "
+            f"of {ENV_ID} in turn, one OpenEnv session (WebSocket) per episode, against one "
+            "`llm-gym serve-env` process on loopback (openenv-core's server on uvicorn).",
+            "",
+            "| measure | value |",
+            "| --- | --- |",
+            f"| episodes | {load['episodes']} |",
+            f"| calls (reset + step) | {load['calls']} in {load['wall_s']:.1f} s |",
+            f"| calls per second | {load['calls_per_s']:.0f} |",
+            f"| call latency p50 / p90 / p99 / max | {ms['p50']:.1f} / {ms['p90']:.1f} / "
+            f"{ms['p99']:.1f} / {ms['max']:.1f} ms |",
+            f"| episodes failed (lost sessions) | **{load['failed_episodes']}** |",
+            f"| sessions left on the server | **{load['sessions_left_on_server']}** |",
+            f"| server RSS at start / after each round | {rss[0]:.0f} / "
+            f"{' / '.join(f'{v:.0f}' for v in rss[1:])} MiB (first to last round "
+            f"{growth:+.1f} MiB) |",
+            "",
+            "Latency is seen from the client: it includes the client's own work in the same "
+            "event loop as every other player, and queueing at the server.",
+            "",
+            "## 2. Collection with the tiny model: in process vs through `RemoteEnv`",
+            "",
+            f"`collect_groups` with `HFPolicy` (`{a['model']}`), {a['tasks']} val tasks x "
+            f"{a['group_size']} episodes, at most 6 turns of 64 new tokens, the same seeds on "
+            f"both sides; {a['repeats']} interleaved repeats after an unrecorded warm-up.",
+            "",
+            "| contender | episodes / s (median [95% interval]) |",
+            "| --- | --- |",
+            *(
+                f"| {name} | {v['median']:.2f} [{v['ci'][0]:.2f}, {v['ci'][1]:.2f}] |"
+                for name, v in eps.items()
+            ),
+            "",
+            f"**remote / in process: {ratio['median']:.2f} [{ratio['ci'][0]:.2f}, "
+            f"{ratio['ci'][1]:.2f}]** (target >= 0.80: {verdict}).",
+            "",
+            "    python -m benchmarks.remote_env",
+            "",
+        ]
+    )
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    load, coll = summary["load"], summary["collection"]
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(14, 4))
+    left.hist([1000 * v for v in load["latencies_s"]], bins=60, color="tab:blue")
+    for q, color in (("p50", "tab:green"), ("p99", "tab:red")):
+        left.axvline(1000 * load["latency_s"][q], color=color, linestyle="--", label=q)
+    left.set_xlabel("call latency (ms)")
+    left.set_ylabel("calls")
+    left.set_title(f"{load['sessions']} concurrent sessions")
+    left.legend()
+    rss = load["rss_mib_after_round"]
+    middle.plot(range(len(rss)), rss, marker="o", color="tab:purple")
+    middle.set_xlabel("round (0: before)")
+    middle.set_ylabel("server RSS (MiB)")
+    middle.set_ylim(0, 1.2 * max(rss))
+    middle.set_title("server memory")
+    names = list(coll["episodes_per_s"])
+    for i, name in enumerate(names):
+        values = [r["episodes"] / r["wall_s"] for r in coll["runs"][name]]
+        right.scatter([i] * len(values), values, alpha=0.6)
+        right.hlines(coll["episodes_per_s"][name]["median"], i - 0.2, i + 0.2, color="black")
+    right.set_xticks(range(len(names)), names)
+    right.set_ylabel("episodes / s")
+    right.set_ylim(bottom=0)
+    right.set_title("collection with the tiny model")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="default: the main job's SFT model")
+    parser.add_argument("--sessions", type=int, default=256, help="concurrent sessions (256)")
+    parser.add_argument("--rounds", type=int, default=4, help="episodes per session player (4)")
+    parser.add_argument("--tasks", type=int, default=32, help="collection: val tasks (32)")
+    parser.add_argument("--group-size", type=int, default=4, help="collection: episodes per task")
+    add_harness_arguments(parser, repeats=5, threads=2)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sessions, args.rounds, args.tasks, args.group_size = 16, 2, 4, 2
+        args.repeats = args.repeats or 1
+    args.repeats = args.repeats or 5
+    check_repeats(args.repeats, args.quick)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    args.model = args.model or default_model("sft")
+    threads = pin_threads(args.threads)
+    conditions = Conditions.start(
+        "remote_env", threads=threads, settings=vars(args) | {"out_dir": None}, quick=args.quick
+    )
+    process, url = start_server(max(args.sessions, args.tasks * args.group_size))
+    try:
+        load = run_load(url, process.pid, args.sessions, args.rounds)
+        collection = run_collection(url, args)
+    finally:
+        process.terminate()
+        process.wait(30)
+    summary = {
+        "conditions": conditions.finish().as_json(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "load": load,
+        "collection": collection,
+        "ratio_remote_to_in_process": collection["ratio_remote_to_in_process"],
+    }
+    print(report(summary))
+    out = output_dir(args.quick, args.out_dir, args.write)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_markdown("remote_env", report(summary), out)
+        data = dict(summary, load={k: v for k, v in load.items() if k != "latencies_s"})
+        write_json("remote_env", data, out)
+        plot(summary, out / "remote_env.png")
+    return summary
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
+    sys.exit(0)
