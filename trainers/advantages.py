@@ -354,7 +354,7 @@ def per_turn_credit(
     return credit
 
 
-VOID_CAUSES = frozenset({TruncationCause.POLICY_ERROR, TruncationCause.DEADLINE})
+VOID_CAUSES = frozenset(cause for cause in TruncationCause if cause.is_void)
 """Endings that are the infrastructure's doing, not the policy's: a failed policy endpoint, a
 generation that missed its deadline twice. Such episodes neither train nor enter a baseline."""
 

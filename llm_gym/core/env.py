@@ -57,6 +57,13 @@ class TruncationCause(enum.StrEnum):
         """Whether the soft overlong penalty applies to episodes ending this way."""
         return self in (TruncationCause.CONTEXT_OVERFLOW, TruncationCause.MAX_TURNS)
 
+    @property
+    def is_void(self) -> bool:
+        """Whether the infrastructure, not the policy, cut the episode short (a policy error, a
+        missed generation deadline): such an episode says nothing about the policy and trains
+        nothing (it is left out of its group's baseline)."""
+        return self in (TruncationCause.POLICY_ERROR, TruncationCause.DEADLINE)
+
 
 @dataclass(slots=True)
 class StepResult:

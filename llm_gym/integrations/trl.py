@@ -39,7 +39,7 @@ from llm_gym.core.task import Task
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["env_reward", "environment_factory", "our_rendering", "trl_dataset"]
+__all__ = ["env_reward", "environment_factory", "our_rendering", "task_key", "trl_dataset"]
 
 _PYTHON_TYPES: dict[str, type] = {
     "string": str,
@@ -184,7 +184,7 @@ def environment_factory(
     namespace = {
         **methods,
         "_entry": entry,
-        "_tasks": {_task_key(t, i): t for i, t in enumerate(tasks)},
+        "_tasks": {task_key(t, i): t for i, t in enumerate(tasks)},
         "_runner": LoopRunner(),
         "_specs": specs,
         "__doc__": f"{entry.id} as a TRL environment (one instance per rollout).",
@@ -192,7 +192,8 @@ def environment_factory(
     return type(f"{entry.id.replace('-', '_').replace('/', '_')}_TRL", (_Episode,), namespace)
 
 
-def _task_key(task: Task, index: int) -> str:
+def task_key(task: Task, index: int) -> str:
+    """The ``task_id`` a dataset row carries for the ``index``-th task of a split."""
     return str(task.id or f"task-{index}")
 
 
@@ -214,7 +215,7 @@ def trl_dataset(
     for index, task in enumerate(tasks):
         opening = runner.run(entry.env_factory()(task).reset(task))
         prompt = [{"role": m["role"], "content": m.get("content") or ""} for m in opening]
-        rows.append({"prompt": prompt, TASK_ID: _task_key(task, index)})
+        rows.append({"prompt": prompt, TASK_ID: task_key(task, index)})
     return Dataset.from_list(rows)
 
 

@@ -50,7 +50,7 @@ from llm_gym.core.env import TruncationCause
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.trl import TASK_ID
+from llm_gym.integrations.trl import TASK_ID, task_key
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.chat import render_chat
 from llm_gym.rollout import DEFAULT_FAILED_PARSE_REWARD, Episode, collect_groups
@@ -68,8 +68,8 @@ __all__ = [
 EXTRA_FIELDS = ("env_mask", "episode_reward", "truncation_cause", "episode_turns")
 """The fields the rollout returns besides TRL's three: TRL takes ``env_mask`` as its tool mask;
 the others reach reward functions as keyword arguments (one value per completion)."""
-VOID_CAUSES = frozenset({TruncationCause.POLICY_ERROR, TruncationCause.DEADLINE})
-"""Endings that are the infrastructure's doing (the same set as ``trainers.advantages``):
+VOID_CAUSES = frozenset(cause for cause in TruncationCause if cause.is_void)
+"""Endings that are the infrastructure's doing (``TruncationCause.is_void``, as the trainer):
 :func:`rollout_reward` gives them no reward, so TRL keeps them out of the group's baseline."""
 
 
@@ -194,7 +194,7 @@ class TRLRollout:
         entry = as_env_entry(env)
         tasks = entry.tasks(split, **dict(task_options or {}))
         self.entry = entry
-        self.tasks: dict[str, Task] = {str(t.id or f"task-{i}"): t for i, t in enumerate(tasks)}
+        self.tasks: dict[str, Task] = {task_key(t, i): t for i, t in enumerate(tasks)}
         """The split's tasks by the key ``trl_dataset`` writes in each row's ``task_id``."""
         self.max_turns = entry.max_turns if max_turns is None else max_turns
         self.max_new_tokens = max_new_tokens
