@@ -73,7 +73,8 @@ def test_the_python_blocks_run_in_order(tmp_path: Path, monkeypatch: pytest.Monk
                 exec(compile(code, "README.md", "exec"), namespace)
                 ran += 1
     finally:
-        unregister_env("MyMath-v0")  # the tour registers it
+        unregister_env("MyMath-v0")  # the tour registers them
+        unregister_env("MyVf-v0")
     assert ran >= 5
 
 

@@ -1,0 +1,304 @@
+"""verifiers (0.4) environments in llm_gym's loop, evaluator and trainer, and back.
+
+verifiers 0.4 (``import verifiers.v1 as vf``) describes an environment as a
+:class:`~verifiers.v1.Taskset` (its ``load()`` yields :class:`~verifiers.v1.Task` s: the data
+with ``prompt``/``system_prompt`` and any fields of the task's own ``TaskData``, ``@vf.reward``
+and ``@vf.metric`` scoring, ``@vf.stop`` and ``@vf.intercept`` hooks, ``Toolset`` s of
+``@vf.tool`` functions) plus, optionally, a :class:`~verifiers.v1.Env` whose ``run(task,
+agents)`` owns the episode's control flow (an ``interaction`` answered turn by turn is its
+multi-turn environment). :func:`from_verifiers` turns either into an env factory and a task
+source, and importing this module lets every place that takes an environment take them as
+they are (``collect_groups(vf_env, ...)``, ``run_and_report``, the trainer's ``env_factory``)::
+
+    from llm_gym.integrations.verifiers import from_verifiers, register_verifiers_env
+
+    register_verifiers_env("MyVf-v0", vf_env)            # gym.make("MyVf-v0"), run_and_report
+    factory = from_verifiers(vf_env)                      # or collect_groups(factory, ...)
+    groups = collect_groups(factory, factory.tasks("train"), policy, max_turns=4)
+
+llm_gym's loop is the model: the adapter drives verifiers' env side in-process (its hooks
+through verifiers' own ``RolloutSession``, its message graph, its tool servers registered on an
+in-process MCP server, ``Task.score``) and never calls a verifiers model client
+(:mod:`~llm_gym.integrations.verifiers_env` says how an episode maps, how it is scored, and how
+one cut short by llm_gym is scored). Our action format parses tool calls against the tools'
+OpenAI function specs (``<server>_<tool>``, as verifiers' chat harness names them).
+
+What runs without a sandbox only: the task's ``setup``/``finalize`` and rewards get
+``runtime=None`` (signals that require a runtime are skipped by verifiers' own ``Task.score``),
+and harness-provided tools (``bash``, ``edit``) are not offered; the adapter plays verifiers'
+tool-less ``null`` harness plus the task's toolsets.
+
+The other direction, an llm_gym environment as a verifiers taskset and environment, is
+:mod:`~llm_gym.integrations.verifiers_taskset` (:func:`load_environment`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from llm_gym.core.env import require_turn_limit
+from llm_gym.core.factories import SPLITS, register_env_adapter
+from llm_gym.core.registry import EnvEntry
+from llm_gym.core.task import Task
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.gym.registration import register_env
+from llm_gym.integrations.verifiers_env import VerifiersEnv
+from llm_gym.integrations.verifiers_taskset import (
+    LlmGymTaskset,
+    llm_gym_taskset,
+    load_environment,
+    trace_from_messages,
+)
+from llm_gym.integrations.verifiers_tools import ToolServer
+
+try:
+    import verifiers.v1 as vf
+    from pydantic import ValidationError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "llm_gym's verifiers integration needs verifiers>=0.4: pip install -e '.[interop]'"
+    ) from exc
+
+__all__ = [
+    "LlmGymTaskset",
+    "VerifiersEnv",
+    "VerifiersEnvFactory",
+    "VerifiersTasks",
+    "from_verifiers",
+    "llm_gym_taskset",
+    "load_environment",
+    "register_verifiers_env",
+    "to_task",
+    "trace_from_messages",
+]
+
+DEFAULT_MAX_TURNS = 8
+"""The registered turn limit when neither the call nor the seat's config gives one."""
+
+
+def to_task(vf_task: Any) -> Task:
+    """An llm_gym :class:`Task` for a verifiers task: the prompt's text, the task's own data
+    fields (those beyond ``TaskData``'s, an ``answer`` say) as ``target``, the whole data under
+    ``metadata["verifiers"]``, and the data's ``id`` (else its position) as ``id``."""
+    data = vf_task.data
+    dump = data.model_dump(mode="json")
+    own = {k: v for k, v in dump.items() if k not in vf.TaskData.model_fields}
+    ident = data.id if data.id is not None else data.idx
+    return Task(
+        prompt=data.prompt_text,
+        target=own or None,
+        metadata={"verifiers": {"type": type(vf_task).__name__, "key": vf_task.key, "data": dump}},
+        id=None if ident is None else str(ident),
+    )
+
+
+class VerifiersEnvFactory:
+    """``task -> VerifiersEnv`` over one verifiers environment, and its tasks.
+
+    Args:
+        environment: A ``vf.Env`` instance (its taskset and its ``run``), a ``vf.Taskset``
+            instance (played as ``SingleAgentEnv``: one seat runs each task), or a
+            ``vf.EnvConfig`` (loaded with ``vf.load_environment``).
+        splits: ``{"train": view, "val": view, ...}``: taskset views per split
+            (``taskset.take(100)``, ``taskset.skip(100)``); default: every split holds the
+            whole (finite) taskset.
+        max_turns: The seat's turn cap (verifiers' ``AgentConfig.max_turns``), overriding
+            the env config's; None keeps it (a bare taskset: no cap of its own).
+    """
+
+    def __init__(
+        self,
+        environment: Any,
+        *,
+        splits: Mapping[str, Any] | None = None,
+        max_turns: int | None = None,
+    ) -> None:
+        if isinstance(environment, vf.EnvConfig):
+            environment = vf.load_environment(environment)
+        if isinstance(environment, vf.Env):
+            self.environment: Any = environment
+            self.taskset = environment.taskset
+        elif isinstance(environment, vf.Taskset):
+            self.environment, self.taskset = None, environment
+        else:
+            kind = "class" if isinstance(environment, type) else "value"
+            raise InvalidArgumentError(
+                "Expected a verifiers Env or Taskset instance (or a vf.EnvConfig), actual "
+                f"{kind}: {environment!r:.200}."
+            )
+        if max_turns is not None:
+            require_turn_limit(max_turns)
+        self.splits = dict(splits or {})
+        for split, view in self.splits.items():
+            if split not in SPLITS or not isinstance(view, vf.Taskset):
+                raise InvalidArgumentError(
+                    f"splits maps split names {SPLITS} to verifiers Taskset views, actual entry: "
+                    f"{split!r}: {view!r:.100}."
+                )
+        self.max_turns_override = max_turns
+        self._task_type: type | None = None
+        self.agent_config = vf.AgentConfig(max_turns=max_turns)
+        """The seat of a bare taskset (its ``max_turns`` is the cap)."""
+        self.__qualname__ = type(self.environment or self.taskset).__name__
+        self.version = None
+        self._known: dict[str, Any] = {}
+        self._prepared: asyncio.Future[list[ToolServer]] | None = None
+
+    @property
+    def task_type(self) -> type:
+        """The taskset's task class: declared (``Taskset[MyTask, ...]``), else the class of its
+        first task."""
+        if self._task_type is None:
+            declared = type(self.taskset).task_type()
+            if declared is vf.Task:
+                declared = type(next(iter(self.taskset), None) or vf.Task(vf.TaskData()))
+            self._task_type = declared
+        return self._task_type
+
+    @property
+    def max_turns(self) -> int | None:
+        """The seat's turn cap: the override, else the env config's first seat's."""
+        if self.max_turns_override is not None or self.environment is None:
+            return self.max_turns_override
+        seats = [value for _, value in self.environment.config if isinstance(value, vf.AgentConfig)]
+        return seats[0].max_turns if seats else None
+
+    def __call__(self, task: Task) -> VerifiersEnv:
+        return VerifiersEnv(self)
+
+    def __repr__(self) -> str:
+        return f"VerifiersEnvFactory({getattr(self, '__qualname__', '?')})"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> VerifiersEnvFactory:
+        return self  # one shared factory (gym.make copies its kwargs): verifiers objects stay
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_known"], state["_prepared"] = {}, None  # caches; the started tool servers
+        return state
+
+    # --- what VerifiersEnv reads -----------------------------------------------------------------
+    def seat_config(self, config: Any) -> Any:
+        """A seat's ``AgentConfig`` with the ``max_turns`` override applied."""
+        if self.max_turns_override is None:
+            return config
+        return config.model_copy(update={"max_turns": self.max_turns_override})
+
+    def verifiers_task(self, task: Task) -> Any:
+        """The verifiers task of ``task``: the one :meth:`tasks` made it from, else rebuilt
+        from ``metadata["verifiers"]["data"]``; a plain Task becomes ``{"prompt": ...,
+        **target}`` (``target`` a dict of the task's data fields)."""
+        info = task.metadata.get("verifiers") if isinstance(task.metadata, Mapping) else None
+        if isinstance(info, Mapping) and info.get("key") in self._known:
+            return self._known[info["key"]]
+        if isinstance(info, Mapping) and isinstance(info.get("data"), Mapping):
+            data: Any = dict(info["data"])
+        else:
+            target = task.target if isinstance(task.target, Mapping) else {}
+            data = {"prompt": task.prompt, **target}
+        data_type = self.task_type.data_type()
+        try:
+            return self.task_type(data_type.model_validate(data), self.taskset.config.task)
+        except ValidationError as exc:
+            raise InvalidArgumentError(
+                f"Task {task.id!r} does not make a {data_type.__name__} for "
+                f"{self.task_type.__name__}: {exc}"
+            ) from None
+
+    async def prepare(self) -> list[ToolServer]:
+        """Once per factory (and event loop): the env's ``start()`` and the taskset's shared
+        tool servers, started without a task."""
+        if self._prepared is None or self._prepared.get_loop() is not asyncio.get_running_loop():
+            self._prepared = asyncio.ensure_future(self._start())
+        return await asyncio.shield(self._prepared)
+
+    async def _start(self) -> list[ToolServer]:
+        if self.environment is not None:
+            await self.environment.start()
+        servers = [ToolServer(t) for t in type(self.taskset).toolsets(self.taskset.config)]
+        for server in servers:
+            await server.start()
+        return servers
+
+    # --- tasks -----------------------------------------------------------------------------------
+    def tasks(self, split: str = "train") -> list[Task]:
+        """The tasks of ``split`` (its view in ``splits``, else the whole taskset)."""
+        if split not in SPLITS:
+            raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {split!r}.")
+        view = self.splits.get(split, self.taskset)
+        if not view.bounded:
+            raise InvalidArgumentError(
+                f"{type(self.taskset).__name__} is infinite: pass splits={{{split!r}: "
+                "taskset.take(n), ...}} to bound it."
+            )
+        out = []
+        for vf_task in view:
+            self._known[vf_task.key] = vf_task
+            out.append(to_task(vf_task))
+        return out
+
+    @property
+    def task_source(self) -> VerifiersTasks:
+        """:meth:`tasks` as a task source ``split -> tasks`` (cached per split)."""
+        return VerifiersTasks(self)
+
+
+class VerifiersTasks:
+    """Task source ``split -> tasks`` over a :class:`VerifiersEnvFactory` (cached per split)."""
+
+    def __init__(self, factory: VerifiersEnvFactory) -> None:
+        self.factory = factory
+        self._cache: dict[str, list[Task]] = {}
+
+    def __call__(self, split: str) -> list[Task]:
+        if split not in self._cache:
+            self._cache[split] = self.factory.tasks(split)
+        return self._cache[split]
+
+
+def from_verifiers(
+    environment: Any, *, splits: Mapping[str, Any] | None = None, max_turns: int | None = None
+) -> VerifiersEnvFactory:
+    """An env factory (with ``tasks(split)``) for a verifiers ``Env``, ``Taskset`` or
+    ``EnvConfig``; see :class:`VerifiersEnvFactory`.
+
+    Example:
+        >>> factory = from_verifiers(load_environment("ToolUseGame-v0", split="val", limit=2))
+        >>> [task.id for task in factory.tasks("val")], factory.max_turns
+        (['tool_use_game/val/0000', 'tool_use_game/val/0001'], 8)
+    """
+    if isinstance(environment, VerifiersEnvFactory):
+        return environment
+    return VerifiersEnvFactory(environment, splits=splits, max_turns=max_turns)
+
+
+def register_verifiers_env(
+    id: str,
+    environment: Any,
+    *,
+    description: str = "",
+    splits: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
+    action_format: str = "hermes",
+    version: str = "0",
+) -> EnvEntry:
+    """Register a verifiers environment under ``id``: ``gym.make(id)``, ``run_and_report(id,
+    ...)``, the CLI and the trainer's pipeline find it with its tasks. ``max_turns`` caps the
+    seat (and is the registered turn limit; default: the seat's own cap, else 8)."""
+    factory = from_verifiers(environment, splits=splits, max_turns=max_turns)
+    return register_env(
+        id,
+        env=factory,
+        tasks=factory.task_source,
+        description=description or f"verifiers environment {factory.__qualname__}",
+        action_format=action_format,
+        max_turns=factory.max_turns or DEFAULT_MAX_TURNS,
+        version=version,
+    )
+
+
+# A verifiers Env or Taskset (an instance) works wherever an env factory is accepted.
+register_env_adapter(vf.Env, from_verifiers)
+register_env_adapter(vf.Taskset, from_verifiers)
