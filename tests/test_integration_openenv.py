@@ -409,3 +409,20 @@ def test_the_trainer_trains_on_a_served_env(server, small_model_dir, tmp_path, m
     logged = [r for r in trainer.state.log_history if "episodes/terminated_ratio" in r]
     assert logged and logged[0].get("episodes/env_ratio", 0.0) == 0.0  # no remote failures
     assert wait_for_sessions(server) == 0
+
+
+def test_trls_environment_factory_plays_a_served_env(server, remote_id) -> None:
+    """TRL's OpenEnv pattern (an environment_factory class around a client), on our server."""
+    pytest.importorskip("trl")
+    from llm_gym.integrations.trl import env_reward, environment_factory, trl_dataset
+
+    cls = environment_factory(remote_id, split="val")
+    row = trl_dataset(remote_id, "val", limit=1)[0]
+    task = get_tasks("val")[0]
+    assert row["task_id"] == task.id
+    episode = cls()
+    episode.reset(**row)
+    values = [episode.lookup(key=key) for key in task.metadata["keys"]]
+    assert all(not v.startswith("tool_error") for v in values)
+    assert env_reward([[{"role": "assistant", "content": "-1"}]], [episode]) == [0.0]
+    assert wait_for_sessions(server) == 0  # the finished episode's session is closed

@@ -124,6 +124,7 @@ class _Episode:
                 "build the dataset with llm_gym.integrations.trl.trl_dataset."
             )
         task = self._tasks[task_id]
+        self._close()  # an episode TRL left unfinished
         self._env = self._entry.env_factory()(task)
         self._messages = self._runner.run(self._env.reset(task))
         self._calls, self.reward, self.done = 0, None, False
@@ -144,18 +145,26 @@ class _Episode:
         self._messages = list(result.messages)
         if result.terminated or result.truncated:
             self.done, self.reward = True, float(result.reward)
+            self._close()
         tools = [m for m in result.messages if m.get("role") == "tool"]
         return str(tools[-1].get("content", "")) if tools else ""
 
     def _finish(self, reply: str) -> float:
         """Send the final reply as the episode's last step; return the environment's reward."""
-        if self._env is None:
+        if self._env is None and not self.done:
             raise InvalidArgumentError("A final reply before reset(): no episode is running.")
         if not self.done:
             result = self._runner.run(self._env.step(Message(role="assistant", content=reply)))
             self.done = True
             self.reward = float(result.reward) if result.terminated else 0.0
+            self._close()
         return float(self.reward or 0.0)
+
+    def _close(self) -> None:
+        """Release the finished episode's env (a sandbox, a remote session)."""
+        env, self._env = self._env, None
+        if env is not None:
+            self._runner.run(env.close())
 
 
 def environment_factory(
@@ -177,6 +186,13 @@ def environment_factory(
     tasks = entry.tasks(split, **dict(task_options or {}))
     probe = entry.env_factory()(tasks[0])
     specs = list(probe.tool_specs)
+    if not specs:  # an env that learns its tools when an episode starts (a remote one)
+        runner = LoopRunner()
+        try:
+            runner.run(probe.reset(tasks[0]))
+            specs = list(probe.tool_specs)
+        finally:
+            runner.run(probe.close())
     methods = {spec["function"]["name"]: _tool_method(spec) for spec in specs}
     clash = sorted(set(methods) & {"reset", "get_reward"})
     if clash:
