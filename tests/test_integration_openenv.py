@@ -426,3 +426,30 @@ def test_trls_environment_factory_plays_a_served_env(server, remote_id) -> None:
     assert all(not v.startswith("tool_error") for v in values)
     assert env_reward([[{"role": "assistant", "content": "-1"}]], [episode]) == [0.0]
     assert wait_for_sessions(server) == 0  # the finished episode's session is closed
+
+
+def test_a_raw_text_env_with_its_own_turn_cap_plays_remotely_as_it_does_locally() -> None:
+    """GuessNumber reads raw text and caps its own turns: both switches cross the wire."""
+    from llm_gym.envs.guess_number import GuessNumberEnv
+    from llm_gym.envs.guess_number import get_tasks as guess_tasks
+
+    tasks = guess_tasks("val")[:3]
+    garbled = "<tool_call>{oops</tool_call> 50"  # a parse failure for a parsed env, not this one
+    with serve_env("GuessNumber-v0", port=0) as guess:
+        env = RemoteEnv(guess.url)
+
+        async def opened() -> tuple[bool, int | None]:
+            await env.reset(tasks[0])
+            await env.close()
+            return env.raw_text_actions, env.max_turns
+
+        here = GuessNumberEnv()
+        asyncio.run(here.reset(tasks[0]))  # the env sets its cap per task
+        assert asyncio.run(opened()) == (True, here.max_turns) and here.max_turns > 1
+        local = collect_groups(GuessNumberEnv, tasks, Texts([garbled]), max_turns=40)
+        remote = collect_groups(RemoteEnvFactory(guess.url), tasks, Texts([garbled]),
+                                max_turns=40)  # fmt: skip
+    for here, there in zip(local, remote, strict=True):
+        assert here[0].truncation_cause == there[0].truncation_cause != "parse_failure"
+        assert here[0].num_turns == there[0].num_turns
+        assert here[0].reward == there[0].reward

@@ -122,6 +122,19 @@ def require_turn_limit(value: object, name: str = "max_turns") -> int:
     return value
 
 
+def turn_cap(env: Any) -> int | None:
+    """``env``'s own cap on assistant turns (:attr:`Env.max_turns`) when it declares a valid one
+    (an int >= 1), else None.
+
+    Example:
+        >>> class Capped: max_turns = 3
+        >>> turn_cap(Capped()), turn_cap(object())
+        (3, None)
+    """
+    cap = getattr(env, "max_turns", None)
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
 def finite_reward(value: Any, what: str = "reward") -> float:
     """``value`` as a float when it is a finite number (an int, a float, a numpy or torch
     scalar); else :class:`~llm_gym.errors.InvalidArgumentError` naming ``what``.

@@ -2,9 +2,13 @@
 
 One episode is one OpenEnv WebSocket session (openenv-core's ``GenericEnvClient``): ``reset``
 opens it, every step is one message with a per-call deadline, and ``close`` (which the loop
-always calls) ends it. A server that dies, hangs or answers with an error raises
+always calls) ends it, within a bound even when the server ignores the close. The server is
+hostile: a server that dies, hangs, answers with an error or answers nonsense (every frame is
+read by :func:`~llm_gym.integrations.openenv_protocol.read_frame`, an llm_gym server's
+observation checked by :func:`~llm_gym.integrations.openenv_protocol.check_observation`: no
+NaN reward, no message that is not OpenAI's, no ``start`` outside the conversation) raises
 :class:`~llm_gym.errors.RemoteEnvError`, which the episode driver turns into the end of that
-episode only (cause ``ENV``, the error recorded); the session is dropped either way.
+episode only (cause ``ENV``, the error recorded); the session is dropped (cut off) then.
 
 Two kinds of server are understood, told apart by the first observation:
 
@@ -28,17 +32,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from llm_gym.core.env import Env, StepResult
+from llm_gym.core.env import Env, StepResult, finite_reward
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, RemoteEnvError
 from llm_gym.gym.registration import register_env
 from llm_gym.gym.text_env import TextEnv
+from llm_gym.integrations.openenv_protocol import (
+    MAX_FRAME_BYTES,
+    check_listing,
+    check_observation,
+    read_frame,
+)
 
 try:
     from openenv.core.generic_client import GenericEnvClient
@@ -55,28 +66,42 @@ SEED_OFFSETS = {"train": 0, "val": 1_000_000, "test": 2_000_000}
 """Where each split's seeds start on a server that lists no tasks."""
 DEFAULT_SEED_TASKS = 64
 REWARD_MODES = ("last", "sum")
+MAX_LISTING_BYTES = 64 * 1024 * 1024
+"""The largest task listing read (``GET /llm_gym/tasks``)."""
+MAX_LISTING_VALUES = 1_000_000
+"""The most JSON values in a task listing (counted before it is parsed)."""
 
 
 class _Client(GenericEnvClient):
-    """openenv's dict client, with a close that lets the server end the session first."""
+    """openenv's dict client: every frame read by ``read_frame``, a close bounded in time."""
 
-    async def close_session(self) -> None:
-        """Send ``close`` and wait for the server to close the socket (it ends the session
-        then), so neither side closes into the other (a server-side error in the log)."""
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options, max_message_size_mb=MAX_FRAME_BYTES / 2**20)
+
+    async def _receive(self) -> dict[str, Any]:
+        assert self._ws is not None
+        raw = await asyncio.wait_for(self._ws.recv(), timeout=self._message_timeout)
+        frame = read_frame(raw)[0]
+        if not isinstance(frame.get("data", {}), dict):
+            raise InvalidArgumentError("The frame's data must be a JSON object.")
+        return frame
+
+    async def close_session(self, timeout_s: float) -> None:
+        """Send ``close`` and wait up to ``timeout_s`` for the server to close the socket (it
+        ends the session then), so neither side closes into the other (a server-side error in
+        the log); then, or at once when ``timeout_s`` is 0, the connection is cut."""
         ws, self._ws = self._ws, None
         if ws is None:
             return
         try:
-            await ws.send(json.dumps({"type": "close"}))
-            await asyncio.wait_for(ws.wait_closed(), 5.0)
+            if timeout_s > 0:
+                async with asyncio.timeout(timeout_s):
+                    await ws.send(json.dumps({"type": "close"}))
+                    await ws.wait_closed()
+        except Exception:  # a server that does not close in time is cut off below
+            pass
         finally:
-            await ws.close()
-
-
-def _ws_errors() -> tuple[type[BaseException], ...]:
-    from websockets.exceptions import WebSocketException
-
-    return (OSError, RuntimeError, WebSocketException, json.JSONDecodeError)
+            ws.transport.abort()
 
 
 class RemoteEnv(Env):
@@ -136,25 +161,54 @@ class RemoteEnv(Env):
                 f"{self.base_url}: {what} did not answer within call_timeout_s="
                 f"{self.call_timeout_s} s; the session was dropped."
             ) from None
-        except _ws_errors() as exc:
+        except Exception as exc:  # whatever broke in the exchange, the server broke it
             await self._drop()
             hint = ""
             if type(exc).__name__.startswith("ConnectionClosed"):
                 hint = " (the server closed the session; one at its session limit does so)"
-            raise RemoteEnvError(f"{self.base_url}: {what} failed: {exc}"[:2000] + hint) from exc
+            failure = f"{self.base_url}: {what} failed: {type(exc).__name__}: {exc}"
+            raise RemoteEnvError(failure[:2000] + hint) from exc
+
+    async def _answer(self, coro: Any, what: str) -> tuple[dict[str, Any], float | None, bool]:
+        """One exchange's observation, reward and ``done``, checked; else RemoteEnvError."""
+        result = await self._call(coro, what)
+        observation, reward, done = result.observation, result.reward, result.done
+        try:
+            if not isinstance(observation, dict):
+                raise InvalidArgumentError(
+                    f"observation must be a JSON object, actual: {observation!r:.60}"
+                )
+            if what == "reset":  # an llm_gym server's observation, or any other server's
+                self._native = "messages" in observation and "start" in observation
+            if not isinstance(done, bool):
+                raise InvalidArgumentError(f"done={done!r:.40}; done must be true or false")
+            reward = None if reward is None else finite_reward(reward)
+            if self._native:
+                observation = check_observation(observation)
+                start = observation["start"]
+                if what == "step" and start > len(self._messages):
+                    raise InvalidArgumentError(
+                        f"start={start} is past the {len(self._messages)} messages so far"
+                    )
+        except InvalidArgumentError as exc:
+            await self._drop()
+            raise RemoteEnvError(f"{self.base_url}: {what} answered nonsense: {exc}") from None
+        return observation, reward, done
 
     async def _drop(self) -> None:
+        """Cut the session off (no close handshake: the server failed us)."""
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close_session(), 2.0)
+                await client.close_session(0)
 
     async def close(self) -> None:
-        """End the session (a ``close`` message, then the socket); safe to call again."""
+        """End the session (a ``close`` message, then the socket, cut off when the server has
+        not closed it within ``min(call_timeout_s, 5)`` s); safe to call again."""
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close_session(), min(self.call_timeout_s, 5.0) + 1)
+                await client.close_session(min(self.call_timeout_s, 5.0))
 
     # --- the episode --------------------------------------------------------------------------
     async def reset(self, task: Task) -> list[Message]:
@@ -170,14 +224,17 @@ class RemoteEnv(Env):
             if isinstance(task.metadata.get("split"), str):
                 arguments["split"] = task.metadata["split"]
         await self._call(self._client.connect(), "connect")
-        result = await self._call(self._client.reset(**dict(arguments)), "reset")
-        observation = result.observation if isinstance(result.observation, dict) else {}
+        self._messages, self._tool_specs = [], []
+        observation, _, _ = await self._answer(self._client.reset(**dict(arguments)), "reset")
         self._task, self._reward = task, 0.0
-        self._native = isinstance(observation.get("messages"), list) and "start" in observation
         self.raw_text_actions = not self._native
+        self.max_turns = None
         if self._native:
-            self._messages = [dict(m) for m in observation["messages"] if isinstance(m, dict)]
-            self._tool_specs = list(observation.get("tool_specs") or [])
+            self._messages = observation["messages"]
+            self._tool_specs = observation["tool_specs"]  # type: ignore[assignment]
+            # The served env's own switches (the driver reads them after reset).
+            self.raw_text_actions = bool(observation.get("raw_text_actions"))
+            self.max_turns = observation.get("max_turns")
         else:
             self._tool_specs = []
             text = self._observation_text(observation)
@@ -192,38 +249,28 @@ class RemoteEnv(Env):
             action: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
             if message.get("tool_calls"):
                 action["tool_calls"] = message["tool_calls"]
-            result = await self._call(self._client.step({"message": action}), "step")
-            return self._native_result(result)
+            observation, reward, done = await self._answer(
+                self._client.step({"message": action}), "step"
+            )
+            self._messages[observation["start"] :] = observation["messages"]
+            truncated = observation["truncated"]
+            return StepResult(
+                terminated=done and not truncated,
+                truncated=truncated,
+                messages=self.messages,
+                reward=(reward or 0.0) if done else 0.0,
+                metrics=observation["metrics"],
+            )
         content = str(message.get("content") or "")
-        result = await self._call(self._client.step({self.action_field: content}), "step")
-        observation = result.observation if isinstance(result.observation, dict) else {}
-        reward = _number(result.reward)
+        observation, reward, done = await self._answer(
+            self._client.step({self.action_field: content}), "step"
+        )
+        reward = reward or 0.0
         self._reward = self._reward + reward if self.reward_mode == "sum" else reward
         self._messages.append({"role": "assistant", "content": content})
-        if not result.done:
+        if not done:
             self._messages.append({"role": "user", "content": self._observation_text(observation)})
-        return StepResult(bool(result.done), False, self.messages, reward=self._reward)
-
-    def _native_result(self, result: Any) -> StepResult:
-        observation = result.observation if isinstance(result.observation, dict) else {}
-        start = observation.get("start")
-        tail = observation.get("messages")
-        if not isinstance(start, int) or not isinstance(tail, list) or start > len(self._messages):
-            raise RemoteEnvError(
-                f"{self.base_url}: a step's observation is not an llm_gym one (start={start!r}, "
-                f"messages of type {type(tail).__name__})."
-            )
-        self._messages[start:] = [dict(m) for m in tail if isinstance(m, dict)]
-        truncated = bool(observation.get("truncated"))
-        done = bool(result.done)
-        metrics = observation.get("metrics")
-        return StepResult(
-            terminated=done and not truncated,
-            truncated=truncated,
-            messages=self.messages,
-            reward=_number(result.reward) if done else 0.0,
-            metrics=metrics if isinstance(metrics, dict) else {},
-        )
+        return StepResult(done, False, self.messages, reward=self._reward)
 
     def _observation_text(self, observation: Mapping[str, Any]) -> str:
         shown = {k: v for k, v in observation.items() if k not in ("done", "reward", "metadata")}
@@ -246,10 +293,6 @@ class RemoteEnv(Env):
     @property
     def messages(self) -> list[Message]:
         return [dict(m) for m in self._messages]  # type: ignore[misc]
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 class RemoteEnvFactory:
@@ -279,25 +322,33 @@ class RemoteTasks:
         self.listing: dict[str, Any] | None = None
 
     def fetch(self, split: str) -> dict[str, Any] | None:
-        """The server's listing of ``split`` (None when it has no ``/llm_gym/tasks``)."""
+        """The server's listing of ``split`` (None when it has no ``/llm_gym/tasks``), read
+        within ``timeout_s`` (all of it) and :data:`MAX_LISTING_BYTES`, and checked
+        (:func:`~llm_gym.integrations.openenv_protocol.check_listing`)."""
         url = self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+        where = f"{self.base_url}: GET /llm_gym/tasks?split={split}"
+        deadline, body = time.monotonic() + self.timeout_s, bytearray()
         try:
-            answer = httpx.get(
-                f"{url}/llm_gym/tasks", params={"split": split}, timeout=self.timeout_s
-            )
+            with httpx.stream("GET", f"{url}/llm_gym/tasks", params={"split": split},
+                              timeout=self.timeout_s) as answer:  # fmt: skip
+                if answer.status_code == 404:
+                    return None
+                for chunk in answer.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_LISTING_BYTES:
+                        raise RemoteEnvError(f"{where}: over {MAX_LISTING_BYTES:,} bytes.")
+                    if time.monotonic() > deadline:
+                        raise RemoteEnvError(f"{where}: not read within {self.timeout_s} s.")
         except httpx.HTTPError as exc:
-            raise RemoteEnvError(f"{self.base_url}: listing the tasks failed: {exc}") from exc
-        if answer.status_code == 404:
-            return None
+            raise RemoteEnvError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         if answer.status_code != 200:
-            raise RemoteEnvError(
-                f"{self.base_url}: GET /llm_gym/tasks?split={split} answered "
-                f"{answer.status_code}: {answer.text[:300]}"
-            )
-        listing = answer.json()
-        if not isinstance(listing, dict) or not isinstance(listing.get("tasks"), list):
-            raise RemoteEnvError(f"{self.base_url}: the task listing is not llm_gym's.")
-        return listing
+            text = body[:300].decode("utf-8", "replace")
+            raise RemoteEnvError(f"{where} answered {answer.status_code}: {text}")
+        try:
+            listing = read_frame(bytes(body), "task listing", MAX_LISTING_VALUES)[0]
+            return check_listing(listing)
+        except InvalidArgumentError as exc:
+            raise RemoteEnvError(f"{where}: {exc}") from None
 
     def __call__(self, split: str) -> list[Task]:
         if split not in SEED_OFFSETS:
@@ -313,9 +364,8 @@ class RemoteTasks:
             else:
                 self.listing = {k: v for k, v in listing.items() if k != "tasks"}
                 self._cache[split] = [
-                    Task(str(t.get("prompt", "")), id=str(t.get("id")), metadata={"split": split})
+                    Task(t["prompt"], id=t["id"], metadata={"split": split})
                     for t in listing["tasks"]
-                    if isinstance(t, dict)
                 ]
         return list(self._cache[split])
 
@@ -325,12 +375,7 @@ def _served_settings(tasks: RemoteTasks) -> dict[str, Any]:
     listing = tasks.fetch("train")
     if listing is None:
         return {}
-    settings: dict[str, Any] = {}
-    if isinstance(listing.get("max_turns"), int):
-        settings["max_turns"] = listing["max_turns"]
-    if isinstance(listing.get("action_format"), str):
-        settings["action_format"] = listing["action_format"]
-    return settings
+    return {k: listing[k] for k in ("max_turns", "action_format") if listing[k] is not None}
 
 
 def register_remote_env(

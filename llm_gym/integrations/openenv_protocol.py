@@ -3,16 +3,29 @@ limits) and the observation (the conversation's new messages, tool specs, reward
 
 :mod:`llm_gym.integrations.openenv_server` serves them; any OpenEnv client reads them (the
 action and observation JSON schemas are at the server's ``/schema``).
+
+Both sides treat the other as hostile, with the same rules: every WebSocket frame is read by
+:func:`read_frame` (a JSON object of bounded size, count of values and depth, finite numbers,
+lone surrogates replaced) before anything else looks at it; :class:`~llm_gym.integrations.
+openenv_client.RemoteEnv` then checks an llm_gym server's observation with
+:func:`check_observation` and its task listing with :func:`check_listing`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import math
+import re
 from typing import Any, Literal
+
+from llm_gym.core.text import clean_json
+from llm_gym.errors import InvalidArgumentError
 
 try:
     from openenv.core.env_server.types import Action, Observation
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
@@ -20,17 +33,34 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = [
     "MAX_CONTENT_CHARS",
+    "MAX_DEPTH",
+    "MAX_FRAME_BYTES",
+    "MAX_FRAME_VALUES",
+    "MAX_MESSAGES",
     "MAX_TOOL_CALLS",
     "AssistantMessage",
     "EnvAction",
     "EnvObservation",
+    "FrameGuard",
+    "check_listing",
+    "check_observation",
     "json_safe",
+    "read_frame",
 ]
 
 MAX_CONTENT_CHARS = 1_000_000
 """The longest assistant ``content`` (or tool-call ``arguments``) a client may send."""
 MAX_TOOL_CALLS = 64
 """The most tool calls in one assistant message."""
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+"""The largest WebSocket frame either side reads (a bigger one closes the connection, 1009)."""
+MAX_FRAME_VALUES = 100_000
+"""The most JSON values in one frame: 16 MB of ``[],`` would be 5 million lists (2 s and 400 MB
+to parse); counted in the text before it is parsed."""
+MAX_DEPTH = 64
+"""The deepest nesting of a frame's JSON (llm_gym's own frames nest about 8 deep)."""
+MAX_MESSAGES = 4096
+"""The most messages in one observation."""
 
 
 class FunctionCallModel(BaseModel):
@@ -93,6 +123,10 @@ class EnvObservation(Observation):
     truncated: bool = Field(default=False, description="Cut short by the env (not task logic).")
     task_id: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
+    raw_text_actions: bool = Field(
+        default=False, description="At reset: the env reads the assistant's raw text itself."
+    )
+    max_turns: int | None = Field(default=None, description="At reset: the env's own turn cap.")
 
 
 def json_safe(value: Any) -> Any:
@@ -109,3 +143,300 @@ def json_safe(value: Any) -> Any:
         return json_safe(value.item())  # numpy / torch scalars
     except Exception:
         return str(value)[:1000]
+
+
+# --- frames, read the same way by the server and by RemoteEnv ------------------------------------
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _counted_values(text: str, limit: int) -> int:
+    """An upper bound of the JSON values in ``text`` (exact enough up to ``limit``), from its
+    commas and brackets outside strings (str methods only: linear, in C)."""
+    rough = text.count(",") + 2 * (text.count("[") + text.count("{"))
+    if rough <= limit:  # the common case: a few long strings
+        return rough
+    bare = text.replace("\\\\", "").replace('\\"', "")  # escapes: every '"' left delimits
+    quotes = bare.count('"')
+    if quotes > 2 * limit:
+        return quotes // 2
+    outside = "".join(bare.split('"')[0::2])
+    return quotes // 2 + outside.count(",") + 2 * (outside.count("[") + outside.count("{"))
+
+
+def _path(value: Any, target: Any, where: str = "") -> str | None:
+    """Where ``target`` (that very object) sits in ``value``: ``data.message.content``."""
+    if value is target:
+        return where or "the frame"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
+        value, list) else ()  # fmt: skip
+    for key, item in items:
+        found = _path(item, target, f"{where}[{key}]" if isinstance(key, int) else
+                      f"{where}.{key}".lstrip("."))  # fmt: skip
+        if found is not None:
+            return found
+    return None
+
+
+def _check_tree(value: Any, what: str) -> None:
+    """No nesting deeper than :data:`MAX_DEPTH`, no NaN or infinity (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is float and not math.isfinite(item):
+            raise InvalidArgumentError(
+                f"{_path(value, item)} is not a finite number ({item}); JSON numbers are finite."
+            )
+        children = item.values() if type(item) is dict else item if type(item) is list else ()
+        if children and depth >= MAX_DEPTH:
+            raise InvalidArgumentError(f"The {what} is nested deeper than {MAX_DEPTH} levels.")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def read_frame(
+    data: str | bytes, what: str = "frame", max_values: int = MAX_FRAME_VALUES
+) -> tuple[dict[str, Any], str]:
+    """A WebSocket frame (or another JSON document: ``what``) read as a JSON object, checked
+    before anything else parses it; returns the object and the text to hand on (the same
+    text, unless lone surrogates were replaced).
+
+    Raises:
+        InvalidArgumentError: naming what is wrong (not UTF-8, not JSON, not an object, more
+            than ``max_values`` values, deeper than :data:`MAX_DEPTH`, a number that is not
+            finite).
+    """
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgumentError(f"A binary {what} must be UTF-8 JSON text: {exc}.") from None
+    if (count := _counted_values(data, max_values)) > max_values:
+        raise InvalidArgumentError(
+            f"The {what} holds too many values (about {count:,}; at most {max_values:,})."
+        )
+    try:
+        message = json.loads(data)
+    except RecursionError:
+        raise InvalidArgumentError("Invalid JSON: nested too deep to read.") from None
+    except ValueError as exc:  # JSONDecodeError, and ints of more than 4,300 digits
+        raise InvalidArgumentError(f"Invalid JSON: {str(exc)[:200]}") from None
+    if not isinstance(message, dict):
+        shape = ' {"type": ..., "data": {...}}' if what == "frame" else ""
+        raise InvalidArgumentError(
+            f"The {what} must be a JSON object{shape}, actual: a JSON {type(message).__name__}."
+        )
+    _check_tree(message, what)
+    if _SURROGATE_ESCAPE.search(data) is not None:  # a lone surrogate cannot leave as UTF-8
+        message = clean_json(message)
+        data = json.dumps(message)
+    return message, data
+
+
+MESSAGE_TYPES = ("reset", "step", "state", "close")
+"""The frames a client may send on ``/ws`` (OpenEnv's ``mcp`` is not served)."""
+
+
+def _error_frame(message: str, code: str) -> dict[str, Any]:
+    text = json.dumps({"type": "error", "data": {"message": message, "code": code}})
+    return {"type": "websocket.send", "text": text}
+
+
+async def _http_answer(send: Any, status: int, detail: str) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
+
+
+async def _read_body(receive: Any, send: Any) -> bytes | None:
+    """An HTTP request's JSON body, read (at most :data:`MAX_FRAME_BYTES`) and checked like a
+    frame; None when it was refused (the answer is sent) or the client left."""
+    body, more = bytearray(), True
+    while more:
+        event = await receive()
+        if event["type"] != "http.request":
+            return None
+        body += event.get("body", b"")
+        more = event.get("more_body", False)
+        if len(body) > MAX_FRAME_BYTES:
+            await _http_answer(send, 413, f"The request body is over {MAX_FRAME_BYTES:,} bytes.")
+            return None
+    try:
+        return read_frame(bytes(body), "request body")[1].encode() if body else b""
+    except InvalidArgumentError as exc:
+        await _http_answer(send, 422, str(exc))
+        return None
+
+
+async def _next(replayed: list[Any], receive: Any) -> Any:
+    return replayed.pop() if replayed else await receive()
+
+
+class FrameGuard:
+    """ASGI middleware in front of OpenEnv's ``/ws``: every client frame is read by
+    :func:`read_frame` and its ``type`` checked before OpenEnv's handler sees it; a bad one is
+    answered with an error and the session goes on (OpenEnv's handler would end the session on
+    a list, a binary frame or JSON nested 50,000 deep). A connection silent for
+    ``idle_timeout_s`` is told so and closed, which ends its session. A client that leaves
+    without a close handshake is normal: OpenEnv's handler then raises ``WebSocketDisconnect``
+    while closing (it expects ``RuntimeError``), and the error is dropped here. The body of an
+    HTTP ``/reset`` or ``/step`` is read the same way (9 MB of ``[],`` held the loop for 13 s, a
+    NaN made a 500). OpenEnv's ``/mcp`` routes are refused (404, or a WebSocket closed with 1008):
+    MCP sessions opened over HTTP are never closed."""
+
+    def __init__(self, app: Any, idle_timeout_s: float | None = None) -> None:
+        self.app = app
+        self.idle_timeout_s = idle_timeout_s
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope.get("path") == "/mcp":
+            await receive()  # the connect
+            await send({"type": "websocket.close", "code": 1008, "reason": "no MCP here"})
+            return
+        if scope["type"] == "http" and scope.get("path") == "/mcp":
+            await _http_answer(send, 404, "llm_gym envs serve no MCP: play through /ws.")
+            return
+        if scope["type"] == "http" and scope.get("path") in ("/reset", "/step"):
+            body = await _read_body(receive, send)
+            if body is not None:
+                replayed = [{"type": "http.request", "body": body, "more_body": False}]
+                await self.app(scope, lambda: _next(replayed, receive), send)
+            return
+        if scope["type"] != "websocket" or scope.get("path") != "/ws":
+            await self.app(scope, receive, send)
+            return
+        from starlette.websockets import WebSocketDisconnect
+
+        async def guarded_receive() -> Any:
+            while True:
+                try:
+                    event = await asyncio.wait_for(receive(), self.idle_timeout_s)
+                except TimeoutError:
+                    idle = f"The session was idle for {self.idle_timeout_s} s and is closed."
+                    with contextlib.suppress(Exception):
+                        await send(_error_frame(idle, "SESSION_ERROR"))
+                    return {"type": "websocket.disconnect", "code": 1000}
+                if event["type"] != "websocket.receive":
+                    return event
+                text = event.get("text")
+                try:
+                    message, text = read_frame(event.get("bytes") or b"" if text is None else text)
+                    if (kind := message.get("type")) not in MESSAGE_TYPES:
+                        raise InvalidArgumentError(
+                            f"Unknown message type {kind!r:.40}; allowed: {MESSAGE_TYPES}."
+                        )
+                except InvalidArgumentError as exc:
+                    code = "INVALID_JSON" if "JSON" in str(exc) else "VALIDATION_ERROR"
+                    await send(_error_frame(str(exc), code))
+                    continue
+                return {"type": "websocket.receive", "text": text}
+
+        with contextlib.suppress(WebSocketDisconnect):
+            await self.app(scope, guarded_receive, send)
+
+
+# --- what RemoteEnv accepts from an llm_gym server ------------------------------------------------
+
+
+class ServedMessage(BaseModel):
+    """A message of an llm_gym server's observation (OpenAI's format, nothing else)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: list[ToolCallModel] = Field(default_factory=list, max_length=MAX_TOOL_CALLS)
+    tool_call_id: str = Field(default="", max_length=256)
+    name: str = Field(default="", max_length=256)
+
+
+class FunctionSpecModel(BaseModel):
+    """The function half of a served tool spec (other keys are kept as they came)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: str = Field(min_length=1, max_length=256)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolSpecModel(BaseModel):
+    """A served tool spec: ``{"type": "function", "function": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: FunctionSpecModel
+
+
+class ServedObservation(BaseModel):
+    """An llm_gym server's observation, as :class:`EnvObservation` sends it."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    messages: list[ServedMessage] = Field(max_length=MAX_MESSAGES)
+    start: int = Field(ge=0)
+    tool_specs: list[ToolSpecModel] = Field(default_factory=list, max_length=256)
+    truncated: bool = False
+    task_id: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    raw_text_actions: bool = False
+    max_turns: int | None = Field(default=None, ge=1)
+
+
+class ListedTask(BaseModel):
+    """One task of ``GET /llm_gym/tasks``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str = Field(min_length=1, max_length=1024)
+    prompt: str
+
+
+class TaskListing(BaseModel):
+    """``GET /llm_gym/tasks``: the split's tasks and the env's settings."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    tasks: list[ListedTask]
+    max_turns: int | None = Field(default=None, ge=1)
+    action_format: str | None = Field(default=None, min_length=1, max_length=64)
+
+
+def _problems(exc: ValidationError) -> str:
+    """``messages[0].role='root': Input should be ...`` for the first three errors."""
+    found = []
+    for error in exc.errors()[:3]:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+        where = where.lstrip(".") or "the value"
+        if error["type"] != "missing":
+            where = f"{where}={error['input']!r:.40}"
+        found.append(f"{where}: {error['msg']}"[:300])
+    return "; ".join(found)
+
+
+def check_observation(observation: Any) -> dict[str, Any]:
+    """An llm_gym server's observation as plain dicts (messages with only the keys they came
+    with), checked: messages in OpenAI's format, ``start`` an int >= 0, tool specs, a bool
+    ``truncated`` and a dict of ``metrics``.
+
+    Raises:
+        InvalidArgumentError: naming the field (``messages[2].content: ...``).
+    """
+    try:
+        checked = ServedObservation.model_validate(observation)
+    except ValidationError as exc:
+        raise InvalidArgumentError(_problems(exc)) from None
+    result = checked.model_dump(exclude_unset=True)
+    result["messages"] = [m.model_dump(exclude_unset=True) for m in checked.messages]
+    result["tool_specs"] = [s.model_dump(exclude_unset=True) for s in checked.tool_specs]
+    return result
+
+
+def check_listing(listing: Any) -> dict[str, Any]:
+    """``GET /llm_gym/tasks``'s answer, checked (task ids unique); raises InvalidArgumentError."""
+    if not isinstance(listing, dict) or not isinstance(listing.get("tasks"), list):
+        raise InvalidArgumentError("the task listing is not llm_gym's (no list of tasks).")
+    try:
+        checked = TaskListing.model_validate(listing).model_dump()
+    except ValidationError as exc:
+        raise InvalidArgumentError(f"the task listing is malformed: {_problems(exc)}") from None
+    seen: set[str] = set()
+    for task in checked["tasks"]:
+        if task["id"] in seen:
+            raise InvalidArgumentError(f"the task listing has a duplicate task id {task['id']!r}")
+        seen.add(task["id"])
+    return checked

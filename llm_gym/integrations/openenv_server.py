@@ -18,8 +18,12 @@ only describe our episodes in its terms:
 * ``GET /llm_gym/tasks?split=val`` lists the split's task ids and prompts (never targets), so a
   client (:class:`~llm_gym.integrations.openenv_client.RemoteEnv`) can build its task list.
 
-Each step runs on the server's event loop (our envs are async), within ``step_timeout_s``; a
-session idle for ``idle_timeout_s`` is reaped by OpenEnv's server. Any OpenEnv client plays it:
+Each step runs on the server's event loop (our envs are async), within ``step_timeout_s``.
+Clients are hostile: :class:`~llm_gym.integrations.openenv_protocol.FrameGuard` reads every
+frame first (a bad one gets an error, the session goes on) and closes a connection silent for
+``idle_timeout_s``; a reset is checked before the running episode is touched. So is the env: an
+env that fails, hangs or returns nonsense (``check_step``, a finite reward) has its episode
+closed. MCP is not served. Any OpenEnv client plays it:
 
     from openenv.core import GenericEnvClient
     with GenericEnvClient(base_url="http://127.0.0.1:8001").sync() as env:
@@ -34,18 +38,26 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llm_gym.aio import LoopRunner
+from llm_gym.core.env import StepResult, check_step, step_outcome, turn_cap
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_json
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.openenv_protocol import EnvAction, EnvObservation, json_safe
+from llm_gym.integrations.openenv_protocol import (
+    MAX_FRAME_BYTES,
+    EnvAction,
+    EnvObservation,
+    FrameGuard,
+    json_safe,
+)
 
 try:
-    from fastapi import FastAPI, HTTPException
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse
     from openenv.core.env_server import HTTPEnvServer
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import (
@@ -62,8 +74,8 @@ __all__ = [
     "EnvAction",
     "EnvObservation",
     "EnvServer",
-    "QuietDisconnects",
     "ServedEnv",
+    "ServedEnvError",
     "build_env_app",
     "serve_env",
 ]
@@ -72,6 +84,20 @@ DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_SESSIONS = 256
 SPLITS = ("train", "val", "test")
 STARTUP_TIMEOUT_S = 30.0
+CLOSED = "This session is closed (idle too long, or the server is stopping): open a new one."
+NO_EPISODE = (
+    "No episode is running in this session: reset first (the last one ended). Over HTTP each "
+    "request is a session of its own: play an episode through the WebSocket (/ws)."
+)
+_CLOSING: set[asyncio.Task[Any]] = set()  # closes scheduled on the loop, kept until they finish
+
+
+class ServedEnvError(RuntimeError):
+    """The served env failed (raised, hung, returned nonsense); its episode is closed."""
+
+
+Catalog = Callable[[str], tuple[Sequence[Task], Mapping[str, Task]]]
+"""``split -> (its tasks in order, {task id: task})``, built once and shared by the sessions."""
 
 
 class ServedEnv(Environment):
@@ -84,44 +110,48 @@ class ServedEnv(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(
-        self,
-        entry: Any,
-        task_options: Mapping[str, Any],
-        step_timeout_s: float,
-        index: Callable[[str], Mapping[str, Task]],
-    ):
+        self, entry: Any, task_options: Mapping[str, Any], step_timeout_s: float, catalog: Catalog
+    ) -> None:
         super().__init__()
         self.entry = entry
-        self.index = index
-        """``split -> {task id: task}``, shared by the server's sessions."""
+        self.catalog = catalog
         self.task_options = dict(task_options)
         self.step_timeout_s = step_timeout_s
         self._env: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sent = 0
         self._done = True
+        self._closed = False
         self._state = State()
 
     # --- the episode ----------------------------------------------------------------------
-    def _task(self, split: str | None, task_id: Any, seed: Any) -> Task:
-        if split is not None and split not in SPLITS:
-            raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {split!r}.")
+    def _task(self, split: Any, task_id: Any, seed: Any) -> Task:
+        """The task a reset names; a clear error (and nothing touched) when it names none."""
+        if split is not None and (not isinstance(split, str) or split not in SPLITS):
+            raise InvalidArgumentError(f"split must be one of {SPLITS}, actual: {split!r:.80}.")
         if task_id is not None:
+            if not isinstance(task_id, str):
+                raise InvalidArgumentError(
+                    "task_id must be a string (GET /llm_gym/tasks lists them), actual: a JSON "
+                    f"{type(task_id).__name__}."
+                )
             for name in (split,) if split is not None else SPLITS:
-                task = self.index(name).get(task_id)
+                task = self.catalog(name)[1].get(task_id)
                 if task is not None:
                     return task
             where = f"{split!r} split" if split is not None else "splits"
             raise InvalidArgumentError(
-                f"task_id {str(task_id)[:120]!r} names no task of {self.entry.id}'s {where} "
+                f"task_id {task_id[:120]!r} names no task of {self.entry.id}'s {where} "
                 "(GET /llm_gym/tasks?split=... lists them)."
             )
         if isinstance(seed, int) and not isinstance(seed, bool):
-            tasks = self.entry.tasks(split or "train", **self.task_options)
+            tasks = self.catalog(split or "train")[0]
+            if not tasks:
+                raise InvalidArgumentError(f"{self.entry.id}'s {split or 'train'} split is empty.")
             return tasks[seed % len(tasks)]
         raise InvalidArgumentError(
             "reset needs task_id (split optional) or an integer seed (task seed mod n of the "
-            "split, default 'train')."
+            f"split, default 'train'), actual: seed={seed!r:.40}."
         )
 
     async def reset_async(
@@ -132,62 +162,83 @@ class ServedEnv(Environment):
         split: str | None = None,
         **kwargs: Any,
     ) -> EnvObservation:
+        self._check_open()
         if kwargs:
             raise InvalidArgumentError(
-                f"Unknown reset argument(s) {sorted(kwargs)[:8]}; allowed: task_id, split, seed, "
-                "episode_id."
+                f"Unknown reset argument(s) {sorted(kwargs)[:8]!r:.300}; allowed: task_id, "
+                "split, seed, episode_id."
             )
-        task = self._task(split, task_id, seed)
+        if episode_id is not None and not (isinstance(episode_id, str) and len(episode_id) <= 256):
+            raise InvalidArgumentError(
+                f"episode_id must be a string of at most 256 characters: {episode_id!r:.60}."
+            )
+        task = self._task(split, task_id, seed)  # checked first: a refused reset changes nothing
         await self._close_episode()
         self._loop = asyncio.get_running_loop()
-        self._env = env = self.entry.env_factory()(task)
-        opening = await self._timed(env.reset(task), "reset")
+        where = f"{self.entry.id}.reset"
+        self._env = env = await self._guarded(lambda: self.entry.env_factory()(task), where)
+        opening = await self._guarded(lambda: env.reset(task), where)
+        observation = await self._guarded(lambda: EnvObservation(
+            messages=_as_json(check_step(StepResult(False, False, opening), where)),
+            tool_specs=_as_json(list(env.tool_specs)), task_id=task.id,
+            raw_text_actions=bool(getattr(env, "raw_text_actions", False)),
+            max_turns=turn_cap(env),
+        ), where)  # fmt: skip
         self._done, self._sent = False, len(opening)
         self._state = State(episode_id=episode_id, step_count=0, task_id=task.id, split=split)
-        return EnvObservation(
-            messages=clean_json(list(opening)),
-            tool_specs=clean_json(list(env.tool_specs)),
-            task_id=task.id,
-        )
+        return observation
 
     async def step_async(
         self, action: EnvAction, timeout_s: float | None = None, **kwargs: Any
     ) -> EnvObservation:
-        if self._env is None or self._done:
-            raise InvalidArgumentError("No episode is running: reset first (the last one ended).")
-        result = await self._timed(self._env.step(action.message.to_message()), "step")
-        messages = list(result.messages)
-        start = min(self._sent, len(messages))
-        self._sent = len(messages)
+        self._check_open(episode=True)
+        env, where = self._env, f"{self.entry.id}.step"
+        result = await self._guarded(lambda: env.step(action.message.to_message()), where)
+        observation = await self._guarded(lambda: self._observe(result, where), where)
+        self._sent = len(result.messages)
         self._state.step_count += 1
-        done = bool(result.terminated or result.truncated)
-        observation = EnvObservation(
-            messages=clean_json(messages[start:]),
-            start=start,
-            done=done,
-            reward=float(result.reward) if done else None,
-            truncated=bool(result.truncated),
-            task_id=self._state.task_id,  # type: ignore[attr-defined]
-            metrics=clean_json(json_safe(dict(result.metrics))) if done else {},
-        )
-        if done:
-            self._done = True
+        if observation.done:
             await self._close_episode()
         return observation
 
-    async def _timed(self, coro: Any, what: str) -> Any:
+    def _observe(self, result: Any, where: str) -> EnvObservation:
+        """A step's observation: its result checked as the episode driver checks one."""
+        messages = check_step(result, where)
+        done = bool(result.terminated or result.truncated)
+        reward, metrics = step_outcome(result, where) if done else (None, {})
+        start = min(self._sent, len(messages))
+        return EnvObservation(
+            messages=_as_json(messages[start:]), start=start, done=done, reward=reward,
+            truncated=bool(result.truncated), metrics=_as_json(metrics),
+            task_id=self._state.task_id,  # type: ignore[attr-defined]
+        )  # fmt: skip
+
+    def _check_open(self, episode: bool = False) -> None:
+        if self._closed or (episode and (self._env is None or self._done)):
+            raise InvalidArgumentError(CLOSED if self._closed else NO_EPISODE)
+
+    async def _guarded(self, call: Callable[[], Any], where: str) -> Any:
+        """``call()`` (awaited within ``step_timeout_s`` when it is a coroutine); on any failure
+        (a raise, a timeout, a malformed result) the episode is closed, the error names
+        ``where``."""
         try:
-            return await asyncio.wait_for(coro, self.step_timeout_s)
+            result = call()
+            if asyncio.iscoroutine(result):
+                result = await asyncio.wait_for(result, self.step_timeout_s)
+            return result
         except TimeoutError:
-            self._done = True
             await self._close_episode()
             raise TimeoutError(
-                f"{self.entry.id}.{what} did not return within {self.step_timeout_s} s; the "
-                "episode is closed."
+                f"{where} did not return within {self.step_timeout_s} s; the episode is closed."
             ) from None
+        except Exception as exc:
+            await self._close_episode()
+            raise ServedEnvError(
+                f"{where} failed: {type(exc).__name__}: {str(exc)[:500]} (the episode is closed)"
+            ) from exc
 
     async def _close_episode(self) -> None:
-        env, self._env = self._env, None
+        env, self._env, self._done = self._env, None, True
         if env is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(env.close(), self.step_timeout_s)
@@ -214,14 +265,18 @@ class ServedEnv(Environment):
         )
 
     def close(self) -> None:
-        """Close the running episode's env, on the loop it was started on (OpenEnv calls this
-        from a worker thread when the session ends)."""
+        """End the session: close the running episode's env, on the loop it was started on
+        (OpenEnv calls this from a worker thread when the session ends); later resets and
+        steps are refused."""
+        self._closed = True
         if self._env is None:
             return
         loop = self._loop
         if loop is not None and loop.is_running():
             if _running_loop() is loop:
-                loop.create_task(self._close_episode())
+                task = loop.create_task(self._close_episode())
+                _CLOSING.add(task)
+                task.add_done_callback(_CLOSING.discard)
                 return
             future = asyncio.run_coroutine_threadsafe(self._close_episode(), loop)
             with contextlib.suppress(Exception):
@@ -235,6 +290,11 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+def _as_json(value: Any) -> Any:
+    """What an env said, as JSON: non-JSON values as text, lone surrogates replaced."""
+    return clean_json(json_safe(value))
 
 
 def build_env_app(
@@ -253,37 +313,42 @@ def build_env_app(
             OpenEnv's ``CAPACITY_REACHED`` error.
         task_options: Options of the task source (``{"world_seed": 1}``), fixed for the server.
         step_timeout_s: Seconds a ``reset`` or ``step`` may take before its episode is closed.
-        idle_timeout_s: Seconds a session may stay silent before it is reaped (None: never).
+        idle_timeout_s: Seconds a connection may stay silent before it is closed (None: never).
     """
     entry = as_env_entry(env)
     if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
         raise InvalidArgumentError(f"max_sessions must be an int >= 1, actual: {max_sessions!r}.")
     if not step_timeout_s > 0:
         raise InvalidArgumentError(f"step_timeout_s must be > 0, actual: {step_timeout_s!r}.")
+    if idle_timeout_s is not None and not idle_timeout_s > 0:
+        raise InvalidArgumentError(f"idle_timeout_s must be None or > 0: {idle_timeout_s!r}.")
     options = dict(task_options or {})
     entry.tasks("train", **options)  # fail now, not in the first session, on a bad option
 
     @functools.cache
-    def index(split: str) -> Mapping[str, Task]:
-        return {str(t.id): t for t in entry.tasks(split, **options)}
+    def catalog(split: str) -> tuple[Sequence[Task], Mapping[str, Task]]:
+        tasks = tuple(entry.tasks(split, **options))
+        return tasks, {str(t.id): t for t in tasks}
 
     def factory() -> ServedEnv:
-        return ServedEnv(entry, options, step_timeout_s, index)
+        return ServedEnv(entry, options, step_timeout_s, catalog)
 
     # OpenEnv's server and routes (/ws, /reset, /step, /state, /schema, /metadata, /health),
     # on a plain FastAPI app: create_app would add the optional Gradio UI, and we need the
-    # server object itself for /llm_gym/sessions.
+    # server object itself for /llm_gym/sessions. FrameGuard keeps the idle timeout (OpenEnv's
+    # reaper frees the slot but leaves the socket playing) and refuses /mcp (MCP sessions over
+    # HTTP that nobody closes).
     app = FastAPI(title=f"llm_gym {entry.id} (OpenEnv)", version=str(entry.version or "0"))
     server = HTTPEnvServer(
         factory,
         EnvAction,
         EnvObservation,
-        concurrency_config=ConcurrencyConfig(
-            max_concurrent_envs=max_sessions, session_timeout=idle_timeout_s
-        ),
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions),
     )
     server.register_routes(app)
-    app.add_middleware(QuietDisconnects)
+    for error, status in ((InvalidArgumentError, 422), (TimeoutError, 504), (ServedEnvError, 500)):
+        app.add_exception_handler(error, functools.partial(_error_answer, status))
+    app.add_middleware(FrameGuard, idle_timeout_s=idle_timeout_s)
     app.state.env_server = server
 
     @app.get("/llm_gym/sessions", tags=["llm_gym"])
@@ -295,8 +360,8 @@ def build_env_app(
     def list_tasks(split: str = "train") -> dict[str, Any]:
         """The split's tasks: ids and prompts (targets stay on the server)."""
         if split not in SPLITS:
-            raise HTTPException(422, f"split must be one of {SPLITS}, actual value: {split!r}.")
-        tasks = entry.tasks(split, **options)
+            raise HTTPException(422, f"split must be one of {SPLITS}, actual: {split!r:.60}.")
+        tasks = catalog(split)[0]
         return {
             "env_id": entry.id,
             "split": split,
@@ -308,26 +373,9 @@ def build_env_app(
     return app
 
 
-class QuietDisconnects:
-    """ASGI middleware: a WebSocket client that leaves without a close handshake is normal.
-
-    OpenEnv's ``/ws`` handler destroys the session, then closes the socket; when the client is
-    already gone, that close raises ``WebSocketDisconnect`` (it only expects ``RuntimeError``),
-    which uvicorn logs as an application error. The session is gone either way, so the error is
-    dropped here (for WebSocket scopes only).
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("type") != "websocket":
-            await self.app(scope, receive, send)
-            return
-        from starlette.websockets import WebSocketDisconnect
-
-        with contextlib.suppress(WebSocketDisconnect):
-            await self.app(scope, receive, send)
+async def _error_answer(status: int, request: Request, exc: Exception) -> JSONResponse:
+    """The HTTP answer to a refused request (``/reset``, ``/step``): the status and the reason."""
+    return JSONResponse({"detail": str(exc)[:1000]}, status)
 
 
 class EnvServer:
@@ -337,18 +385,10 @@ class EnvServer:
         import uvicorn
 
         config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            loop="asyncio",
-            lifespan="on",
-            ws="websockets-sansio",
-            ws_max_size=16 * 1024 * 1024,
-            timeout_graceful_shutdown=5,
-            access_log=log,
-            log_level="info" if log else "warning",
-            **({} if log else {"log_config": None}),
-        )
+            app, host=host, port=port, loop="asyncio", lifespan="on", ws="websockets-sansio",
+            ws_max_size=MAX_FRAME_BYTES, timeout_graceful_shutdown=5, access_log=log,
+            log_level="info" if log else "warning", **({} if log else {"log_config": None}),
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="llm_gym-env", daemon=True)
         self._thread.start()

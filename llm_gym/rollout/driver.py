@@ -52,6 +52,7 @@ from llm_gym.core.env import (
     finite_reward,
     require_turn_limit,
     step_outcome,
+    turn_cap,
 )
 from llm_gym.core.factories import EnvFactory
 from llm_gym.core.task import Task
@@ -226,10 +227,7 @@ class EpisodeDriver:
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
         # getattr: a factory may return an env-like object that does not subclass Env.
         self.raw_text = bool(getattr(env, "raw_text_actions", False))
-        cap = getattr(env, "max_turns", None)
-        self.env_cap = (
-            cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
-        )
+        self.env_cap = turn_cap(env)
         self.limit = self.max_turns if self.env_cap is None else min(self.env_cap, self.max_turns)
         return self.messages
 
