@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import env_step
 
 
@@ -19,6 +21,7 @@ def test_env_step_smoke(tmp_path) -> None:
     assert len(data["median_us_per_repeat"]["GuessNumber-v0 (\\boxed{n}, bisection)"]) == 2
 
 
+@pytest.mark.slow  # every contender, TRL's two back-ends included: about 1.5 min on 2 cores
 def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
     """``--quick`` runs every contender through the harness and writes the markdown and the
     JSON (with its conditions and ``ratio_to_replay_limit``) where ``--out-dir`` says."""

@@ -310,8 +310,11 @@ def test_build_args_name_the_corpus_envs() -> None:
     assert tiny.default_model_dir(envs=["ToolUseGame-v0"]) != tiny.default_model_dir()
 
 
-def test_cli_prints_the_path_last(tmp_path: Path) -> None:
+def test_cli_prints_the_path_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from llm_gym.cli import main
+    from llm_gym.models import corpus
+
+    monkeypatch.setattr(corpus, "DEFAULT_CORPUS_ENVS", ("GuessNumber-v0",))  # a small corpus
 
     out = io.StringIO()
     target = tmp_path / "cli-model"
