@@ -89,8 +89,11 @@ def start_server(max_sessions: int) -> tuple[subprocess.Popen[str], str]:
 # --- 1. load ------------------------------------------------------------------------------------
 
 
-async def _play(url: str, tasks: list[Any], timings: list[float], failures: list[str]) -> None:
-    """One oracle episode of each task in turn, one session each, every call timed."""
+async def _play(
+    url: str, tasks: list[Any], timings: dict[str, list[float]], failures: list[str]
+) -> None:
+    """One oracle episode of each task in turn, one session each, every call timed (``reset``
+    opens the session: the WebSocket handshake and the server's new env are in its time)."""
     from llm_gym.envs.tool_use_game import oracle_action
     from llm_gym.integrations.openenv_client import RemoteEnv
 
@@ -99,12 +102,12 @@ async def _play(url: str, tasks: list[Any], timings: list[float], failures: list
         try:
             start = time.perf_counter()
             messages = await env.reset(task)
-            timings.append(time.perf_counter() - start)
+            timings["reset"].append(time.perf_counter() - start)
             while True:
                 action = oracle_action(task, messages)
                 start = time.perf_counter()
                 result = await env.step(action)
-                timings.append(time.perf_counter() - start)
+                timings["step"].append(time.perf_counter() - start)
                 messages = result.messages
                 if result.terminated or result.truncated:
                     if result.reward != 1.0:
@@ -121,7 +124,7 @@ def run_load(url: str, pid: int, sessions: int, rounds: int) -> dict[str, Any]:
     from llm_gym.envs.tool_use_game import get_tasks
 
     tasks = list(get_tasks("val"))
-    timings: list[float] = []
+    timings: dict[str, list[float]] = {"reset": [], "step": []}
     failures: list[str] = []
     rss = [rss_mib(pid)]
     per_round = []
@@ -130,34 +133,42 @@ def run_load(url: str, pid: int, sessions: int, rounds: int) -> dict[str, Any]:
         chosen = [[tasks[(r * sessions + i) % len(tasks)]] for i in range(sessions)]
         await asyncio.gather(*(_play(url, t, timings, failures) for t in chosen))
 
+    def calls() -> int:
+        return len(timings["reset"]) + len(timings["step"])
+
     start = time.perf_counter()
     for r in range(rounds):
-        began, calls = time.perf_counter(), len(timings)
+        began, before = time.perf_counter(), calls()
         asyncio.run(one_round(r))
-        per_round.append({"calls": len(timings) - calls, "wall_s": time.perf_counter() - began})
+        per_round.append({"calls": calls() - before, "wall_s": time.perf_counter() - began})
         rss.append(rss_mib(pid))
     wall = time.perf_counter() - start
     time.sleep(0.5)
     left = httpx.get(f"{url}/llm_gym/sessions", timeout=10).json()
-    ordered = sorted(timings)
 
-    def pct(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+    def percentiles(values: list[float]) -> dict[str, float]:
+        ordered = sorted(values) or [float("nan")]
+        at = {q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.5, 0.9, 0.99)}
+        return {"p50": at[0.5], "p90": at[0.9], "p99": at[0.99], "max": ordered[-1]}
 
     return {
         "sessions": sessions,
         "rounds": rounds,
         "episodes": sessions * rounds,
-        "calls": len(timings),
+        "calls": calls(),
         "wall_s": wall,
-        "calls_per_s": len(timings) / wall,
-        "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "max": ordered[-1]},
+        "calls_per_s": calls() / wall,
+        "steps_per_s": len(timings["step"]) / wall,
+        "latency_s": percentiles(timings["reset"] + timings["step"]),
+        "reset_latency_s": percentiles(timings["reset"]),
+        "step_latency_s": percentiles(timings["step"]),
         "failed_episodes": len(failures),
         "failures": failures[:10],
         "sessions_left_on_server": left["active"],
         "rss_mib_after_round": rss,
         "per_round": per_round,
-        "latencies_s": timings,
+        "latencies_s": timings["reset"] + timings["step"],
+        "step_latencies_s": timings["step"],
     }
 
 
@@ -231,9 +242,8 @@ def run_collection(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def report(summary: dict[str, Any]) -> str:
     load, coll = summary["load"], summary["collection"]
-    ms = {k: 1000 * v for k, v in load["latency_s"].items()}
     rss = load["rss_mib_after_round"]
-    growth = rss[-1] - rss[1] if len(rss) > 2 else 0.0
+    growth = rss[-1] - rss[2] if len(rss) > 3 else 0.0  # after the first round's warm-up
     eps = coll["episodes_per_s"]
     ratio = coll["ratio_remote_to_in_process"]
     a = summary["args"]
@@ -255,13 +265,22 @@ def report(summary: dict[str, Any]) -> str:
             "| --- | --- |",
             f"| episodes | {load['episodes']} |",
             f"| calls (reset + step) | {load['calls']} in {load['wall_s']:.1f} s |",
-            f"| calls per second | {load['calls_per_s']:.0f} |",
-            f"| call latency p50 / p90 / p99 / max | {ms['p50']:.1f} / {ms['p90']:.1f} / "
-            f"{ms['p99']:.1f} / {ms['max']:.1f} ms |",
+            f"| calls per second (steps per second) | {load['calls_per_s']:.0f} "
+            f"({load['steps_per_s']:.0f}) |",
+            *(
+                f"| {name} latency p50 / p90 / p99 / max | "
+                + " / ".join(f"{1000 * load[key][q]:.1f}" for q in ("p50", "p90", "p99", "max"))
+                + " ms |"
+                for name, key in (
+                    ("step", "step_latency_s"),
+                    ("reset (opens the session)", "reset_latency_s"),
+                    ("any call", "latency_s"),
+                )
+            ),
             f"| episodes failed (lost sessions) | **{load['failed_episodes']}** |",
             f"| sessions left on the server | **{load['sessions_left_on_server']}** |",
             f"| server RSS at start / after each round | {rss[0]:.0f} / "
-            f"{' / '.join(f'{v:.0f}' for v in rss[1:])} MiB (first to last round "
+            f"{' / '.join(f'{v:.0f}' for v in rss[1:])} MiB (second to last round "
             f"{growth:+.1f} MiB) |",
             "",
             "Latency is seen from the client: it includes the client's own work in the same "
