@@ -68,6 +68,13 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system), from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(max_sessions: int) -> tuple[subprocess.Popen[str], str]:
     """``llm-gym serve-env`` in a child process; returns it and its URL."""
     command = [sys.executable, "-m", "llm_gym.cli", "serve-env", ENV_ID, "--port", "0"]
@@ -136,6 +143,7 @@ def run_load(url: str, pid: int, sessions: int, rounds: int) -> dict[str, Any]:
     def calls() -> int:
         return len(timings["reset"]) + len(timings["step"])
 
+    server_cpu, client_cpu = cpu_seconds(pid), time.process_time()
     start = time.perf_counter()
     for r in range(rounds):
         began, before = time.perf_counter(), calls()
@@ -143,6 +151,7 @@ def run_load(url: str, pid: int, sessions: int, rounds: int) -> dict[str, Any]:
         per_round.append({"calls": calls() - before, "wall_s": time.perf_counter() - began})
         rss.append(rss_mib(pid))
     wall = time.perf_counter() - start
+    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - client_cpu
     time.sleep(0.5)
     left = httpx.get(f"{url}/llm_gym/sessions", timeout=10).json()
 
@@ -159,6 +168,8 @@ def run_load(url: str, pid: int, sessions: int, rounds: int) -> dict[str, Any]:
         "wall_s": wall,
         "calls_per_s": calls() / wall,
         "steps_per_s": len(timings["step"]) / wall,
+        "server_cpu_share": server_cpu / wall,
+        "client_cpu_share": client_cpu / wall,
         "latency_s": percentiles(timings["reset"] + timings["step"]),
         "reset_latency_s": percentiles(timings["reset"]),
         "step_latency_s": percentiles(timings["step"]),
@@ -284,7 +295,10 @@ def report(summary: dict[str, Any]) -> str:
             f"{growth:+.1f} MiB) |",
             "",
             "Latency is seen from the client: it includes the client's own work in the same "
-            "event loop as every other player, and queueing at the server.",
+            "event loop as every other player, and queueing at the server. CPU in use over the "
+            f"run: the server {load['server_cpu_share']:.2f} of a core, the client (all "
+            f"{load['sessions']} players, one event loop) {load['client_cpu_share']:.2f}; the "
+            "two processes share 2 cores.",
             "",
             "## 2. Collection with the tiny model: in process vs through `RemoteEnv`",
             "",
