@@ -273,8 +273,14 @@ def write_results(summary: dict[str, Any], out_dir: Path) -> None:
         "",
         f"Machine: {summary['machine']}. Load average (1, 5, 15 min) when it started: "
         f"{', '.join(f'{x:.2f}' for x in summary['load_average_at_start'])}; at the end: "
-        f"{', '.join(f'{x:.2f}' for x in summary['load_average_at_end'])} (above the core count, "
-        "other work was sharing the cores: timings are noisy). Server and clients share the "
+        f"{', '.join(f'{x:.2f}' for x in summary['load_average_at_end'])}"
+        + (
+            " (above the core count: other work was sharing the cores, timings are noisy)"
+            if max(summary["load_average_at_start"][0], summary["load_average_at_end"][0])
+            > (os.cpu_count() or 1)
+            else ""
+        )
+        + ". Server and clients share the "
         f"cores; the server ran torch on {a['torch_threads']} thread(s) and had "
         f"{summary['server_threads']['start']} threads in all after the warm-up "
         f"and {summary['server_threads']['end']} at the end.",
