@@ -206,7 +206,7 @@ def test_unknown_dataset_lists_the_allowed_names() -> None:
     message = str(caught.value)
     assert "Did you mean 'chain_sum'?" in message and "'basic_arithmetic'" in message
     assert "Allowed: [" in message and str(list(dataset_names())) in message
-    assert len(dataset_names()) > 100 and "composite" not in dataset_names()
+    assert len(dataset_names()) >= 30 and "composite" not in dataset_names()
     with pytest.raises(InvalidArgumentError, match="Did you mean 'chain_sum'"):
         env_entry("ReasoningGym-v0").tasks("val", dataset="chain-sum")
 
@@ -277,14 +277,52 @@ def test_rewards_equal_reasoning_gyms_scorer_on_real_tasks(dataset: str) -> None
             assert result.reward == scorer(answer, task.metadata["entry"]), (dataset, answer)
 
 
-def test_a_scorer_that_raises_is_a_zero_not_a_crash() -> None:
-    (task,) = get_tasks("val", dataset="prime_factorization", sizes={"val": 1})
-    assert score_answer("xyz", task.metadata["entry"], "prime_factorization").error.startswith(
-        "scorer raised ValueError"
-    )
+def test_a_scorer_that_raises_is_a_zero_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_gym.envs.reasoning_gym import env as rg_env
+
+    (task,) = get_tasks("val", dataset="word_sorting", sizes={"val": 1})
+
+    def raising(dataset: str, config: str):
+        def score(answer, entry):
+            raise ValueError("not a list of words")
+
+        return score
+
+    monkeypatch.setattr(rg_env, "dataset_scorer", raising)
+    error = score_answer("xyz", task.metadata["entry"], "word_sorting").error
+    assert error.startswith("scorer raised ValueError")
     result, _ = _play(task, ["<answer>xyz</answer>"])
     assert result.reward == 0.0 and result.metrics["unscored"] == 1
-    assert _play(task, [oracle_action(task, [])["content"]])[0].reward == 1.0
+
+
+@pytest.mark.parametrize("dataset", ["countdown", "puzzle24", "polynomial_multiplication"])
+def test_a_scorer_that_could_run_the_answer_is_not_offered(dataset: str, tmp_path) -> None:
+    """Some reasoning-gym scorers parse the answer with sympy (``eval``): such datasets are
+    refused everywhere a scorer is reached, so a model's answer never runs as code."""
+    marker = tmp_path / "ran"
+    payload = f'__import__("pathlib").Path({str(marker)!r}).write_text("x")'
+    with pytest.raises(InvalidArgumentError, match="not reviewed for hostile answers"):
+        gym.make("ReasoningGym-v0", dataset=dataset)
+    with pytest.raises(InvalidArgumentError, match="not reviewed for hostile answers"):
+        get_tasks("val", dataset=dataset)
+    entry = {"question": "q", "answer": "1", "metadata": {}}
+    with pytest.raises(InvalidArgumentError, match="not reviewed for hostile answers"):
+        score_answer(payload, entry, dataset)  # a hand-made task naming it is refused too
+    assert not marker.exists()
+
+
+def test_the_offered_datasets_score_with_the_base_or_a_reviewed_scorer() -> None:
+    from reasoning_gym.dataset import ProceduralDataset
+    from reasoning_gym.factory import DATASETS
+
+    from llm_gym.envs.reasoning_gym.tasks import REVIEWED_SCORERS, dataset_names
+
+    offered = dataset_names()
+    assert set(FAMILIES.values()) <= set(offered) and len(offered) >= 30
+    for name in offered:
+        base = DATASETS[name][0].score_answer is ProceduralDataset.score_answer
+        assert base or name in REVIEWED_SCORERS, name
+    assert "countdown" not in offered and "prime_factorization" not in offered
 
 
 # --- answer extraction ----------------------------------------------------------------------------

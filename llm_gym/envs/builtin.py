@@ -67,7 +67,7 @@ BUILTIN_ENVS: tuple[BuiltinEnv, ...] = (
     BuiltinEnv("Maze-v0", "maze", "MazeEnv", 40,
                "Reach the goal of a text grid under partial observation with look and move "
                "tools."),
-    # reasoning-gym (the interop extra, imported on first use): any dataset by name, then one
+    # reasoning-gym (the interop extra, imported on first use): 37 datasets by name, then one
     # id per family; the turn limit is the most attempts a task may allow (1 by default).
     BuiltinEnv("ReasoningGym-v0", "reasoning_gym", "ReasoningGymEnv", 10,
                "Any reasoning-gym dataset (dataset=..., default basic_arithmetic), scored by "

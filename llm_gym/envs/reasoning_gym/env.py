@@ -109,8 +109,9 @@ class Score:
 @functools.lru_cache(maxsize=256)
 def dataset_scorer(dataset: str, config: str) -> Any:
     """The bound ``score_answer(answer, entry)`` of reasoning-gym's ``dataset`` built with the
-    JSON ``config`` (built once per pair)."""
-    return make_dataset(dataset, config, seed=0, size=1).score_answer
+    JSON ``config`` (built once per pair). Only an offered dataset's (``check_dataset``: its
+    scorer is the base one or a reviewed one), whatever the task says."""
+    return make_dataset(check_dataset(dataset), config, seed=0, size=1).score_answer
 
 
 def score_answer(answer: str, entry: Mapping[str, Any], dataset: str, config: str = "{}") -> Score:

@@ -36,8 +36,10 @@ __all__ = [
     "EXCLUDED_DATASETS",
     "INSTALL_HINT",
     "MAX_ATTEMPTS_LIMIT",
+    "REVIEWED_SCORERS",
     "SPLIT_SEED_OFFSETS",
     "SPLIT_SIZES",
+    "safe_scorer",
     "TASK_SEED",
     "basic_arithmetic_tasks",
     "chain_sum_tasks",
@@ -63,6 +65,21 @@ EXCLUDED_DATASETS = {
     "composite": "it mixes other datasets and needs their list in its config",
 }
 """reasoning-gym datasets these environments refuse, with the reason."""
+
+REVIEWED_SCORERS = frozenset(
+    {"chain_sum", "family_relationships", "spell_backward", "word_sorting"}
+)
+"""Datasets whose own ``score_answer`` was read and found safe on hostile text (string
+comparisons, ``Decimal`` parsing, bounded loops). Together with every dataset that keeps
+reasoning-gym's base scorer (an exact or substring comparison), they are the datasets offered:
+other scorers may run code on the answer (``countdown``, ``puzzle24`` and the polynomial and
+integration datasets parse it with sympy, which calls ``eval``) or compute without bound on it,
+in the process that serves every other episode. A dataset joins this set once its scorer has
+been read."""
+UNREVIEWED_SCORER = (
+    "its own score_answer is not reviewed for hostile answers (some reasoning-gym scorers parse "
+    "the answer with sympy, which runs it as code)"
+)
 
 SPLIT_SIZES = {"train": 2000, "val": 200, "test": 200}
 """Tasks per split by default (``sizes=`` overrides any of them)."""
@@ -106,7 +123,18 @@ def dataset_names() -> tuple[str, ...]:
     """Every reasoning-gym dataset these environments accept, sorted (all but
     :data:`EXCLUDED_DATASETS`)."""
     registered = load_reasoning_gym().factory.DATASETS
-    return tuple(sorted(set(registered) - set(EXCLUDED_DATASETS)))
+    return tuple(
+        sorted(name for name in set(registered) - set(EXCLUDED_DATASETS) if safe_scorer(name))
+    )
+
+
+def safe_scorer(name: str) -> bool:
+    """Whether reasoning-gym's dataset ``name`` scores with the base scorer or a reviewed one
+    (:data:`REVIEWED_SCORERS`)."""
+    reasoning_gym = load_reasoning_gym()
+    base = reasoning_gym.dataset.ProceduralDataset.score_answer
+    dataset_class = reasoning_gym.factory.DATASETS[name][0]
+    return dataset_class.score_answer is base or name in REVIEWED_SCORERS
 
 
 @functools.cache
@@ -120,6 +148,8 @@ def check_dataset(name: Any) -> str:
         return name
     if isinstance(name, str) and name in EXCLUDED_DATASETS:
         reason = f" {name!r} is not offered: {EXCLUDED_DATASETS[name]}."
+    elif isinstance(name, str) and name in load_reasoning_gym().factory.DATASETS:
+        reason = f" {name!r} is not offered: {UNREVIEWED_SCORER}."
     else:
         reason = did_you_mean(name, dataset_names())
     raise InvalidArgumentError(
