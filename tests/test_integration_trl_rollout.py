@@ -125,6 +125,25 @@ def test_the_oracle_episode_becomes_trls_dict(tokenizer) -> None:
     assert rollout_reward([None] * 4, **{k: out[k] for k in EXTRA_FIELDS}) == [1.0] * 4
 
 
+def test_an_episode_the_env_ended_stops_at_the_models_last_token(tokenizer) -> None:
+    """GuessNumber answers the winning guess ("Correct! ..."): that closing reply is not part
+    of the completion, which ends with the model's end of turn (TRL would read the env's tail
+    as a clipped completion and, with mask_truncated_completions, drop a solved episode)."""
+    rows = [r for r in trl_dataset("GuessNumber-v0", "val", limit=2) for _ in range(2)]
+    rollout = rollout_func("GuessNumber-v0", split="val", policy=TokenScript(tokenizer))
+    out = rollout([row["prompt"] for row in rows], _trainer(tokenizer, rows))
+    for i, episode in enumerate(rollout.last_episodes):
+        assert episode.reward == 1.0 and episode.truncation_cause is None
+        assert episode.turns[-1].env_messages  # the env did reply to the last guess ...
+        assert out["env_mask"][i][-1] == 1  # ... but the completion ends with the model's
+        assert out["completion_ids"][i][-1] == tokenizer.eos_token_id
+        assert len(out["completion_ids"][i]) == len(out["env_mask"][i]) == len(out["logprobs"][i])
+    cut = rollout_func("GuessNumber-v0", split="val", max_turns=1, policy=TokenScript(tokenizer))
+    out = cut([row["prompt"] for row in rows], _trainer(tokenizer, rows))
+    assert all(e.truncation_cause == "max_turns" for e in cut.last_episodes)
+    assert all(mask[-1] == 0 for mask in out["env_mask"])  # cut short: the env's tail stays
+
+
 def test_a_wrong_answer_gets_the_envs_zero(tokenizer) -> None:
     rows = _rows("val", 1, repeat=2)
     rollout = rollout_func("ToolUseGame-v0", split="val", policy=TokenScript(tokenizer, "-1"))

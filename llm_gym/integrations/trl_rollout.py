@@ -37,6 +37,9 @@ them as the chat template renders them. The rules of an episode (turn cap, parse
 truncation causes) are the driver's, as everywhere else. An episode cut at ``max_turns`` ends
 with the environment's reply, not an end-of-turn token, so TRL counts it as clipped (and
 ``mask_truncated_completions=True`` masks it, as our trainer's ``overlong_masking`` would).
+An episode the environment ended stops at the model's last token (its end of turn), whatever
+the environment replied after it (GuessNumber's "Correct!"), so TRL never counts it as
+clipped.
 """
 
 from __future__ import annotations
@@ -138,6 +141,13 @@ def trl_rollout_output(
             sample = samples[0]
             prompt_ids, completion_ids = list(sample.prompt_ids), list(sample.completion_ids)
             env_mask, logprobs = list(sample.env_mask), list(sample.logprobs)
+            if episode.truncation_cause is None and len(samples) == 1:
+                # Ended by the environment: the completion ends with the model's last token
+                # (its end of turn), not the env's closing reply, which TRL would read as clipped.
+                end = _last_sampled(env_mask) + 1
+                completion_ids, env_mask, logprobs = (
+                    completion_ids[:end], env_mask[:end], logprobs[:end],
+                )  # fmt: skip
         else:
             opening = episode.messages[: episode.num_opening_messages]
             text = render_chat(
@@ -167,6 +177,14 @@ def trl_rollout_output(
     if any(t.logprobs is None for e in episodes for t in e.turns):
         return {**output, "logprobs": None}
     return output
+
+
+def _last_sampled(env_mask: Sequence[int]) -> int:
+    """The index of the last token the policy sampled (mask 1), or -1."""
+    for index in range(len(env_mask) - 1, -1, -1):
+        if env_mask[index]:
+            return index
+    return -1
 
 
 class TRLRollout:
