@@ -23,7 +23,8 @@ from websockets.exceptions import WebSocketException
 from llm_gym import Task, register_env
 from llm_gym.core import Env, StepResult
 from llm_gym.core.env import TruncationCause
-from llm_gym.envs.tool_use_game import get_tasks, oracle_action
+from llm_gym.core.registry import env_entry
+from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action
 from llm_gym.errors import InvalidArgumentError, RemoteEnvError
 from llm_gym.eval import run_and_report
 from llm_gym.integrations.openenv_client import (
@@ -33,7 +34,7 @@ from llm_gym.integrations.openenv_client import (
     register_remote_env,
 )
 from llm_gym.integrations.openenv_server import EnvServer, build_env_app, serve_env
-from llm_gym.policies import Generation, Policy
+from llm_gym.policies import Generation, OraclePolicy, Policy
 from llm_gym.rollout import collect_groups
 
 from .conftest import ROOT
@@ -207,10 +208,86 @@ def test_a_remote_episode_is_the_local_episode(server, remote_id) -> None:
     assert remote.metrics["success_rate"] == local.metrics["success_rate"] == 1.0
     assert remote.metrics["turns_mean"] == local.metrics["turns_mean"]
     assert remote.metrics["tool_calls_mean"] == local.metrics["tool_calls_mean"]
+    # Episode by episode: the same transcripts (tool call ids aside) and the same rewards.
+    here = collect_groups(ToolUseGameEnv, tasks, OraclePolicy(oracle_action), max_turns=8)
+    there = collect_groups(RemoteEnvFactory(server.url), tasks, OraclePolicy(oracle_action),
+                           max_turns=8)  # fmt: skip
+    for a, b in zip(here, there, strict=True):
+        assert (a[0].reward, a[0].num_turns) == (b[0].reward, b[0].num_turns)
+        assert _without_ids(a[0].messages) == _without_ids(b[0].messages)
     groups = collect_groups(RemoteEnvFactory(server.url), tasks[:3], Texts(["7"]), max_turns=4)
     assert [g[0].reward for g in groups] == [0.0, 0.0, 0.0]
     assert all(g[0].terminated for g in groups)
     assert wait_for_sessions(server) == 0  # every session closed
+
+
+def _without_ids(messages):
+    """Messages with tool-call ids blanked (each parse draws fresh ones)."""
+    out = []
+    for message in messages:
+        message = {k: v for k, v in message.items() if k != "tool_call_id"}
+        if message.get("tool_calls"):
+            message["tool_calls"] = [{**c, "id": ""} for c in message["tool_calls"]]
+        out.append(message)
+    return out
+
+
+class NearMiss(Policy):
+    """Answers the target with a tail: chain_sum's scorer gives partial credit, never 1."""
+
+    async def act(self, requests):
+        return [Generation(text=f"<answer>{r.task.target}0x</answer>") for r in requests]
+
+
+def test_an_episode_cut_by_our_loop_is_scored_by_the_served_env_as_by_the_local_one() -> None:
+    """ReasoningGym with 3 attempts scores what it has when the run's turn limit (2) cuts it
+    (Env.conclude): the served env does the same, through a 'conclude' action."""
+    env_id = "RG-ChainSum-v0"
+    tasks = env_entry(env_id).tasks("val", max_attempts=3)[:4]
+    entry = env_entry(env_id)
+    with serve_env(env_id, port=0, task_options={"max_attempts": 3}) as served:
+        wrong = NearMiss()  # partial credit each time, never the answer
+        here = collect_groups(entry.env_factory(), tasks, wrong, max_turns=2)
+        there = collect_groups(RemoteEnvFactory(served.url), tasks, wrong, max_turns=2)
+        assert wait_for_sessions(served, 0) == 0
+    for a, b in zip(here, there, strict=True):
+        assert a[0].truncation_cause == b[0].truncation_cause == "max_turns"
+        assert a[0].reward == b[0].reward > 0  # the last answer's partial credit
+        assert a[0].metrics == b[0].metrics and a[0].metrics  # conclude's metrics crossed too
+
+
+class Rewriter(Env):
+    """Rewrites its own history each step (drops its earlier replies), as a summarising env
+    or a template that strips old turns would."""
+
+    async def reset(self, task):
+        self._messages = [{"role": "user", "content": "say anything"}]
+        return list(self._messages)
+
+    async def step(self, message):
+        done = len(self._messages) >= 5
+        kept = [m for m in self._messages if m["role"] != "tool"]
+        reply = {"role": "user", "content": f"heard {len(kept)}"}
+        self._messages = [*kept, message, reply]
+        return StepResult(done, False, list(self._messages), reward=1.0 if done else 0.0)
+
+    @property
+    def tool_specs(self):
+        return []
+
+    @property
+    def messages(self):
+        return list(self._messages)
+
+
+def test_a_served_env_that_rewrites_its_history_is_followed_by_the_client() -> None:
+    register_env("Rewriter-v0", env=Rewriter, tasks=[Task("t", id="t0")])
+    with serve_env("Rewriter-v0", port=0) as served:
+        here = collect_groups(Rewriter, [Task("t", id="t0")], Texts(["a", "b", "c"]), max_turns=5)
+        there = collect_groups(RemoteEnvFactory(served.url), RemoteTasks(served.url)("train"),
+                               Texts(["a", "b", "c"]), max_turns=5)  # fmt: skip
+    assert here[0][0].messages == there[0][0].messages
+    assert here[0][0].reward == there[0][0].reward
 
 
 def test_remote_tasks_come_from_the_server(server, remote_id) -> None:
@@ -453,3 +530,44 @@ def test_a_raw_text_env_with_its_own_turn_cap_plays_remotely_as_it_does_locally(
         assert here[0].truncation_cause == there[0].truncation_cause != "parse_failure"
         assert here[0].num_turns == there[0].num_turns
         assert here[0].reward == there[0].reward
+
+
+def test_trl_rows_of_a_served_env_close_their_sessions() -> None:
+    pytest.importorskip("datasets")
+    from llm_gym.integrations.trl import trl_dataset
+
+    with serve_env("ToolUseGame-v0", port=0, max_sessions=3) as small:
+        register_remote_env("SmallRemote-v0", small.url)
+        rows = trl_dataset("SmallRemote-v0", "val", limit=5)  # more rows than sessions
+        assert len(rows) == 5 and wait_for_sessions(small, 0) == 0
+
+
+def test_tasks_without_ids_are_named_by_their_place() -> None:
+    tasks = [Task("first"), Task("second")]
+    register_env("NoIds-v0", env=Sleepy, tasks=tasks)
+    with serve_env("NoIds-v0", port=0) as plain:
+        listed = RemoteTasks(plain.url)("train")
+        assert [t.id for t in listed] == ["task-0", "task-1"]
+        assert [t.prompt for t in listed] == ["first", "second"]
+        [[episode]] = collect_groups(RemoteEnvFactory(plain.url), listed[1:], Texts(["0"]),
+                                     max_turns=2)  # fmt: skip
+        assert episode.reward == 1.0 and episode.task.id == "task-1"
+
+
+def test_a_tool_name_that_would_replace_the_episodes_internals_is_refused() -> None:
+    from llm_gym import ToolEnv, tool
+    from llm_gym.integrations.trl import environment_factory
+
+    for name in ("_call", "reset", "_finish"):
+
+        @tool(name=name)
+        def hostile(x: str) -> str:
+            """A tool named after an internal."""
+            return x
+
+        class Hostile(ToolEnv):
+            tools = [hostile]
+
+        register_env(f"Hostile{name.strip('_').title()}-v0", env=Hostile, tasks=[Task("q")])
+        with pytest.raises(InvalidArgumentError, match="clash with the episode's own"):
+            environment_factory(f"Hostile{name.strip('_').title()}-v0")

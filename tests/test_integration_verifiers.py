@@ -4,6 +4,7 @@ downloaded."""
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import importlib
 import json
@@ -23,7 +24,7 @@ from llm_gym import InvalidArgumentError, Task  # noqa: E402
 from llm_gym.core.env import TruncationCause  # noqa: E402
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, oracle_action  # noqa: E402
 from llm_gym.eval import run_and_report  # noqa: E402
-from llm_gym.gym import unregister_env  # noqa: E402
+from llm_gym.gym import register_env, unregister_env  # noqa: E402
 from llm_gym.integrations.verifiers import (  # noqa: E402
     from_verifiers,
     llm_gym_taskset,
@@ -32,7 +33,7 @@ from llm_gym.integrations.verifiers import (  # noqa: E402
     trace_from_messages,
 )
 from llm_gym.policies.scripted import OraclePolicy  # noqa: E402
-from llm_gym.rollout import collect_groups  # noqa: E402
+from llm_gym.rollout import collect_groups, collect_groups_async  # noqa: E402
 from tests.conftest import play_text_episode  # noqa: E402
 
 # --- a single-turn environment: exact answers from a datasets.Dataset --------------------------
@@ -350,6 +351,51 @@ def test_request_interceptors_rewrite_what_the_model_sees() -> None:
     assert episode.messages[-1]["content"] == "[redacted]" and episode.reward == 0.0
 
 
+class ChattyTask(ProductTask):
+    @vf.intercept
+    async def chatty(self, request: vf.Request) -> vf.Request | None:
+        extra = vf.UserMessage(content="psst")
+        return request.model_copy(update={"messages": [*request.messages, extra]})
+
+
+class ChattySet(vf.Taskset[ChattyTask, vf.TasksetConfig]):
+    def load(self):
+        yield ChattyTask(ProductData(prompt="Compute 6 * 7 with the tool.", a=6, b=7))
+
+
+def test_a_request_interceptor_that_adds_a_message_fails_its_rollout_by_name(
+    monkeypatch,
+) -> None:
+    def play() -> Any:
+        [[episode]] = collect_groups(
+            ChattySet(vf.TasksetConfig()),
+            [Task("Compute 6 * 7 with the tool.", {"a": 6, "b": 7})],
+            OraclePolicy(multiplier),
+            max_turns=3,
+        )
+        assert episode.truncation_cause is TruncationCause.ENV and episode.reward == 0.0
+        return episode
+
+    # verifiers 0.4 itself refuses the change (its RolloutSession checks every interceptor)
+    assert "request interceptors cannot add or remove messages" in play().error
+
+    # a session that let it through: the adapter names the interceptor and the rule
+    from verifiers.v1.session import RolloutSession
+
+    async def unchecked(self, request, *, run_stops=True):
+        if not run_stops:  # the opening's users, before the first model call: unchanged
+            return request, [], None
+        extra = vf.UserMessage(content="psst")
+        return request.model_copy(update={"messages": [*request.messages, extra]}), [], None
+
+    monkeypatch.setattr(RolloutSession, "rewrite_request", unchecked)
+    error = play().error
+    assert "InvalidArgumentError: A request interceptor (@vf.intercept: chatty) added 1" in error
+    assert (
+        "(1 messages sent, 2 returned)" in error and "rewrite new user and tool messages" in error
+    )
+
+
 def test_the_env_api_directly_conclude_and_close(plugin, run_async) -> None:
     factory = from_verifiers(guess_env(plugin))
     task = factory.tasks("val")[0]
@@ -515,6 +561,125 @@ def test_a_failing_environment_ends_only_its_episode(plugin) -> None:
     assert episode.truncation_cause is TruncationCause.ENV and "await" in episode.error
 
 
+# --- lifetimes: what the adapter starts, it stops ----------------------------------------------
+
+LIFECYCLE: list[str] = []
+"""What the spies below did, in order."""
+
+
+class Pinger(vf.Toolset[vf.ToolsetConfig]):
+    """A shared tool server that logs its setup and its teardown (its exit stack)."""
+
+    async def setup(self) -> None:
+        LIFECYCLE.append("server up")
+        self._exit_stack.push_async_callback(self.down)
+
+    async def down(self) -> None:
+        LIFECYCLE.append("server down")
+
+    @vf.tool
+    def ping(self) -> str:
+        """Answer pong."""
+        return "pong"
+
+
+class PingedSet(vf.Taskset[QATask, vf.TasksetConfig]):
+    load = QATaskset.load
+
+    @classmethod
+    def toolsets(cls, config):
+        return [Pinger(vf.ToolsetConfig())]
+
+
+class SpyEnv(vf.Env[vf.SingleAgentEnvConfig]):
+    """SingleAgentEnv with its start() and stop() logged; start() fails while FAIL is set."""
+
+    FAIL = False
+
+    async def run(self, task, agents) -> None:
+        await agents.agent.run(task)
+
+    async def start(self) -> None:
+        LIFECYCLE.append("env start")
+        if SpyEnv.FAIL:
+            raise RuntimeError("no judge today")
+
+    async def stop(self) -> None:
+        LIFECYCLE.append("env stop")
+
+
+UP, DOWN = ["server up", "env start"], ["env stop", "server down"]
+"""verifiers' order (``Env.serving()``): the shared servers, then start(); stop(), then them."""
+
+
+@pytest.fixture
+def spied(plugin, monkeypatch):
+    LIFECYCLE.clear()
+    monkeypatch.setattr(SpyEnv, "FAIL", False)
+    module = plugin("llm_gym_test_spied", PingedSet, SpyEnv)
+    factory = from_verifiers(
+        vf.load_environment(vf.resolve_env_config({"taskset": {"id": module}}))
+    )
+    yield factory
+    LIFECYCLE.clear()
+
+
+def test_each_collect_groups_call_stops_what_it_started(spied) -> None:
+    tasks = spied.tasks("train")
+    for _ in range(3):  # one event loop per call, as each trainer step makes
+        groups = collect_groups(spied, tasks, OraclePolicy(qa_oracle), max_turns=2)
+        assert [group[0].reward for group in groups] == [1.5, 0.5, 0.5]
+        assert [s["function"]["name"] for s in groups[0][0].tool_specs] == ["pinger_ping"]
+        assert spied.resources.live == 0
+    assert LIFECYCLE == (UP + DOWN) * 3
+
+
+def test_a_long_lived_loop_keeps_one_set_until_aclose(spied) -> None:
+    tasks = spied.tasks("train")
+
+    async def serve() -> None:
+        for _ in range(2):
+            await collect_groups_async(spied, tasks, OraclePolicy(qa_oracle), max_turns=2)
+        assert LIFECYCLE == UP and spied.resources.live == 1  # started once for the loop
+        await spied.aclose()
+        assert LIFECYCLE == UP + DOWN and spied.resources.live == 0
+        await collect_groups_async(spied, tasks[:1], OraclePolicy(qa_oracle), max_turns=2)
+        assert LIFECYCLE == UP + DOWN + UP  # the next episode starts them again
+
+    asyncio.run(serve())  # the loop's shutdown stops the second set, and nothing twice
+    assert LIFECYCLE == (UP + DOWN) * 2 and spied.resources.live == 0
+
+
+def test_a_closed_gym_env_leaves_nothing_running(spied, registered) -> None:
+    registered("VfSpied-v0", spied, max_turns=2)
+    for release in ("next loop", "close()"):
+        LIFECYCLE.clear()
+        env = gym.make("VfSpied-v0")
+        task = env.unwrapped.tasks("val")[0]
+        reward, _ = play_text_episode(env, lambda *_: "4", options={"task": task})
+        assert reward == 1.5
+        env.close()  # its loop may close without shutting down its generators: at most a set
+        assert spied.resources.live <= 1 and len(LIFECYCLE) == 4 - 2 * spied.resources.live
+        if release == "next loop":  # the next loop's first episode stops it, there
+            collect_groups(spied, [task], OraclePolicy(qa_oracle), max_turns=2)
+            assert LIFECYCLE == (UP + DOWN) * 2
+        else:
+            spied.close()
+            assert LIFECYCLE == UP + DOWN
+        assert spied.resources.live == 0
+
+
+def test_a_failed_start_is_stopped_and_retried(spied, monkeypatch) -> None:
+    monkeypatch.setattr(SpyEnv, "FAIL", True)
+    tasks = spied.tasks("train")[:1]
+    [[episode]] = collect_groups(spied, tasks, OraclePolicy(qa_oracle), max_turns=2)
+    assert episode.truncation_cause is TruncationCause.ENV and "no judge today" in episode.error
+    assert LIFECYCLE == UP + DOWN and spied.resources.live == 0  # stop() runs after a failure
+    monkeypatch.setattr(SpyEnv, "FAIL", False)
+    [[episode]] = collect_groups(spied, tasks, OraclePolicy(qa_oracle), max_turns=2)
+    assert episode.reward == 1.5 and LIFECYCLE == (UP + DOWN) * 2
+
+
 # --- the trainer ---------------------------------------------------------------------------------
 
 
@@ -596,6 +761,39 @@ def test_our_env_round_trips_through_verifiers_into_our_loop() -> None:
         assert sorted(s["function"]["name"] for s in episode.tool_specs) == native
         assert episode.reward == 1.0 and episode.metrics["env_reward"] == 1.0
     assert llm_gym_taskset("ToolUseGame-v0", split="val", limit=2).config.limit == 2
+
+
+class ClosingGame(ToolUseGameEnv):
+    """ToolUseGame that keeps every instance made and counts its close() calls."""
+
+    made: list[ClosingGame] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+        ClosingGame.made.append(self)
+
+    async def close(self) -> None:
+        self.closes += 1
+        await super().close()
+
+
+def test_every_env_our_taskset_makes_is_closed(monkeypatch) -> None:
+    monkeypatch.setattr(ClosingGame, "made", [])
+    register_env("VfClosingGame-v0", env=ClosingGame, tasks="llm_gym.envs.tool_use_game:get_tasks")
+    try:
+        env = load_environment("VfClosingGame-v0", split="val", limit=2)
+        tasks = from_verifiers(env).tasks("val")
+        opened = len(ClosingGame.made)  # one per task, for its opening messages
+        groups = collect_groups(
+            env, tasks, OraclePolicy(lambda t, m: oracle_action(unwrap(t), m)), max_turns=8
+        )
+    finally:
+        unregister_env("VfClosingGame-v0")
+    assert [group[0].reward for group in groups] == [1.0, 1.0]
+    # per rollout: the toolset's env (stepped by the tool calls) and the reward's replay
+    assert opened == 2 and len(ClosingGame.made) == opened + 2 * 2
+    assert [e.closes for e in ClosingGame.made] == [1] * 6
 
 
 def test_the_docstring_example_runs() -> None:

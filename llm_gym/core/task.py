@@ -8,7 +8,7 @@ from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["Task", "cut_splits", "distinct_tasks", "pick_split"]
+__all__ = ["Task", "cut_splits", "distinct_tasks", "pick_split", "task_key"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,14 @@ def pick_split(splits: Mapping[str, tuple[Task, ...]], split: str) -> tuple[Task
             f"split must be one of {sorted(splits)}, actual value: {split!r}."
         )
     return splits[split]
+
+
+def task_key(task: Task, index: int) -> str:
+    """A task's name among its split's tasks: its ``id``, else ``task-{index}`` (its place in
+    the split), so every task can be named in a dataset row or over the wire.
+
+    Example:
+        >>> task_key(Task("q", id="a/0"), 3), task_key(Task("q"), 3)
+        ('a/0', 'task-3')
+    """
+    return str(task.id) if task.id is not None else f"task-{index}"

@@ -5,7 +5,7 @@ opens it, every step is one message with a per-call deadline, and ``close`` (whi
 always calls) ends it, within a bound even when the server ignores the close. The server is
 hostile: a server that dies, hangs, answers with an error or answers nonsense (every frame is
 read by :func:`~llm_gym.integrations.openenv_protocol.read_frame`, an llm_gym server's
-observation checked by :func:`~llm_gym.integrations.openenv_protocol.check_observation`: no
+observation checked by :func:`~llm_gym.integrations.openenv_checks.check_observation`: no
 NaN reward, no message that is not OpenAI's, no ``start`` outside the conversation) raises
 :class:`~llm_gym.errors.RemoteEnvError`, which the episode driver turns into the end of that
 episode only (cause ``ENV``, the error recorded); the session is dropped (cut off) then.
@@ -44,10 +44,9 @@ from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, RemoteEnvError
 from llm_gym.gym.registration import register_env
 from llm_gym.gym.text_env import TextEnv
+from llm_gym.integrations.openenv_checks import check_listing, check_observation
 from llm_gym.integrations.openenv_protocol import (
     MAX_FRAME_BYTES,
-    check_listing,
-    check_observation,
     read_frame,
 )
 
@@ -131,7 +130,10 @@ class RemoteEnv(Env):
             raise InvalidArgumentError(
                 f"base_url must be an http(s):// or ws(s):// URL, actual value: {base_url!r:.100}."
             )
-        for name, value in (("call_timeout_s", call_timeout_s), ("connect", connect_timeout_s)):
+        for name, value in (
+            ("call_timeout_s", call_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+        ):
             if not (isinstance(value, int | float) and value > 0):
                 raise InvalidArgumentError(f"{name} must be > 0 seconds, actual value: {value!r}.")
         if reward not in REWARD_MODES:
@@ -147,19 +149,22 @@ class RemoteEnv(Env):
         self._messages: list[Message] = []
         self._tool_specs: list[ToolSpec] = []
         self._native = True
+        self._concludes = False
         self._reward = 0.0
         self._task: Task | None = None
 
     # --- the session --------------------------------------------------------------------------
-    async def _call(self, coro: Any, what: str) -> Any:
-        """Await one exchange within the deadline; any failure drops the session."""
+    async def _call(self, coro: Any, what: str, timeout_name: str = "call_timeout_s") -> Any:
+        """Await one exchange within its deadline (``timeout_name``'s); any failure drops the
+        session."""
+        limit = getattr(self, timeout_name)
         try:
-            return await asyncio.wait_for(coro, self.call_timeout_s)
+            return await asyncio.wait_for(coro, limit)
         except TimeoutError:
             await self._drop()
             raise RemoteEnvError(
-                f"{self.base_url}: {what} did not answer within call_timeout_s="
-                f"{self.call_timeout_s} s; the session was dropped."
+                f"{self.base_url}: {what} did not answer within {timeout_name}={limit} s; the "
+                "session was dropped."
             ) from None
         except Exception as exc:  # whatever broke in the exchange, the server broke it
             await self._drop()
@@ -223,24 +228,38 @@ class RemoteEnv(Env):
             arguments = {"task_id": task.id}
             if isinstance(task.metadata.get("split"), str):
                 arguments["split"] = task.metadata["split"]
-        await self._call(self._client.connect(), "connect")
+        await self._call(self._client.connect(), "connect", "connect_timeout_s")
         self._messages, self._tool_specs = [], []
         observation, _, _ = await self._answer(self._client.reset(**dict(arguments)), "reset")
         self._task, self._reward = task, 0.0
         self.raw_text_actions = not self._native
         self.max_turns = None
+        self._concludes = False
         if self._native:
             self._messages = observation["messages"]
             self._tool_specs = observation["tool_specs"]  # type: ignore[assignment]
             # The served env's own switches (the driver reads them after reset).
             self.raw_text_actions = bool(observation.get("raw_text_actions"))
             self.max_turns = observation.get("max_turns")
+            self._concludes = bool(observation.get("concludes"))
         else:
             self._tool_specs = []
             text = self._observation_text(observation)
             opening = f"{task.prompt}\n\n{text}" if task.prompt else text
             self._messages = [{"role": "user", "content": opening}]
         return self.messages
+
+    async def conclude(self, cause: str) -> StepResult | None:
+        """The served env's score of an episode our loop cut short (its ``conclude``), when it
+        has one; else None (the driver keeps its own ending)."""
+        if not (self._native and self._concludes and self._client is not None):
+            return None
+        observation, reward, _ = await self._answer(
+            self._client.step({"conclude": str(cause)[:64]}), "conclude"
+        )
+        if reward is None:
+            return None
+        return StepResult(False, True, self.messages, reward=reward, metrics=observation["metrics"])
 
     async def step(self, message: Message) -> StepResult:
         if self._client is None:
@@ -324,7 +343,7 @@ class RemoteTasks:
     def fetch(self, split: str) -> dict[str, Any] | None:
         """The server's listing of ``split`` (None when it has no ``/llm_gym/tasks``), read
         within ``timeout_s`` (all of it) and :data:`MAX_LISTING_BYTES`, and checked
-        (:func:`~llm_gym.integrations.openenv_protocol.check_listing`)."""
+        (:func:`~llm_gym.integrations.openenv_checks.check_listing`)."""
         url = self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
         where = f"{self.base_url}: GET /llm_gym/tasks?split={split}"
         deadline, body = time.monotonic() + self.timeout_s, bytearray()

@@ -8,7 +8,8 @@ Both sides treat the other as hostile, with the same rules: every WebSocket fram
 :func:`read_frame` (a JSON object of bounded size, count of values and depth, finite numbers,
 lone surrogates replaced) before anything else looks at it; :class:`~llm_gym.integrations.
 openenv_client.RemoteEnv` then checks an llm_gym server's observation with
-:func:`check_observation` and its task listing with :func:`check_listing`.
+:func:`~llm_gym.integrations.openenv_checks.check_observation` and its task listing with
+:func:`~llm_gym.integrations.openenv_checks.check_listing`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from llm_gym.errors import InvalidArgumentError
 
 try:
     from openenv.core.env_server.types import Action, Observation
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+    from pydantic import (
+        BaseModel,
+        ConfigDict,
+        Field,
+        field_validator,
+        model_validator,
+    )
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
@@ -42,8 +49,6 @@ __all__ = [
     "EnvAction",
     "EnvObservation",
     "FrameGuard",
-    "check_listing",
-    "check_observation",
     "json_safe",
     "read_frame",
 ]
@@ -108,9 +113,24 @@ class AssistantMessage(BaseModel):
 
 
 class EnvAction(Action):
-    """An llm_gym step: the assistant's message."""
+    """An llm_gym step: the assistant's message, or (``conclude``) the end of an episode the
+    client's loop cut short, which the env may score as it stands (``Env.conclude``)."""
 
-    message: AssistantMessage = Field(description="The assistant's message (OpenAI format).")
+    message: AssistantMessage | None = Field(
+        default=None, description="The assistant's message (OpenAI format)."
+    )
+    conclude: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Instead of a message: why the client's loop ended the episode (its "
+        "truncation cause, e.g. 'max_turns'); the env scores what it has, if it can.",
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EnvAction:
+        if (self.message is None) == (self.conclude is None):
+            raise ValueError("an action is a 'message' or a 'conclude', exactly one of them")
+        return self
 
 
 class EnvObservation(Observation):
@@ -127,6 +147,9 @@ class EnvObservation(Observation):
         default=False, description="At reset: the env reads the assistant's raw text itself."
     )
     max_turns: int | None = Field(default=None, description="At reset: the env's own turn cap.")
+    concludes: bool = Field(
+        default=False, description="At reset: the env scores an episode cut short (conclude)."
+    )
 
 
 def json_safe(value: Any) -> Any:
@@ -335,108 +358,3 @@ class FrameGuard:
 
 
 # --- what RemoteEnv accepts from an llm_gym server ------------------------------------------------
-
-
-class ServedMessage(BaseModel):
-    """A message of an llm_gym server's observation (OpenAI's format, nothing else)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-    tool_calls: list[ToolCallModel] = Field(default_factory=list, max_length=MAX_TOOL_CALLS)
-    tool_call_id: str = Field(default="", max_length=256)
-    name: str = Field(default="", max_length=256)
-
-
-class FunctionSpecModel(BaseModel):
-    """The function half of a served tool spec (other keys are kept as they came)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    name: str = Field(min_length=1, max_length=256)
-    description: str = ""
-    parameters: dict[str, Any] = Field(default_factory=dict)
-
-
-class ToolSpecModel(BaseModel):
-    """A served tool spec: ``{"type": "function", "function": {...}}``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    type: Literal["function"]
-    function: FunctionSpecModel
-
-
-class ServedObservation(BaseModel):
-    """An llm_gym server's observation, as :class:`EnvObservation` sends it."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    messages: list[ServedMessage] = Field(max_length=MAX_MESSAGES)
-    start: int = Field(ge=0)
-    tool_specs: list[ToolSpecModel] = Field(default_factory=list, max_length=256)
-    truncated: bool = False
-    task_id: str | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    raw_text_actions: bool = False
-    max_turns: int | None = Field(default=None, ge=1)
-
-
-class ListedTask(BaseModel):
-    """One task of ``GET /llm_gym/tasks``."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    id: str = Field(min_length=1, max_length=1024)
-    prompt: str
-
-
-class TaskListing(BaseModel):
-    """``GET /llm_gym/tasks``: the split's tasks and the env's settings."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    tasks: list[ListedTask]
-    max_turns: int | None = Field(default=None, ge=1)
-    action_format: str | None = Field(default=None, min_length=1, max_length=64)
-
-
-def _problems(exc: ValidationError) -> str:
-    """``messages[0].role='root': Input should be ...`` for the first three errors."""
-    found = []
-    for error in exc.errors()[:3]:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
-        where = where.lstrip(".") or "the value"
-        if error["type"] != "missing":
-            where = f"{where}={error['input']!r:.40}"
-        found.append(f"{where}: {error['msg']}"[:300])
-    return "; ".join(found)
-
-
-def check_observation(observation: Any) -> dict[str, Any]:
-    """An llm_gym server's observation as plain dicts (messages with only the keys they came
-    with), checked: messages in OpenAI's format, ``start`` an int >= 0, tool specs, a bool
-    ``truncated`` and a dict of ``metrics``.
-
-    Raises:
-        InvalidArgumentError: naming the field (``messages[2].content: ...``).
-    """
-    try:
-        checked = ServedObservation.model_validate(observation)
-    except ValidationError as exc:
-        raise InvalidArgumentError(_problems(exc)) from None
-    result = checked.model_dump(exclude_unset=True)
-    result["messages"] = [m.model_dump(exclude_unset=True) for m in checked.messages]
-    result["tool_specs"] = [s.model_dump(exclude_unset=True) for s in checked.tool_specs]
-    return result
-
-
-def check_listing(listing: Any) -> dict[str, Any]:
-    """``GET /llm_gym/tasks``'s answer, checked (task ids unique); raises InvalidArgumentError."""
-    if not isinstance(listing, dict) or not isinstance(listing.get("tasks"), list):
-        raise InvalidArgumentError("the task listing is not llm_gym's (no list of tasks).")
-    try:
-        checked = TaskListing.model_validate(listing).model_dump()
-    except ValidationError as exc:
-        raise InvalidArgumentError(f"the task listing is malformed: {_problems(exc)}") from None
-    seen: set[str] = set()
-    for task in checked["tasks"]:
-        if task["id"] in seen:
-            raise InvalidArgumentError(f"the task listing has a duplicate task id {task['id']!r}")
-        seen.add(task["id"])
-    return checked

@@ -33,38 +33,32 @@ closed. MCP is not served. Any OpenEnv client plays it:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llm_gym.aio import LoopRunner
-from llm_gym.core.env import StepResult, check_step, step_outcome, turn_cap
+from llm_gym.core.factories import SPLITS
 from llm_gym.core.registry import as_env_entry
-from llm_gym.core.task import Task
-from llm_gym.core.text import clean_json
+from llm_gym.core.task import Task, task_key
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.integrations.openenv_protocol import (
     MAX_FRAME_BYTES,
     EnvAction,
     EnvObservation,
     FrameGuard,
-    json_safe,
+)
+from llm_gym.integrations.openenv_session import (
+    ServedEnv,
+    ServedEnvError,
 )
 
 try:
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.responses import JSONResponse
     from openenv.core.env_server import HTTPEnvServer
-    from openenv.core.env_server.interfaces import Environment
-    from openenv.core.env_server.types import (
-        ConcurrencyConfig,
-        EnvironmentMetadata,
-        State,
-    )
+    from openenv.core.env_server.types import ConcurrencyConfig
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
@@ -82,219 +76,7 @@ __all__ = [
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_SESSIONS = 256
-SPLITS = ("train", "val", "test")
 STARTUP_TIMEOUT_S = 30.0
-CLOSED = "This session is closed (idle too long, or the server is stopping): open a new one."
-NO_EPISODE = (
-    "No episode is running in this session: reset first (the last one ended). Over HTTP each "
-    "request is a session of its own: play an episode through the WebSocket (/ws)."
-)
-_CLOSING: set[asyncio.Task[Any]] = set()  # closes scheduled on the loop, kept until they finish
-
-
-class ServedEnvError(RuntimeError):
-    """The served env failed (raised, hung, returned nonsense); its episode is closed."""
-
-
-Catalog = Callable[[str], tuple[Sequence[Task], Mapping[str, Task]]]
-"""``split -> (its tasks in order, {task id: task})``, built once and shared by the sessions."""
-
-
-class ServedEnv(Environment):
-    """One session's environment: plays episodes of one registered env's tasks.
-
-    Build it with :func:`build_env_app` (one instance per OpenEnv session). Every episode gets
-    a fresh llm_gym env from the entry's factory; the previous one is closed first.
-    """
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(
-        self, entry: Any, task_options: Mapping[str, Any], step_timeout_s: float, catalog: Catalog
-    ) -> None:
-        super().__init__()
-        self.entry = entry
-        self.catalog = catalog
-        self.task_options = dict(task_options)
-        self.step_timeout_s = step_timeout_s
-        self._env: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sent = 0
-        self._done = True
-        self._closed = False
-        self._state = State()
-
-    # --- the episode ----------------------------------------------------------------------
-    def _task(self, split: Any, task_id: Any, seed: Any) -> Task:
-        """The task a reset names; a clear error (and nothing touched) when it names none."""
-        if split is not None and (not isinstance(split, str) or split not in SPLITS):
-            raise InvalidArgumentError(f"split must be one of {SPLITS}, actual: {split!r:.80}.")
-        if task_id is not None:
-            if not isinstance(task_id, str):
-                raise InvalidArgumentError(
-                    "task_id must be a string (GET /llm_gym/tasks lists them), actual: a JSON "
-                    f"{type(task_id).__name__}."
-                )
-            for name in (split,) if split is not None else SPLITS:
-                task = self.catalog(name)[1].get(task_id)
-                if task is not None:
-                    return task
-            where = f"{split!r} split" if split is not None else "splits"
-            raise InvalidArgumentError(
-                f"task_id {task_id[:120]!r} names no task of {self.entry.id}'s {where} "
-                "(GET /llm_gym/tasks?split=... lists them)."
-            )
-        if isinstance(seed, int) and not isinstance(seed, bool):
-            tasks = self.catalog(split or "train")[0]
-            if not tasks:
-                raise InvalidArgumentError(f"{self.entry.id}'s {split or 'train'} split is empty.")
-            return tasks[seed % len(tasks)]
-        raise InvalidArgumentError(
-            "reset needs task_id (split optional) or an integer seed (task seed mod n of the "
-            f"split, default 'train'), actual: seed={seed!r:.40}."
-        )
-
-    async def reset_async(
-        self,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        task_id: str | None = None,
-        split: str | None = None,
-        **kwargs: Any,
-    ) -> EnvObservation:
-        self._check_open()
-        if kwargs:
-            raise InvalidArgumentError(
-                f"Unknown reset argument(s) {sorted(kwargs)[:8]!r:.300}; allowed: task_id, "
-                "split, seed, episode_id."
-            )
-        if episode_id is not None and not (isinstance(episode_id, str) and len(episode_id) <= 256):
-            raise InvalidArgumentError(
-                f"episode_id must be a string of at most 256 characters: {episode_id!r:.60}."
-            )
-        task = self._task(split, task_id, seed)  # checked first: a refused reset changes nothing
-        await self._close_episode()
-        self._loop = asyncio.get_running_loop()
-        where = f"{self.entry.id}.reset"
-        self._env = env = await self._guarded(lambda: self.entry.env_factory()(task), where)
-        opening = await self._guarded(lambda: env.reset(task), where)
-        observation = await self._guarded(lambda: EnvObservation(
-            messages=_as_json(check_step(StepResult(False, False, opening), where)),
-            tool_specs=_as_json(list(env.tool_specs)), task_id=task.id,
-            raw_text_actions=bool(getattr(env, "raw_text_actions", False)),
-            max_turns=turn_cap(env),
-        ), where)  # fmt: skip
-        self._done, self._sent = False, len(opening)
-        self._state = State(episode_id=episode_id, step_count=0, task_id=task.id, split=split)
-        return observation
-
-    async def step_async(
-        self, action: EnvAction, timeout_s: float | None = None, **kwargs: Any
-    ) -> EnvObservation:
-        self._check_open(episode=True)
-        env, where = self._env, f"{self.entry.id}.step"
-        result = await self._guarded(lambda: env.step(action.message.to_message()), where)
-        observation = await self._guarded(lambda: self._observe(result, where), where)
-        self._sent = len(result.messages)
-        self._state.step_count += 1
-        if observation.done:
-            await self._close_episode()
-        return observation
-
-    def _observe(self, result: Any, where: str) -> EnvObservation:
-        """A step's observation: its result checked as the episode driver checks one."""
-        messages = check_step(result, where)
-        done = bool(result.terminated or result.truncated)
-        reward, metrics = step_outcome(result, where) if done else (None, {})
-        start = min(self._sent, len(messages))
-        return EnvObservation(
-            messages=_as_json(messages[start:]), start=start, done=done, reward=reward,
-            truncated=bool(result.truncated), metrics=_as_json(metrics),
-            task_id=self._state.task_id,  # type: ignore[attr-defined]
-        )  # fmt: skip
-
-    def _check_open(self, episode: bool = False) -> None:
-        if self._closed or (episode and (self._env is None or self._done)):
-            raise InvalidArgumentError(CLOSED if self._closed else NO_EPISODE)
-
-    async def _guarded(self, call: Callable[[], Any], where: str) -> Any:
-        """``call()`` (awaited within ``step_timeout_s`` when it is a coroutine); on any failure
-        (a raise, a timeout, a malformed result) the episode is closed, the error names
-        ``where``."""
-        try:
-            result = call()
-            if asyncio.iscoroutine(result):
-                result = await asyncio.wait_for(result, self.step_timeout_s)
-            return result
-        except TimeoutError:
-            await self._close_episode()
-            raise TimeoutError(
-                f"{where} did not return within {self.step_timeout_s} s; the episode is closed."
-            ) from None
-        except Exception as exc:
-            await self._close_episode()
-            raise ServedEnvError(
-                f"{where} failed: {type(exc).__name__}: {str(exc)[:500]} (the episode is closed)"
-            ) from exc
-
-    async def _close_episode(self) -> None:
-        env, self._env, self._done = self._env, None, True
-        if env is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(env.close(), self.step_timeout_s)
-
-    # --- OpenEnv's synchronous face ---------------------------------------------------------
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Any:
-        return LoopRunner().run(self.reset_async(seed=seed, episode_id=episode_id, **kwargs))
-
-    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        raise InvalidArgumentError(
-            "An llm_gym episode lives in one session: step through the WebSocket (/ws), e.g. "
-            "with openenv's GenericEnvClient or llm_gym's RemoteEnv."
-        )
-
-    @property
-    def state(self) -> State:
-        return self._state
-
-    def get_metadata(self) -> EnvironmentMetadata:
-        return EnvironmentMetadata(
-            name=self.entry.id,
-            description=self.entry.description or self.entry.id,
-            version=str(self.entry.version or "0"),
-        )
-
-    def close(self) -> None:
-        """End the session: close the running episode's env, on the loop it was started on
-        (OpenEnv calls this from a worker thread when the session ends); later resets and
-        steps are refused."""
-        self._closed = True
-        if self._env is None:
-            return
-        loop = self._loop
-        if loop is not None and loop.is_running():
-            if _running_loop() is loop:
-                task = loop.create_task(self._close_episode())
-                _CLOSING.add(task)
-                task.add_done_callback(_CLOSING.discard)
-                return
-            future = asyncio.run_coroutine_threadsafe(self._close_episode(), loop)
-            with contextlib.suppress(Exception):
-                future.result(self.step_timeout_s + 1)
-            return
-        LoopRunner().run(self._close_episode())
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _as_json(value: Any) -> Any:
-    """What an env said, as JSON: non-JSON values as text, lone surrogates replaced."""
-    return clean_json(json_safe(value))
 
 
 def build_env_app(
@@ -328,7 +110,7 @@ def build_env_app(
     @functools.cache
     def catalog(split: str) -> tuple[Sequence[Task], Mapping[str, Task]]:
         tasks = tuple(entry.tasks(split, **options))
-        return tasks, {str(t.id): t for t in tasks}
+        return tasks, {task_key(t, i): t for i, t in enumerate(tasks)}
 
     def factory() -> ServedEnv:
         return ServedEnv(entry, options, step_timeout_s, catalog)
@@ -367,7 +149,7 @@ def build_env_app(
             "split": split,
             "max_turns": entry.max_turns,
             "action_format": entry.action_format,
-            "tasks": [{"id": t.id, "prompt": t.prompt} for t in tasks],
+            "tasks": [{"id": task_key(t, i), "prompt": t.prompt} for i, t in enumerate(tasks)],
         }
 
     return app

@@ -35,7 +35,7 @@ from typing import Any
 
 from llm_gym.aio import LoopRunner
 from llm_gym.core.registry import as_env_entry
-from llm_gym.core.task import Task
+from llm_gym.core.task import Task, task_key
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 
@@ -156,7 +156,7 @@ class _Episode:
         if not self.done:
             result = self._runner.run(self._env.step(Message(role="assistant", content=reply)))
             self.done = True
-            self.reward = float(result.reward) if result.terminated else 0.0
+            self.reward = float(result.reward)  # terminated or truncated: the env's reward
             self._close()
         return float(self.reward or 0.0)
 
@@ -194,9 +194,14 @@ def environment_factory(
         finally:
             runner.run(probe.close())
     methods = {spec["function"]["name"]: _tool_method(spec) for spec in specs}
-    clash = sorted(set(methods) & {"reset", "get_reward"})
+    clash = sorted(
+        n for n in methods if n.startswith("_") or n in dir(_Episode) or n == "get_reward"
+    )
     if clash:
-        raise InvalidArgumentError(f"Tool name(s) {clash} clash with the episode's own methods.")
+        raise InvalidArgumentError(
+            f"Tool name(s) {clash} clash with the episode's own methods or attributes (a tool "
+            "name may not start with '_' or be one of them)."
+        )
     namespace = {
         **methods,
         "_entry": entry,
@@ -206,11 +211,6 @@ def environment_factory(
         "__doc__": f"{entry.id} as a TRL environment (one instance per rollout).",
     }
     return type(f"{entry.id.replace('-', '_').replace('/', '_')}_TRL", (_Episode,), namespace)
-
-
-def task_key(task: Task, index: int) -> str:
-    """The ``task_id`` a dataset row carries for the ``index``-th task of a split."""
-    return str(task.id or f"task-{index}")
 
 
 def trl_dataset(
@@ -229,7 +229,11 @@ def trl_dataset(
     runner = LoopRunner()
     rows = []
     for index, task in enumerate(tasks):
-        opening = runner.run(entry.env_factory()(task).reset(task))
+        env = entry.env_factory()(task)
+        try:
+            opening = runner.run(env.reset(task))
+        finally:
+            runner.run(env.close())  # a sandbox, a remote session
         prompt = [{"role": m["role"], "content": m.get("content") or ""} for m in opening]
         rows.append({"prompt": prompt, TASK_ID: task_key(task, index)})
     return Dataset.from_list(rows)

@@ -51,9 +51,9 @@ from typing import Any
 
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.registry import as_env_entry
-from llm_gym.core.task import Task
+from llm_gym.core.task import Task, task_key
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.trl import TASK_ID, task_key
+from llm_gym.integrations.trl import TASK_ID
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.chat import render_chat
 from llm_gym.rollout import DEFAULT_FAILED_PARSE_REWARD, Episode, collect_groups

@@ -28,16 +28,22 @@ What runs without a sandbox only: the task's ``setup``/``finalize`` and rewards 
 and harness-provided tools (``bash``, ``edit``) are not offered; the adapter plays verifiers'
 tool-less ``null`` harness plus the task's toolsets.
 
+Lifetime: the env's ``start()`` and the taskset's shared tool servers are held per event loop
+and stopped (``vf.Env.stop()``, then the servers' teardown) when that loop shuts down, so each
+``collect_groups`` call, evaluation and trainer step releases its own; code that drives episodes
+on a long-lived loop of its own awaits ``factory.aclose()`` when it is done
+(:class:`~llm_gym.integrations.verifiers_tools.SharedResources`).
+
 The other direction, an llm_gym environment as a verifiers taskset and environment, is
 :mod:`~llm_gym.integrations.verifiers_taskset` (:func:`load_environment`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from llm_gym.aio import run_sync
 from llm_gym.core.env import require_turn_limit
 from llm_gym.core.factories import SPLITS, register_env_adapter
 from llm_gym.core.registry import EnvEntry
@@ -51,7 +57,7 @@ from llm_gym.integrations.verifiers_taskset import (
     load_environment,
     trace_from_messages,
 )
-from llm_gym.integrations.verifiers_tools import ToolServer
+from llm_gym.integrations.verifiers_tools import SharedResources, ToolServer
 
 try:
     import verifiers.v1 as vf
@@ -144,7 +150,8 @@ class VerifiersEnvFactory:
         self.__qualname__ = type(self.environment or self.taskset).__name__
         self.version = None
         self._known: dict[str, Any] = {}
-        self._prepared: asyncio.Future[list[ToolServer]] | None = None
+        self.resources = SharedResources(self.environment, self.taskset)
+        """The env's ``start()``/``stop()`` and the taskset's shared tool servers, per loop."""
 
     @property
     def task_type(self) -> type:
@@ -176,7 +183,7 @@ class VerifiersEnvFactory:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_known"], state["_prepared"] = {}, None  # caches; the started tool servers
+        state["_known"] = {}  # a cache (the started resources drop their own)
         return state
 
     # --- what VerifiersEnv reads -----------------------------------------------------------------
@@ -208,19 +215,25 @@ class VerifiersEnvFactory:
             ) from None
 
     async def prepare(self) -> list[ToolServer]:
-        """Once per factory (and event loop): the env's ``start()`` and the taskset's shared
-        tool servers, started without a task."""
-        if self._prepared is None or self._prepared.get_loop() is not asyncio.get_running_loop():
-            self._prepared = asyncio.ensure_future(self._start())
-        return await asyncio.shield(self._prepared)
+        """The taskset's shared tool servers, started with the env's ``start()`` once per event
+        loop (and stopped when the loop shuts down; see :meth:`aclose`)."""
+        return await self.resources.prepare()
 
-    async def _start(self) -> list[ToolServer]:
-        if self.environment is not None:
-            await self.environment.start()
-        servers = [ToolServer(t) for t in type(self.taskset).toolsets(self.taskset.config)]
-        for server in servers:
-            await server.start()
-        return servers
+    async def aclose(self) -> None:
+        """Stop what :meth:`prepare` started for the running event loop (``vf.Env.stop()``,
+        then the shared tool servers' teardown) and what closed loops left behind.
+
+        ``collect_groups``, ``run_and_report`` and the trainer need none of this: each runs on
+        an event loop that stops its own when it shuts down. Await it when you drive episodes
+        on a loop of your own that lives on (``await collect_groups_async(...)`` in a server,
+        say), once its episodes are over; the next episode starts them again.
+        """
+        await self.resources.aclose()
+
+    def close(self) -> None:
+        """:meth:`aclose` from synchronous code: stops what closed event loops left behind (a
+        ``gym.make`` env's, say, once the env is closed); a loop still running keeps its own."""
+        run_sync(self.aclose())
 
     # --- tasks -----------------------------------------------------------------------------------
     def tasks(self, split: str = "train") -> list[Task]:

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from llm_gym.core.types import Message
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.integrations.verifiers_tools import ToolBox, ToolServer
 
 try:
@@ -272,14 +273,12 @@ class SeatRollout:
         request = Request(messages=list(self.conversation), tools=self.toolbox.tools or None)
         request, rewrites, stopped = await session.rewrite_request(request)
         trace.request_rewrites.extend(rewrites)
+        self._take_rewrites(request.messages)
         turn = graph.prepare_turn(trace, request.messages, request.tools)
         if stopped is not None:
             turn.commit_prompt()
             trace.stop(stopped)
             return None
-        for i, (before, after) in enumerate(zip(self.conversation, request.messages, strict=True)):
-            if before != after:  # an interceptor rewrote a new user or tool message
-                self.conversation[i], self.public[i] = after, to_message(after)
         action = await self.ask(self)
         if action is None or trace.stop_condition is not None:
             turn.abandon()
@@ -308,6 +307,25 @@ class SeatRollout:
             trace.stop(stopped)
             return None
         return response.message
+
+    def _take_rewrites(self, messages: Sequence[Any]) -> None:
+        """Keep what the request interceptors rewrote (new user or tool messages, in place)."""
+        if len(messages) != len(self.conversation):
+            names = ", ".join(fn.__name__ for fn in self.session.request_interceptors) or "none"
+            change = len(messages) - len(self.conversation)
+            did = (
+                f"added {change} message(s) to"
+                if change > 0
+                else f"removed {-change} message(s) from"
+            )
+            raise InvalidArgumentError(
+                f"A request interceptor (@vf.intercept: {names}) {did} the conversation "
+                f"({len(self.conversation)} messages sent, {len(messages)} returned); a "
+                "request interceptor may only rewrite new user and tool messages in place."
+            )
+        for i, (before, after) in enumerate(zip(self.conversation, messages, strict=True)):
+            if before != after:
+                self.conversation[i], self.public[i] = after, to_message(after)
 
     def _extend(self, messages: Sequence[Any]) -> None:
         for message in messages:

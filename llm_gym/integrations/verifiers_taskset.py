@@ -4,8 +4,9 @@
 way a verifiers environment package is: its tasks carry our :class:`~llm_gym.core.Task`
 (``LlmGymTaskData.task``) and the env's opening messages (``system_prompt``, ``prompt``);
 :class:`LlmGymToolset` serves the env's tools under their own names (an env per rollout, stepped
-by each call); the ``env_reward`` reward replays the trace's assistant turns through a fresh env
-and returns the env's own reward (0 when the replay does not end the episode)::
+by each call, closed with the rollout's tool server); the ``env_reward`` reward replays the
+trace's assistant turns through a fresh env and returns the env's own reward (0 when the replay
+does not end the episode)::
 
     import verifiers.v1 as vf
     from llm_gym.integrations.verifiers import load_environment, trace_from_messages
@@ -169,8 +170,17 @@ class LlmGymToolset(vf.Toolset[vf.ToolsetConfig]):
         data = task.data
         ours = Task.from_dict(data.task)
         self.env = env_entry(data.env_id).env_factory()(ours)
+        # The server's teardown (its exit stack, as verifiers' own toolsets use it) closes it.
+        self._exit_stack.push_async_callback(self.close_env)
         await self.env.reset(ours)
         self.specs = list(self.env.tool_specs)
+
+    async def close_env(self) -> None:
+        """Close the rollout's env (a remote session or a sandbox, say); later calls are
+        refused."""
+        env, self.env = self.env, None
+        if env is not None:
+            await env.close()
 
     def register(self, mcp: Any) -> None:
         for spec in self.specs:

@@ -14,13 +14,19 @@ schemas, argument validation and error texts are verifiers' own:
 * The rollout's shared state (``trace.state``, what a ``Toolset[Config, MyState]`` reads and
   writes through ``self.state``) is the live trace's state object, for the call's duration: the
   state channel a real server pulls and pushes over HTTP.
+* What verifiers holds for a whole eval (``Env.serving()``: the taskset's shared tool servers,
+  then ``Env.start()``; ``Env.stop()``, then the servers, on the way out) is held per event loop
+  here (:class:`SharedResources`): started by the first episode on a loop, stopped when that loop
+  shuts down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
-from collections.abc import Sequence
+import warnings
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from llm_gym.core.types import ToolSpec
@@ -37,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "llm_gym's verifiers integration needs verifiers>=0.4: pip install -e '.[interop]'"
     ) from exc
 
-__all__ = ["ACTIVE_TRACE", "ToolBox", "ToolServer"]
+__all__ = ["ACTIVE_TRACE", "SharedResources", "ToolBox", "ToolServer"]
 
 ACTIVE_TRACE: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "llm_gym_verifiers_trace", default=None
@@ -197,3 +203,139 @@ class ToolBox:
         owned, self.owned = self.owned, []
         for server in owned:
             await server.stop()
+
+
+class _Held:
+    """What :class:`SharedResources` started for one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ready: asyncio.Future[list[ToolServer]] | None = None
+        """The start, shared by the loop's episodes (its result: the started servers)."""
+        self.keeper: AsyncGenerator[None, None] | None = None
+        """An async generator the loop knows: its shutdown closes it, which stops the rest."""
+        self.servers: list[ToolServer] = []
+        self.env_started = False
+
+
+class SharedResources:
+    """A verifiers environment's shared resources, held per event loop.
+
+    verifiers starts the taskset's shared tool servers and then ``Env.start()`` once for an
+    eval, and runs ``Env.stop()`` and then the servers' teardown at its end (``Env.serving()``).
+    llm_gym's loop runs each ``collect_groups`` call on an event loop of its own (and resources
+    such as an HTTP client belong to the loop that made them), so the same pair is held per
+    loop: the first episode on a loop starts it, and it is stopped
+
+    * when the loop shuts down its async generators (``asyncio.run`` does, so every
+      ``collect_groups``, ``run_and_report`` and trainer step releases its own);
+    * else, for a loop closed without that (a bare ``loop.close()``), by the first start on
+      another loop, there;
+    * or by :meth:`aclose`.
+
+    At most one set is alive per event loop still open. A failure while stopping is a
+    ``RuntimeWarning`` (nothing is left to fail by then).
+
+    Args:
+        environment: The ``vf.Env`` whose ``start``/``stop`` run, or None (a bare taskset).
+        taskset: The taskset whose ``toolsets(config)`` are the shared servers (fresh instances
+            for each loop).
+    """
+
+    def __init__(self, environment: Any, taskset: Any) -> None:
+        self.environment = environment
+        self.taskset = taskset
+        self._held: dict[asyncio.AbstractEventLoop, _Held] = {}
+
+    @property
+    def live(self) -> int:
+        """How many event loops hold started resources."""
+        return len(self._held)
+
+    async def prepare(self) -> list[ToolServer]:
+        """The running loop's shared servers, started (with ``Env.start()``) on first use."""
+        loop = asyncio.get_running_loop()
+        held = self._held.get(loop)
+        if held is None:
+            held = self._held[loop] = _Held(loop)
+            held.ready = asyncio.ensure_future(self._start(held))
+        assert held.ready is not None
+        return await asyncio.shield(held.ready)
+
+    async def aclose(self) -> None:
+        """Stop what the running loop holds and what closed loops left behind (a loop still
+        running elsewhere keeps its own until it shuts down). Call it once the loop's episodes
+        are over; a later :meth:`prepare` starts afresh."""
+        held = self._held.get(asyncio.get_running_loop())
+        if held is not None:
+            assert held.ready is not None
+            await asyncio.gather(held.ready, return_exceptions=True)
+            if held.keeper is not None:
+                await held.keeper.aclose()
+        await self._release_closed()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_held": {}}  # started resources stay with their process
+
+    async def _start(self, held: _Held) -> list[ToolServer]:
+        keeper = held.keeper = self._keep(held)
+        await keeper.__anext__()  # from here the loop's shutdown closes it
+        await self._release_closed()
+        try:
+            for toolset in type(self.taskset).toolsets(self.taskset.config):
+                server = ToolServer(toolset)
+                held.servers.append(server)
+                await server.start()
+            if self.environment is not None:
+                held.env_started = True  # verifiers stops an env whose start() failed, too
+                await self.environment.start()
+        except BaseException:
+            await keeper.aclose()  # a failed start is retried by the next episode
+            raise
+        return list(held.servers)
+
+    async def _keep(self, held: _Held) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await self._stop(held)
+
+    async def _stop(self, held: _Held) -> None:
+        """``Env.stop()``, then the servers' teardown (verifiers' order)."""
+        if self._held.get(held.loop) is held:
+            self._held.pop(held.loop, None)
+        failures = []
+        if held.env_started:
+            held.env_started = False
+            try:
+                await self.environment.stop()
+            except Exception as exc:
+                failures.append(f"{type(self.environment).__name__}.stop(): {exc!r}")
+        servers, held.servers = held.servers, []
+        for server in reversed(servers):
+            try:
+                await server.stop()
+            except Exception as exc:
+                failures.append(f"{type(server.toolset).__name__} teardown: {exc!r}")
+        if failures:
+            warnings.warn(
+                "Stopping a verifiers environment's shared resources failed: "
+                + "; ".join(failures),
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    async def _release_closed(self) -> None:
+        """Stop, on this loop, what loops closed without shutting down their generators left."""
+        for loop in [loop for loop in self._held if loop.is_closed()]:
+            held = self._held.pop(loop, None)
+            if held is None or held.keeper is None:
+                continue
+            try:
+                await held.keeper.aclose()
+            except RuntimeError as exc:  # it was mid-stop when its loop closed
+                warnings.warn(
+                    f"A verifiers environment's shared resources could not be stopped: {exc}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
