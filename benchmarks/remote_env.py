@@ -75,22 +75,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(max_sessions: int) -> tuple[subprocess.Popen[str], str]:
-    """``llm-gym serve-env`` in a child process; returns it and its URL."""
+def start_server(max_sessions: int, timeout_s: float = 120.0) -> tuple[subprocess.Popen[str], str]:
+    """``llm-gym serve-env`` in a child process; returns it and its URL (killed, and an exit
+    with the reason, when it has not announced its URL within ``timeout_s``)."""
     command = [sys.executable, "-m", "llm_gym.cli", "serve-env", ENV_ID, "--port", "0"]
     command += ["--max-sessions", str(max_sessions)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
-    deadline = time.monotonic() + 120
-    for line in process.stdout:
-        match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
-        if match:
-            threading.Thread(target=process.stdout.read, daemon=True).start()  # drain the rest
-            return process, match.group(1)
-        if time.monotonic() > deadline:
-            break
-    process.kill()
-    raise SystemExit(f"the env server did not start: {' '.join(command)}")
+    found: list[str] = []
+
+    def read() -> None:  # a thread: a silent server cannot block the deadline below
+        for line in process.stdout:  # type: ignore[union-attr]
+            match = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+            if match and not found:
+                found.append(match.group(1))
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not found and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not found:
+        stop_server(process)
+        raise SystemExit(f"the env server did not start within {timeout_s:g} s: {command}")
+    return process, found[0]
+
+
+def stop_server(process: subprocess.Popen[str]) -> None:
+    """Terminate the server; kill it when it does not exit within 30 s."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 # --- 1. load ------------------------------------------------------------------------------------
@@ -386,8 +403,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         load = run_load(url, process.pid, args.sessions, args.rounds)
         collection = run_collection(url, args)
     finally:
-        process.terminate()
-        process.wait(30)
+        stop_server(process)
     summary = {
         "conditions": conditions.finish().as_json(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
