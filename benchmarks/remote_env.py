@@ -48,24 +48,13 @@ from benchmarks.common import (
     interleave,
     output_dir,
     pin_threads,
+    rss_mib,
     write_json,
     write_markdown,
 )
 from benchmarks.stats import median_interval, ratio_interval
 
 ENV_ID = "ToolUseGame-v0"
-
-
-def rss_mib(pid: int) -> float | None:
-    """A process's resident memory in MiB (None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def cpu_seconds(pid: int) -> float:

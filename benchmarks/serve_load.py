@@ -36,6 +36,7 @@ from benchmarks.common import (
     RESULTS_DIR,
     Conditions,
     machine_description,
+    rss_mib,
     thread_settings,
     write_markdown,
 )
@@ -70,17 +71,6 @@ class Args:
         return cls(
             **{"clients": 8, "duration_s": 3.0, "max_tokens": 2, "write": False, **overrides}
         )
-
-
-def _rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def _threads(pid: int) -> int | None:
@@ -172,11 +162,11 @@ def run_load(args: Args, port: int, pid: int) -> dict[str, Any]:
 
     def sample_memory() -> None:
         while not done.wait(1.0):
-            value = _rss_mib(pid)
+            value = rss_mib(pid)
             if value is not None:
                 rss.append((time.perf_counter() - start, value))
 
-    rss_start = _rss_mib(pid)
+    rss_start = rss_mib(pid)
     threads_start = _threads(pid)
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
@@ -188,7 +178,7 @@ def run_load(args: Args, port: int, pid: int) -> dict[str, Any]:
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    rss_end = _rss_mib(pid)
+    rss_end = rss_mib(pid)
     summary = summarize(args, records, rss, rss_start, rss_end, threads_start, _threads(pid), wall)
     summary["load_average_at_start"] = load_at_start
     summary["alone_s"] = statistics.median(alone[1:] or alone) if alone else None
