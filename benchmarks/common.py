@@ -87,18 +87,6 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"Cannot write {type(value).__name__} to JSON: {value!r}")
 
 
-def rss_mib(pid: int) -> float | None:
-    """A process's resident memory in MiB, from ``/proc`` (None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def cache_dir() -> Path:
     """Where the main job and the benchmarks cache models (``LLM_GYM_CACHE``)."""
     return Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache/llm_gym"))

@@ -48,20 +48,13 @@ from benchmarks.common import (
     interleave,
     output_dir,
     pin_threads,
-    rss_mib,
     write_json,
     write_markdown,
 )
+from benchmarks.procstat import cpu_seconds, rss_mib
 from benchmarks.stats import median_interval, ratio_interval
 
 ENV_ID = "ToolUseGame-v0"
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's CPU time so far (user + system), from ``/proc``."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(max_sessions: int, timeout_s: float = 120.0) -> tuple[subprocess.Popen[str], str]:

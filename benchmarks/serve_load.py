@@ -36,10 +36,10 @@ from benchmarks.common import (
     RESULTS_DIR,
     Conditions,
     machine_description,
-    rss_mib,
     thread_settings,
     write_markdown,
 )
+from benchmarks.procstat import rss_mib
 
 PROMPT = [{"role": "user", "content": "What is 17 + 25? Answer with the number."}]
 

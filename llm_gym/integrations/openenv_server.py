@@ -34,8 +34,6 @@ closed. MCP is not served. Any OpenEnv client plays it:
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,6 +51,7 @@ from llm_gym.integrations.openenv_session import (
     ServedEnv,
     ServedEnvError,
 )
+from llm_gym.serving.threaded import ThreadedServer, http_url
 
 try:
     from fastapi import FastAPI, HTTPException, Request
@@ -76,7 +75,6 @@ __all__ = [
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_SESSIONS = 256
-STARTUP_TIMEOUT_S = 30.0
 
 
 def build_env_app(
@@ -171,43 +169,32 @@ class EnvServer:
             ws_max_size=MAX_FRAME_BYTES, timeout_graceful_shutdown=5, access_log=log,
             log_level="info" if log else "warning", **({} if log else {"log_config": None}),
         )  # fmt: skip
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="llm_gym-env", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self._server.should_exit = True
-                raise RuntimeError("the env server did not start listening (see the log)")
-            time.sleep(0.01)
+        self._running = ThreadedServer(config, "llm_gym-env")
         self._closed = False
 
     @property
     def port(self) -> int:
-        servers = getattr(self._server, "servers", None) or []
+        servers = getattr(self._running.server, "servers", None) or []
         for server in servers:
             for sock in server.sockets:
                 return int(sock.getsockname()[1])
-        return int(self._server.config.port)
+        return int(self._running.server.config.port)
 
     @property
     def url(self) -> str:
         """The base URL clients use (``http://HOST:PORT``; OpenEnv clients add ``/ws``)."""
-        host = self._server.config.host
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+        return http_url(self._running.server.config.host, self.port)
 
     def wait(self) -> None:
         """Block until :meth:`close` (from another thread) or Ctrl-C."""
-        while self._thread.is_alive():
-            self._thread.join(0.5)
+        self._running.wait()
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self._server.should_exit = True
-        self._thread.join(15)
+        self._running.stop()
 
     def __enter__(self) -> EnvServer:
         return self

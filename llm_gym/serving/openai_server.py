@@ -45,8 +45,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import threading
-import time
 from collections.abc import Collection
 from typing import Any
 
@@ -57,6 +55,7 @@ from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_ch
 from llm_gym.serving.engine import DEFAULT_MAX_TOKENS, Engine
 from llm_gym.serving.protocol import parse_completion_request
 from llm_gym.serving.responses import dumps
+from llm_gym.serving.threaded import ThreadedServer, http_url
 
 __all__ = [
     "DEFAULT_BACKLOG",
@@ -80,7 +79,6 @@ DEFAULT_MAX_CONNECTIONS = 1024
 """Connections and requests at once; past it new requests get a 503 (OpenAI clients retry)."""
 DEFAULT_HEAD_TIMEOUT_S = 30.0
 """Seconds a connection may take to send a request's head (and, in :mod:`.app`, its body)."""
-STARTUP_TIMEOUT_S = 30.0
 """How long :class:`ChatCompletionServer` waits for the server thread to listen."""
 
 _SERVE_EXTRA = (
@@ -221,20 +219,7 @@ class ChatCompletionServer:
             log_level="info" if log else "warning",
             **({} if log else {"log_config": None}),
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run,
-            kwargs={"sockets": [self._socket]},
-            name="llm_gym-serve",
-            daemon=True,
-        )
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self._server.should_exit = True
-                raise RuntimeError("the server thread did not start listening (see the log)")
-            time.sleep(0.01)
+        self._running = ThreadedServer(config, "llm_gym-serve", sockets=[self._socket])
 
     # --- the handle ---------------------------------------------------------------------------
 
@@ -249,23 +234,18 @@ class ChatCompletionServer:
     @property
     def url(self) -> str:
         """The base URL clients use, ``http://HOST:PORT/v1`` (``OpenAIPolicy(base_url=...)``)."""
-        host = self.host
-        if ":" in host:  # IPv6
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}/v1"
+        return http_url(self.host, self.port, "/v1")
 
     def wait(self) -> None:
         """Block until :meth:`close` (from another thread) or Ctrl-C."""
-        while self._thread.is_alive():
-            self._thread.join(0.5)
+        self._running.wait()
 
     def close(self) -> None:
         """Stop serving (streams in flight get a few seconds) and release the port (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self._server.should_exit = True
-        self._thread.join(15)
+        self._running.stop()
         self.engine.close()
         with contextlib.suppress(OSError):
             self._socket.close()

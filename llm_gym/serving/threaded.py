@@ -1,0 +1,58 @@
+"""uvicorn serving from a daemon thread: the one way ``llm-gym serve`` and ``llm-gym serve-env``
+start, wait on and stop their servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["STARTUP_TIMEOUT_S", "ThreadedServer", "http_url"]
+
+STARTUP_TIMEOUT_S = 30.0
+"""Seconds a server thread may take to start listening."""
+
+
+def http_url(host: str, port: int, path: str = "") -> str:
+    """``http://HOST:PORT`` + ``path`` (an IPv6 host in brackets).
+
+    Example:
+        >>> http_url("::1", 8000, "/v1"), http_url("127.0.0.1", 80)
+        ('http://[::1]:8000/v1', 'http://127.0.0.1:80')
+    """
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
+
+
+class ThreadedServer:
+    """A ``uvicorn.Server`` running ``config`` in a daemon thread named ``name``, started and
+    listening when the constructor returns (on ``sockets`` when given, else on the config's
+    host and port)."""
+
+    def __init__(self, config: Any, name: str, sockets: list[Any] | None = None) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run,
+            kwargs={"sockets": sockets} if sockets is not None else {},
+            name=name,
+            daemon=True,
+        )
+        self.thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.server.should_exit = True
+                raise RuntimeError(f"the {name} thread did not start listening (see the log)")
+            time.sleep(0.01)
+
+    def wait(self) -> None:
+        """Block until :meth:`stop` (from another thread) or Ctrl-C."""
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+
+    def stop(self, join_s: float = 15.0) -> None:
+        """Ask the server to exit and wait for its thread (connections in flight get uvicorn's
+        graceful-shutdown time)."""
+        self.server.should_exit = True
+        self.thread.join(join_s)
