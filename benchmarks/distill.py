@@ -43,7 +43,8 @@ class Args:
     """The teacher (None: the main job's SFT model)."""
     student: str | None = None
     """The student (None: the main job's first SFT phase, ``sft_short_context``)."""
-    steps: int = 40
+    steps: int = 300
+    """Optimizer steps (the committed results' count: the plain command reproduces them)."""
     batch_size: int = 16
     """Tasks (= episodes) per optimizer step."""
     learning_rate: float = 2e-4
