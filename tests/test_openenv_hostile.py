@@ -91,10 +91,19 @@ class Probe(Env):
     a hostile environment behind the server."""
 
     made = closed = 0
+    epoch = 0
+    """Counts belong to one test: an env of an earlier test closing late does not count."""
 
     def __init__(self) -> None:
+        self.epoch = Probe.epoch
         Probe.made += 1
         self._messages: list[dict[str, Any]] = []
+
+    @classmethod
+    def recount(cls) -> None:
+        """Start this test's counts (``made`` and ``closed`` of envs made from now on)."""
+        cls.epoch += 1
+        cls.made = cls.closed = 0
 
     async def reset(self, task):
         self._messages = [{"role": "user", "content": task.prompt}]
@@ -131,7 +140,8 @@ class Probe(Env):
         return list(self._messages)
 
     async def close(self):
-        Probe.closed += 1
+        if self.epoch == Probe.epoch:
+            Probe.closed += 1
 
 
 register_env("OpenEnvProbe-v0", env=Probe, tasks=[Task(f"p{i}", id=f"p{i}") for i in range(5)])
@@ -329,7 +339,7 @@ PROBE_STEPS = {
 def test_a_hostile_env_behind_the_server_ends_its_episode_with_a_named_error(
     probe_server, reply
 ) -> None:
-    Probe.made = Probe.closed = 0
+    Probe.recount()
     _, broken, after, _ = play(probe_server, reset(seed=0), step({"content": reply}),
                                step({"content": "done"}))  # fmt: skip
     assert PROBE_STEPS[reply] in error(broken) and "the episode is closed" in error(broken)
@@ -347,7 +357,7 @@ def test_what_the_env_says_leaves_as_json(probe_server) -> None:
 
 
 def test_rapid_resets_and_abandoned_sessions_leak_nothing(probe_server) -> None:
-    Probe.made = Probe.closed = 0
+    Probe.recount()
 
     async def resets() -> int:
         async with connect(ws_url(probe_server)) as ws:
@@ -367,7 +377,7 @@ def test_rapid_resets_and_abandoned_sessions_leak_nothing(probe_server) -> None:
     asyncio.run(abandon("again"))
     asyncio.run(abandon("sleep:0.3"))
     assert settled(probe_server) == 0
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 10  # closes run after the answers: wait for them
     while Probe.closed < Probe.made and time.monotonic() < deadline:
         time.sleep(0.02)
     assert Probe.made == Probe.closed == 1002  # every env the server made, closed
@@ -402,7 +412,7 @@ JSON = {"content-type": "application/json"}
 
 
 def test_the_http_routes_answer_clear_errors_and_leak_no_session(probe_server) -> None:
-    Probe.made = Probe.closed = 0
+    Probe.recount()
     url = probe_server.url
     assert httpx.post(f"{url}/reset", json={"seed": 1}).json()["observation"]["task_id"] == "p1"
     for body, expected in [({"task_id": [1]}, "task_id must be a string"),
@@ -436,7 +446,7 @@ def test_the_http_routes_answer_clear_errors_and_leak_no_session(probe_server) -
     listing = httpx.get(f"{url}/llm_gym/tasks?split=val&split=test").json()
     assert listing["split"] == "test"  # the last value, one split
     assert settled(probe_server) == 0
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 10  # closes run after the answers: wait for them
     while Probe.closed < Probe.made and time.monotonic() < deadline:
         time.sleep(0.02)
     assert Probe.made == Probe.closed
