@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 
@@ -185,7 +185,12 @@ def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
             else {"chat_template_kwargs": [n for n in args.template_kwargs.split(",") if n]}
         ),
     )
-    print(f"serving {server.model_name!r} at {server.url} (Ctrl-C stops)", file=out, flush=True)
+    return _serve_until_stopped(server, f"serving {server.model_name!r} at {server.url}", out)
+
+
+def _serve_until_stopped(server: Any, line: str, out: TextIO) -> int:
+    """Announce ``server`` (scripts read its URL from this line), serve until Ctrl-C, close."""
+    print(f"{line} (Ctrl-C stops)", file=out, flush=True)
     try:
         server.wait()
     except KeyboardInterrupt:
@@ -208,16 +213,7 @@ def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
         step_timeout_s=args.step_timeout,
         idle_timeout_s=args.idle_timeout or None,
     )
-    print(
-        f"serving {args.env_id} over OpenEnv at {server.url} (Ctrl-C stops)", file=out, flush=True
-    )
-    try:
-        server.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
-    return 0
+    return _serve_until_stopped(server, f"serving {args.env_id} over OpenEnv at {server.url}", out)
 
 
 def _add_serve_env(sub: argparse._SubParsersAction) -> None:
