@@ -48,6 +48,7 @@ from llm_gym.core.env import require_turn_limit
 from llm_gym.core.factories import SPLITS, register_env_adapter
 from llm_gym.core.registry import EnvEntry
 from llm_gym.core.task import Task
+from llm_gym.environments.factory import MultiTurnTaskSource
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym.registration import register_env
 from llm_gym.integrations.verifiers_env import VerifiersEnv
@@ -258,17 +259,9 @@ class VerifiersEnvFactory:
         return VerifiersTasks(self)
 
 
-class VerifiersTasks:
-    """Task source ``split -> tasks`` over a :class:`VerifiersEnvFactory` (cached per split)."""
-
-    def __init__(self, factory: VerifiersEnvFactory) -> None:
-        self.factory = factory
-        self._cache: dict[str, list[Task]] = {}
-
-    def __call__(self, split: str) -> list[Task]:
-        if split not in self._cache:
-            self._cache[split] = self.factory.tasks(split)
-        return self._cache[split]
+class VerifiersTasks(MultiTurnTaskSource):
+    """Task source ``split -> tasks`` over a :class:`VerifiersEnvFactory` (cached per split;
+    document 002's task source, which only calls its factory's ``tasks(split)``)."""
 
 
 def from_verifiers(
