@@ -103,14 +103,18 @@ def spy(self, tasks, **kw):
 t.MultiTurnGRPOTrainer._collect = spy
 trainer = train_multi_turn(cfg, tasks=tasks, env_factory=Parity)
 w = sum(p.detach().sum().item() for p in trainer.model.parameters())
-print(f"RANK {{state.process_index}} OF {{state.num_processes}} CHECKSUM {{w:.6f}} INITIAL "
-      f"{{initial:.6f}} STEPS {{trainer.state.global_step}} TASKS {{'|'.join(seen)}}", flush=True)
+# One file per rank: the two ranks share one stdout pipe, where their lines can interleave.
+with open({rank_dir!r} + f"/rank{{state.process_index}}.txt", "w") as f:
+    f.write(f"RANK {{state.process_index}} OF {{state.num_processes}} CHECKSUM {{w:.6f}} INITIAL "
+            f"{{initial:.6f}} STEPS {{trainer.state.global_step}} TASKS {{'|'.join(seen)}}")
 """
 
 
 def test_two_processes_on_cpu(small_model_dir, tmp_path) -> None:
     script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(out=str(tmp_path / "out"), model=str(small_model_dir)))
+    script.write_text(
+        DDP_SCRIPT.format(out=str(tmp_path / "out"), model=str(small_model_dir), rank_dir=str(tmp_path))
+    )
     out = subprocess.run(
         [
             sys.executable,
@@ -126,7 +130,7 @@ def test_two_processes_on_cpu(small_model_dir, tmp_path) -> None:
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RANK")]
+    lines = [(tmp_path / f"rank{rank}.txt").read_text() for rank in range(2)]
     assert len(lines) == 2 and all("OF 2" in line and "STEPS 2" in line for line in lines)
     ranks = {line.split()[1]: line.split() for line in lines}
     # Each rank ran its own groups: different tasks, different episodes ...
