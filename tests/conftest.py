@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ def play_text_episode(
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a server or launcher a test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def subprocess_env(tmp_path: Path) -> dict[str, str]:

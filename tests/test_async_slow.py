@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import StopAfter, subprocess_env
+from tests.conftest import StopAfter, free_port, subprocess_env
 
 pytest.importorskip("trl")
 
@@ -111,16 +110,12 @@ state = PartialState()
 trainer = train_multi_turn(cfg, tasks=list(get_tasks("train"))[:8], env_factory=ToolUseGameEnv)
 w = sum(p.detach().double().sum().item() for p in trainer.model.parameters())
 alive = [t.name for t in threading.enumerate() if t.name.startswith("llm-gym-")]
-print(f"RANK {state.process_index} OF {state.num_processes} STEPS {trainer.state.global_step} "
-      f"WORKERS {len(workers)} ALIVE {len(alive)} CHECKSUM {w:.9f} TASKS {'|'.join(taken)}",
-      flush=True)
+# One file per rank: the two ranks share one stdout pipe, where their lines can interleave.
+with open(f"{sys.argv[1]}.rank{state.process_index}", "w") as f:
+    f.write(f"RANK {state.process_index} OF {state.num_processes} "
+            f"STEPS {trainer.state.global_step} WORKERS {len(workers)} ALIVE {len(alive)} "
+            f"CHECKSUM {w:.9f} TASKS {'|'.join(taken)}")
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_async_training_under_accelerate_with_two_cpu_processes(small_model_dir, tmp_path):
@@ -135,7 +130,7 @@ def test_async_training_under_accelerate_with_two_cpu_processes(small_model_dir,
             "--config_file",
             str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
             "--main_process_port",
-            str(_free_port()),
+            str(free_port()),
             str(script),
             str(out_dir),
             str(small_model_dir),
@@ -146,7 +141,7 @@ def test_async_training_under_accelerate_with_two_cpu_processes(small_model_dir,
         timeout=600,
     )
     assert launched.returncode == 0, launched.stderr[-3000:]
-    lines = [line.split() for line in launched.stdout.splitlines() if line.startswith("RANK")]
+    lines = [Path(f"{out_dir}.rank{rank}").read_text().split() for rank in range(2)]
     ranks = {line[1]: dict(zip(line[2::2], line[3::2], strict=False)) for line in lines}
     assert sorted(ranks) == ["0", "1"]
     for rank in ranks.values():

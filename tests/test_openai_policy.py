@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -36,6 +35,7 @@ from llm_gym.policies.openai import (
     build_messages,
 )
 from llm_gym.rollout import collect_groups
+from tests.conftest import free_port
 
 HERMES = get_action_format("hermes")
 TOOLS: list[ToolSpec] = [
@@ -420,9 +420,7 @@ def test_a_timeout_is_retried_once_then_raises(endpoint: FakeEndpoint) -> None:
 
 
 def test_connection_errors_are_retried_then_raise() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # nothing listens here once the socket is closed
+    port = free_port()
     policy = OpenAIPolicy(
         model="m", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_base_s=0.01
     )
@@ -606,12 +604,6 @@ def test_cli_serve(small_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     assert status == 200 and answer["usage"]["completion_tokens"] <= 3
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_transformers_serve(small_model_dir) -> None:
     """``transformers serve`` (needs ``transformers[serving]``: fastapi, uvicorn, openai)."""
     from transformers.utils.import_utils import is_serve_available
@@ -620,7 +612,7 @@ def test_transformers_serve(small_model_dir) -> None:
         pytest.skip("transformers serve needs transformers[serving] (fastapi, uvicorn, openai)")
     from transformers.cli.serve import Serve
 
-    port = _free_port()
+    port = free_port()
     server = Serve(
         str(small_model_dir), host="127.0.0.1", port=port, device="cpu", non_blocking=True
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import StopAfter, subprocess_env
+from tests.conftest import StopAfter, free_port, subprocess_env
 
 pytest.importorskip("trl")
 
@@ -112,9 +112,8 @@ with open({rank_dir!r} + f"/rank{{state.process_index}}.txt", "w") as f:
 
 def test_two_processes_on_cpu(small_model_dir, tmp_path) -> None:
     script = tmp_path / "ddp.py"
-    script.write_text(
-        DDP_SCRIPT.format(out=str(tmp_path / "out"), model=str(small_model_dir), rank_dir=str(tmp_path))
-    )
+    fields = {"out": f"{tmp_path}/out", "model": str(small_model_dir), "rank_dir": str(tmp_path)}
+    script.write_text(DDP_SCRIPT.format(**fields))
     out = subprocess.run(
         [
             sys.executable,
@@ -122,6 +121,8 @@ def test_two_processes_on_cpu(small_model_dir, tmp_path) -> None:
             "accelerate.commands.launch",
             "--config_file",
             str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+            "--main_process_port",
+            str(free_port()),
             str(script),
         ],
         capture_output=True,
