@@ -296,8 +296,12 @@ def test_remote_env_smoke(small_model_dir, tmp_path) -> None:
     assert load["failed_episodes"] == 0 and load["sessions_left_on_server"] == 0
     assert load["calls"] >= 3 * load["episodes"]  # a reset and at least two steps each
     runs = summary["collection"]["runs"]
-    assert [r["episodes"] for r in runs["remote"]] == [r["episodes"] for r in runs["in_process"]]
-    assert all(r["env_errors"] == 0 for r in runs["remote"])
+    assert set(runs) == {"in_process@1", "remote@1", "in_process@2", "remote@2"}
+    for threads in (1, 2):
+        remote, local = runs[f"remote@{threads}"], runs[f"in_process@{threads}"]
+        assert [r["episodes"] for r in remote] == [r["episodes"] for r in local]
+        assert all(r["env_errors"] == 0 for r in remote)
+    assert set(summary["collection"]["ratio_by_threads"]) == {"1", "2"}
     for suffix in ("md", "json", "png"):
         assert (tmp_path / f"remote_env.{suffix}").exists()
     saved = json.loads((tmp_path / "remote_env.json").read_text())

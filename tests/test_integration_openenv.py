@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -219,6 +220,24 @@ def test_a_remote_episode_is_the_local_episode(server, remote_id) -> None:
     assert [g[0].reward for g in groups] == [0.0, 0.0, 0.0]
     assert all(g[0].terminated for g in groups)
     assert wait_for_sessions(server) == 0  # every session closed
+
+
+def test_sessions_leave_the_process_environment_alone(server, monkeypatch) -> None:
+    """openenv's own connect sets and restores NO_PROXY around each connection, which
+    overlapping connections leave changed; ours tells each connection to skip the proxy on
+    loopback, so episodes play past a configured (here dead) proxy and nothing is changed."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    tasks = get_tasks("val")[:4]
+    assert [t.id for t in RemoteTasks(server.url)("val")[:4]] == [t.id for t in tasks]
+    groups = collect_groups(RemoteEnvFactory(server.url), tasks, OraclePolicy(oracle_action),
+                            episodes_per_task=4, max_turns=8)  # fmt: skip
+    assert [e.reward for g in groups for e in g] == [1.0] * 16
+    assert "NO_PROXY" not in os.environ and "no_proxy" not in os.environ
+    monkeypatch.undo()
+    assert wait_for_sessions(server) == 0
 
 
 def _without_ids(messages):

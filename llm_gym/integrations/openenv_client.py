@@ -35,6 +35,7 @@ import json
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -52,6 +53,7 @@ from llm_gym.integrations.openenv_protocol import (
 
 try:
     from openenv.core.generic_client import GenericEnvClient
+    from websockets.asyncio.client import connect as ws_connect
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
@@ -69,6 +71,12 @@ MAX_LISTING_BYTES = 64 * 1024 * 1024
 """The largest task listing read (``GET /llm_gym/tasks``)."""
 MAX_LISTING_VALUES = 1_000_000
 """The most JSON values in a task listing (counted before it is parsed)."""
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine (never reached through a proxy)."""
+    return (urlsplit(url).hostname or "").lower() in LOOPBACK_HOSTS
 
 
 class _Client(GenericEnvClient):
@@ -77,9 +85,31 @@ class _Client(GenericEnvClient):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options, max_message_size_mb=MAX_FRAME_BYTES / 2**20)
 
+    async def connect(self) -> _Client:
+        """Open the WebSocket, as openenv's ``connect`` does, with two differences, both for
+        the cost of one session per episode: openenv sets and restores ``NO_PROXY`` around
+        every connection for loopback (a process-wide change that overlapping connections can
+        leave behind), where this passes ``proxy=None`` for a loopback host (other hosts keep
+        websockets' own proxy lookup); and frames are not compressed (permessage-deflate cost
+        the client about a tenth of its CPU per call on loopback, for frames of a few KB)."""
+        if self._ws is not None:
+            return self
+        try:
+            self._ws = await ws_connect(
+                self._ws_url,
+                open_timeout=self._connect_timeout,
+                max_size=self._max_message_size,
+                compression=None,
+                proxy=None if is_loopback(self._ws_url) else True,
+            )
+        except Exception as exc:
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        return self
+
     async def _receive(self) -> dict[str, Any]:
         assert self._ws is not None
-        raw = await asyncio.wait_for(self._ws.recv(), timeout=self._message_timeout)
+        async with asyncio.timeout(self._message_timeout):  # no task per call, as wait_for has
+            raw = await self._ws.recv()
         frame = read_frame(raw)[0]
         if not isinstance(frame.get("data", {}), dict):
             raise InvalidArgumentError("The frame's data must be a JSON object.")
@@ -159,7 +189,8 @@ class RemoteEnv(Env):
         session."""
         limit = getattr(self, timeout_name)
         try:
-            return await asyncio.wait_for(coro, limit)
+            async with asyncio.timeout(limit):
+                return await coro
         except TimeoutError:
             await self._drop()
             raise RemoteEnvError(
@@ -349,7 +380,8 @@ class RemoteTasks:
         deadline, body = time.monotonic() + self.timeout_s, bytearray()
         try:
             with httpx.stream("GET", f"{url}/llm_gym/tasks", params={"split": split},
-                              timeout=self.timeout_s) as answer:  # fmt: skip
+                              timeout=self.timeout_s,
+                              trust_env=not is_loopback(url)) as answer:  # fmt: skip
                 if answer.status_code == 404:
                     return None
                 for chunk in answer.iter_bytes():

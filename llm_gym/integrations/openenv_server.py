@@ -110,8 +110,9 @@ def build_env_app(
         tasks = tuple(entry.tasks(split, **options))
         return tasks, {task_key(t, i): t for i, t in enumerate(tasks)}
 
-    def factory() -> ServedEnv:
-        return ServedEnv(entry, options, step_timeout_s, catalog)
+    # A partial of the class, not a function: OpenEnv reads the class's settings through it
+    # (ServedEnv.REQUIRES_SINGLE_THREAD_EXECUTOR).
+    factory = functools.partial(ServedEnv, entry, options, step_timeout_s, catalog)
 
     # OpenEnv's server and routes (/ws, /reset, /step, /state, /schema, /metadata, /health),
     # on a plain FastAPI app: create_app would add the optional Gradio UI, and we need the

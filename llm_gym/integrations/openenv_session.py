@@ -55,6 +55,11 @@ class ServedEnv(Environment):
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
+    """OpenEnv then makes and closes every session's ServedEnv on one shared worker thread,
+    instead of starting a thread per session (a quarter of the server's CPU when each episode
+    is a session). Nothing of ours blocks that thread: the env itself is made, played and
+    closed on the event loop, and :meth:`close` only schedules the closing there."""
 
     def __init__(
         self, entry: Any, task_options: Mapping[str, Any], step_timeout_s: float, catalog: Catalog
@@ -229,24 +234,26 @@ class ServedEnv(Environment):
         )
 
     def close(self) -> None:
-        """End the session: close the running episode's env, on the loop it was started on
-        (OpenEnv calls this from a worker thread when the session ends); later resets and
-        steps are refused."""
+        """End the session: the running episode's env is closed on the loop it was started on
+        (OpenEnv calls this from its worker thread when the session ends; the closing is
+        scheduled there, not waited for, so one slow close holds up no other session); later
+        resets and steps are refused."""
         self._closed = True
         if self._env is None:
             return
         loop = self._loop
         if loop is not None and loop.is_running():
             if _running_loop() is loop:
-                task = loop.create_task(self._close_episode())
-                _CLOSING.add(task)
-                task.add_done_callback(_CLOSING.discard)
-                return
-            future = asyncio.run_coroutine_threadsafe(self._close_episode(), loop)
-            with contextlib.suppress(Exception):
-                future.result(self.step_timeout_s + 1)
+                self._schedule_close()
+            else:
+                loop.call_soon_threadsafe(self._schedule_close)
             return
         LoopRunner().run(self._close_episode())
+
+    def _schedule_close(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._close_episode())
+        _CLOSING.add(task)  # kept until it finishes
+        task.add_done_callback(_CLOSING.discard)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
