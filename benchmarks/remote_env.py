@@ -417,6 +417,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         collection = run_collection(url, args)
     finally:
         stop_server(process)
+        pin_threads(args.threads)  # the collection set its own; the record ends as it began
     summary = {
         "conditions": conditions.finish().as_json(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

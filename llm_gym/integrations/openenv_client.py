@@ -86,21 +86,24 @@ class _Client(GenericEnvClient):
         super().__init__(**options, max_message_size_mb=MAX_FRAME_BYTES / 2**20)
 
     async def connect(self) -> _Client:
-        """Open the WebSocket, as openenv's ``connect`` does, with two differences, both for
-        the cost of one session per episode: openenv sets and restores ``NO_PROXY`` around
-        every connection for loopback (a process-wide change that overlapping connections can
-        leave behind), where this passes ``proxy=None`` for a loopback host (other hosts keep
-        websockets' own proxy lookup); and frames are not compressed (permessage-deflate cost
-        the client about a tenth of its CPU per call on loopback, for frames of a few KB)."""
+        """Open the WebSocket as openenv's ``connect`` does, but cheaper per session (one per
+        episode): openenv sets and restores ``NO_PROXY`` around every loopback connection (a
+        process-wide change that overlapping connections leave behind), where this tells the
+        connection itself: no proxy and no keepalive pings on loopback (other hosts keep
+        websockets' proxy lookup and pings; every call has its deadline anyway); and frames
+        are not compressed (permessage-deflate cost the client about a tenth of its CPU per
+        call, for frames of a few KB)."""
         if self._ws is not None:
             return self
+        local = is_loopback(self._ws_url)
         try:
             self._ws = await ws_connect(
                 self._ws_url,
                 open_timeout=self._connect_timeout,
                 max_size=self._max_message_size,
                 compression=None,
-                proxy=None if is_loopback(self._ws_url) else True,
+                proxy=None if local else True,
+                ping_interval=None if local else 20.0,
             )
         except Exception as exc:
             raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
