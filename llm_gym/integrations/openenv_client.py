@@ -35,7 +35,6 @@ import json
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -46,18 +45,8 @@ from llm_gym.errors import InvalidArgumentError, RemoteEnvError
 from llm_gym.gym.registration import register_env
 from llm_gym.gym.text_env import TextEnv
 from llm_gym.integrations.openenv_checks import check_listing, check_observation
-from llm_gym.integrations.openenv_protocol import (
-    MAX_FRAME_BYTES,
-    read_frame,
-)
-
-try:
-    from openenv.core.generic_client import GenericEnvClient
-    from websockets.asyncio.client import connect as ws_connect
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
-    ) from exc
+from llm_gym.integrations.openenv_connection import SessionClient, is_loopback
+from llm_gym.integrations.openenv_protocol import read_frame
 
 __all__ = ["RemoteEnv", "RemoteEnvFactory", "RemoteTasks", "make_text_env", "register_remote_env"]
 
@@ -71,69 +60,6 @@ MAX_LISTING_BYTES = 64 * 1024 * 1024
 """The largest task listing read (``GET /llm_gym/tasks``)."""
 MAX_LISTING_VALUES = 1_000_000
 """The most JSON values in a task listing (counted before it is parsed)."""
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url``'s host is this machine (never reached through a proxy)."""
-    return (urlsplit(url).hostname or "").lower() in LOOPBACK_HOSTS
-
-
-class _Client(GenericEnvClient):
-    """openenv's dict client: every frame read by ``read_frame``, a close bounded in time."""
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options, max_message_size_mb=MAX_FRAME_BYTES / 2**20)
-
-    async def connect(self) -> _Client:
-        """Open the WebSocket as openenv's ``connect`` does, but cheaper per session (one per
-        episode): openenv sets and restores ``NO_PROXY`` around every loopback connection (a
-        process-wide change that overlapping connections leave behind), where this tells the
-        connection itself: no proxy and no keepalive pings on loopback (other hosts keep
-        websockets' proxy lookup and pings; every call has its deadline anyway); and frames
-        are not compressed (permessage-deflate cost the client about a tenth of its CPU per
-        call, for frames of a few KB)."""
-        if self._ws is not None:
-            return self
-        local = is_loopback(self._ws_url)
-        try:
-            self._ws = await ws_connect(
-                self._ws_url,
-                open_timeout=self._connect_timeout,
-                max_size=self._max_message_size,
-                compression=None,
-                proxy=None if local else True,
-                ping_interval=None if local else 20.0,
-            )
-        except Exception as exc:
-            raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
-        return self
-
-    async def _receive(self) -> dict[str, Any]:
-        assert self._ws is not None
-        async with asyncio.timeout(self._message_timeout):  # no task per call, as wait_for has
-            raw = await self._ws.recv()
-        frame = read_frame(raw)[0]
-        if not isinstance(frame.get("data", {}), dict):
-            raise InvalidArgumentError("The frame's data must be a JSON object.")
-        return frame
-
-    async def close_session(self, timeout_s: float) -> None:
-        """Send ``close`` and wait up to ``timeout_s`` for the server to close the socket (it
-        ends the session then), so neither side closes into the other (a server-side error in
-        the log); then, or at once when ``timeout_s`` is 0, the connection is cut."""
-        ws, self._ws = self._ws, None
-        if ws is None:
-            return
-        try:
-            if timeout_s > 0:
-                async with asyncio.timeout(timeout_s):
-                    await ws.send(json.dumps({"type": "close"}))
-                    await ws.wait_closed()
-        except Exception:  # a server that does not close in time is cut off below
-            pass
-        finally:
-            ws.transport.abort()
 
 
 class RemoteEnv(Env):
@@ -252,7 +178,7 @@ class RemoteEnv(Env):
     # --- the episode --------------------------------------------------------------------------
     async def reset(self, task: Task) -> list[Message]:
         await self.close()
-        self._client = _Client(
+        self._client = SessionClient(
             base_url=self.base_url,
             connect_timeout_s=self.connect_timeout_s,
             message_timeout_s=self.call_timeout_s,
