@@ -73,6 +73,36 @@ def test_run_and_report_oracle_and_random(tmp_path) -> None:
     assert rand.tasks == 10 and rand.metrics["episodes"] == 40
     assert rand.metrics["success_rate"] < 0.1
     assert "success rate" in rand.format_table()
+    # success per kind of task: ToolUseGame's tasks name theirs
+    kinds = {e.task.metadata["type"] for e in oracle.episodes}
+    assert set(record["by_type"]) == kinds and len(kinds) >= 3
+    assert sum(v["episodes"] for v in record["by_type"].values()) == 40
+    assert all(v["success_rate"] == 1.0 for v in oracle.by_type.values())
+    assert "  on lookup_arith" in oracle.format_table()
+
+
+def test_success_by_type_counts_each_named_kind() -> None:
+    from types import SimpleNamespace as NS
+
+    from llm_gym.eval import success_by_type
+
+    def episode(metadata, reward):
+        return NS(task=NS(metadata=metadata), reward=reward, metrics={})
+
+    episodes = [
+        episode({"type": "compare"}, 1.0),
+        episode({"type": "compare"}, 0.0),
+        episode({"type": "compare"}, 1.0),
+        episode({"type": "lookup"}, 0.5),
+        episode({"type": 3}, 1.0),  # not a name: not counted
+        episode({}, 1.0),
+    ]
+    assert success_by_type(episodes) == {
+        "compare": {"episodes": 3.0, "success_rate": 2 / 3},
+        "lookup": {"episodes": 1.0, "success_rate": 0.0},
+    }
+    assert success_by_type(episodes, threshold=0.5)["lookup"]["success_rate"] == 1.0
+    assert success_by_type([episode({}, 1.0)]) == {}
 
 
 def test_cli_eval_writes_a_record(tmp_path) -> None:

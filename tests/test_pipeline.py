@@ -213,6 +213,19 @@ evaluation:
     assert summary["evaluation"]["greedy"]["tasks"] == 2
 
 
+def test_sft_tasks_can_ask_each_question_in_several_worlds() -> None:
+    from trainers.pipeline import _sft_tasks
+
+    entry = env_entry("ToolUseGame-v0")
+    tasks = _sft_tasks(entry, 16, 0, {"world_seed": "varied"}, {"worlds_per_question": 4})
+    assert len(tasks) == 16 and len({t.prompt for t in tasks}) == 4
+    assert len({(t.prompt, t.metadata["world_seed"]) for t in tasks}) == 16
+    held_out = {t.prompt for split in ("train", "val", "test") for t in entry.tasks(split)}
+    assert not held_out & {t.prompt for t in tasks}
+    with pytest.raises(InvalidArgumentError, match="needs a task generator"):
+        _sft_tasks(env_entry("RG-ChainSum-v0"), 4, 0, None, {"worlds_per_question": 4})
+
+
 def test_config_refuses_bad_variants_and_an_unknown_demonstrator(tmp_path) -> None:
     with pytest.raises(InvalidArgumentError, match="evaluation.variants must map"):
         EvalSettings(variants={"new_world": 1})

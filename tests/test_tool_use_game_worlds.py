@@ -89,6 +89,35 @@ def test_varied_worlds_put_each_task_in_a_training_world() -> None:
     assert generate_tasks(3, 40, "varied") == generate_tasks(3, 40, "varied")
 
 
+def test_worlds_per_question_asks_each_question_in_fresh_worlds() -> None:
+    tasks = generate_tasks(7, 12, "varied", worlds_per_question=4)
+    runs = [tasks[i : i + 4] for i in range(0, 12, 4)]
+    assert len(tasks) == 12 and len({run[0].prompt for run in runs}) == 3
+    for run in runs:
+        assert {t.prompt for t in run} == {run[0].prompt}
+        assert len({t.metadata["world_seed"] for t in run}) == 4
+        assert all(t.metadata["world_seed"] in TRAINING_WORLD_SEEDS for t in run)
+    # each is a task of its own world: its target is that world's, which the oracle reaches
+    assert [_play(t)[0] for t in tasks] == [1.0] * 12
+    assert any(len({t.target for t in run}) > 1 for run in runs)
+    again = generate_tasks(7, 12, "varied", worlds_per_question=4)
+    assert [(t.prompt, t.target, t.metadata) for t in again] == [
+        (t.prompt, t.target, t.metadata) for t in tasks
+    ]
+    assert generate_tasks(7, 5, "varied", worlds_per_question=4)[4].prompt == runs[1][0].prompt
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "2"])
+def test_a_bad_worlds_per_question_is_a_clear_error(bad) -> None:
+    with pytest.raises(InvalidArgumentError, match="worlds_per_question must be an int >= 1"):
+        generate_tasks(0, 4, "varied", worlds_per_question=bad)
+
+
+def test_repeating_a_question_needs_varied_worlds() -> None:
+    with pytest.raises(InvalidArgumentError, match="only with world_seed='varied'"):
+        generate_tasks(0, 4, NEW_WORLD_SEED, worlds_per_question=2)
+
+
 @pytest.mark.parametrize("bad", [-1, "elsewhere", 1.5, True, None])
 def test_a_bad_world_seed_is_a_clear_error(bad) -> None:
     with pytest.raises(InvalidArgumentError, match="world_seed"):

@@ -72,7 +72,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
         print(f"== 2/5 SFT warm start on {config.sft.episodes} demonstrations", flush=True)
         t = time.perf_counter()
-        sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed, config.task_options)
+        sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
+                               config.sft.task_options)  # fmt: skip
         made: dict[tuple[str | None, str], Any] = {}  # one dataset per distinct demonstrator
 
         def demonstrations(spec: str | None, options: dict[str, Any] | None) -> Any:
@@ -325,7 +326,11 @@ def _short_share(sft: SFTSettings) -> float:
 
 
 def _sft_tasks(
-    entry: Any, episodes: int, seed: int, options: dict[str, Any] | None = None
+    entry: Any,
+    episodes: int,
+    seed: int,
+    options: dict[str, Any] | None = None,
+    generator_options: dict[str, Any] | None = None,
 ) -> list[Any]:
     """``episodes`` distinct tasks for the SFT warm start, none of them in any split.
 
@@ -334,7 +339,8 @@ def _sft_tasks(
     reading the tool results, and reinforcing that does not carry over to held-out tasks (we
     measured GRPO on SFT-seen tasks lowering held-out success). The tasks come from the env's
     seeded generator (``generate_tasks(seed, n)`` beside its task source); an env without one
-    uses its train split (cycled). ``options`` go to both (``{"world_seed": "varied"}``)."""
+    uses its train split (cycled). ``options`` go to both (``{"world_seed": "varied"}``),
+    ``generator_options`` to the generator alone (``{"worlds_per_question": 8}``)."""
     import importlib
 
     from trainers.sft_data import disjoint_tasks
@@ -349,9 +355,14 @@ def _sft_tasks(
         else None
     )
     if generate is None:
+        if generator_options:
+            raise InvalidArgumentError(
+                f"sft.task_options={generator_options!r} needs a task generator, and "
+                f"{entry.id} has none (a generate_tasks beside its task source)."
+            )
         return [train[i % len(train)] for i in range(episodes)]
-    if options:
-        generate = functools.partial(generate, **options)
+    if options or generator_options:
+        generate = functools.partial(generate, **options, **(generator_options or {}))
     held_out = [*train, *entry.tasks("val"), *entry.tasks("test")]
     return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
 

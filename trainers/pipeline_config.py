@@ -70,6 +70,10 @@ class SFTSettings:
     demonstrations there; the full phase's ``oracle`` sets the habits."""
     short_context_oracle_options: dict[str, Any] | None = None
     """Options of ``short_context_oracle`` (as ``oracle_options``)."""
+    task_options: dict[str, Any] | None = None
+    """Options of the SFT tasks' generator on top of the job's ``task_options`` (ToolUseGame:
+    ``{worlds_per_question: 8}``, each question asked in 8 worlds, so its answer must be read
+    from the tool results, not recalled); None: the job's alone."""
     only_successful: bool = True
     """Keep only the demonstrations that succeed (False: keep the failed ones too, as an
     imperfect demonstrator's data would)."""

@@ -205,19 +205,13 @@ def disjoint_tasks(
 ) -> list[Task]:
     """Up to ``n`` extra tasks from ``generate(seed, m)`` whose prompts are not in ``exclude``.
 
-    For more distinct training tasks than a split holds (``exclude`` = the val and test tasks,
-    and the train tasks to avoid duplicates); draws ``2 n`` and keeps the first ``n`` disjoint
-    ones (fewer when the task space runs out).
+    For more training tasks than a split holds (``exclude`` = the val and test tasks, and the
+    train tasks to avoid duplicates); draws ``2 n`` and keeps the first ``n`` disjoint ones
+    (fewer when the task space runs out). A prompt ``generate`` repeats (one question asked in
+    several worlds) is kept each time: distinct tasks are ``generate``'s contract.
     """
     banned = {t.prompt if isinstance(t, Task) else str(t) for t in exclude}
-    out = []
-    for task in generate(seed, 2 * n):
-        if task.prompt not in banned:
-            banned.add(task.prompt)
-            out.append(task)
-            if len(out) == n:
-                break
-    return out
+    return [task for task in generate(seed, 2 * n) if task.prompt not in banned][:n]
 
 
 def short_context_dataset(dataset: Dataset) -> Dataset:

@@ -10,6 +10,7 @@ from llm_gym.eval.metrics import (
     mean_pass_at_k,
     paired_difference_interval,
     pass_at_k,
+    success_by_type,
     summarize_episodes,
     wilson_interval,
 )
@@ -26,5 +27,6 @@ __all__ = [
     "wilson_interval",
     "paired_difference_interval",
     "summarize_episodes",
+    "success_by_type",
     "is_success",
 ]

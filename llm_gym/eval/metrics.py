@@ -15,6 +15,7 @@ __all__ = [
     "pass_at_k",
     "mean_pass_at_k",
     "summarize_episodes",
+    "success_by_type",
     "is_success",
 ]
 
@@ -161,3 +162,27 @@ def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[
         summary[f"{cause.value}_ratio"] = sum(e.truncation_cause is cause for e in episodes) / n
     summary["env_truncated_ratio"] = summary["env_ratio"]
     return summary
+
+
+def success_by_type(episodes: Sequence[Any], threshold: float = 1.0) -> dict[str, dict[str, float]]:
+    """Success per kind of task, for tasks that name theirs (``task.metadata["type"]``, a
+    string: ToolUseGame's ``lookup``, ``compare``, ...): ``{type: {"episodes": n,
+    "success_rate": r}}`` in sorted order; empty when no task names one. A mean over the whole
+    split can hide that all the successes are on one easy kind.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> def ep(kind, reward):
+        ...     return NS(task=NS(metadata={"type": kind}), reward=reward, metrics={})
+        >>> success_by_type([ep("a", 1.0), ep("a", 0.0), ep("b", 0.0)])
+        {'a': {'episodes': 2.0, 'success_rate': 0.5}, 'b': {'episodes': 1.0, 'success_rate': 0.0}}
+    """
+    kinds: dict[str, list[bool]] = {}
+    for episode in episodes:
+        kind = getattr(getattr(episode, "task", None), "metadata", {}).get("type")
+        if isinstance(kind, str):
+            kinds.setdefault(kind, []).append(is_success(episode, threshold))
+    return {
+        kind: {"episodes": float(len(hits)), "success_rate": sum(hits) / len(hits)}
+        for kind, hits in sorted(kinds.items())
+    }

@@ -19,7 +19,7 @@ from typing import Any
 from llm_gym.core.registry import EnvEntry, as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.eval.metrics import is_success, mean_pass_at_k, summarize_episodes
+from llm_gym.eval.metrics import is_success, mean_pass_at_k, success_by_type, summarize_episodes
 from llm_gym.policies.base import Policy
 from llm_gym.policies.registry import policy_from_spec
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
@@ -68,6 +68,9 @@ class EvalReport:
     metrics: dict[str, float]
     """See :func:`~llm_gym.eval.metrics.summarize_episodes`, plus ``pass_at_k`` and
     ``episodes_per_second``."""
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Success per kind of task (:func:`~llm_gym.eval.metrics.success_by_type`; empty when the
+    tasks name no kind)."""
     date: str = ""
     """When it ran (UTC, ISO 8601)."""
     machine: str = ""
@@ -118,6 +121,11 @@ class EvalReport:
             ),
             ("episodes per second", f"{m['episodes_per_second']:.1f}"),
         ]
+        by_type = [
+            (f"  on {kind}", f"{v['success_rate']:.3f} ({int(v['episodes'])} episodes)")
+            for kind, v in self.by_type.items()
+        ]
+        rows[4:4] = by_type  # under the success rate
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -228,6 +236,7 @@ def run_and_report(
         policy=policy.describe(),
         settings=settings,
         metrics=metrics,
+        by_type=success_by_type(flat, success_threshold),
         date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         machine=machine_name(),
         wall_time_s=wall,

@@ -28,29 +28,12 @@ from llm_gym.errors import InvalidArgumentError, ToolArgumentError
 from llm_gym.tools.arithmetic import format_number, safe_eval
 from llm_gym.tools.calculator import CalculatorTool
 
-__all__ = [
-    "ATTRIBUTES",
-    "DEFAULT_WORLD_SEED",
-    "FACTS",
-    "NEW_WORLD_SEED",
-    "SPLIT_SIZES",
-    "SYSTEM_PROMPT",
-    "TOOL_USE_GAME_TASKS",
-    "TOWNS",
-    "TRAINING_WORLD_SEEDS",
-    "VERSION",
-    "ToolUseGameEnv",
-    "WorldLookup",
-    "WorldSeed",
-    "generate_tasks",
-    "get_tasks",
-    "list_fact_keys",
-    "look_up",
-    "lookup",
-    "oracle_action",
-    "task_world",
-    "world_facts",
-]
+# fmt: off
+__all__ = ["ATTRIBUTES", "DEFAULT_WORLD_SEED", "FACTS", "NEW_WORLD_SEED", "SPLIT_SIZES",
+           "SYSTEM_PROMPT", "TOOL_USE_GAME_TASKS", "TOWNS", "TRAINING_WORLD_SEEDS", "VERSION",
+           "ToolUseGameEnv", "WorldLookup", "WorldSeed", "generate_tasks", "get_tasks",
+           "list_fact_keys", "look_up", "lookup", "oracle_action", "task_world", "world_facts"]
+# fmt: on
 
 # --- constants -----------------------------------------------------------------------------------
 
@@ -254,16 +237,45 @@ def _world_draw(seed: int, world_seed: WorldSeed) -> Callable[[], int]:
     return lambda: world_seed  # type: ignore[return-value]
 
 
-def generate_tasks(seed: int, n: int, world_seed: WorldSeed = DEFAULT_WORLD_SEED) -> list[Task]:
+def generate_tasks(
+    seed: int, n: int, world_seed: WorldSeed = DEFAULT_WORLD_SEED, worlds_per_question: int = 1
+) -> list[Task]:
     """``n`` distinct tasks (no two share a prompt) drawn from a ``random.Random(seed)``.
 
     A pure function of its arguments: the same seed always gives the same list, and the same
     questions in every world (``world_seed``: an int, or ``"varied"`` for a fresh world per
     task; a task outside the default world carries ``metadata["world_seed"]``).
+
+    ``worlds_per_question`` > 1 (with ``world_seed="varied"``) asks each question that many
+    times in a row, each in a fresh world: the answer can't be recalled from the question, only
+    read from the tool results (on distinct questions a small model learns answers, not that).
     """
+    if type(worlds_per_question) is not int or worlds_per_question < 1 or (
+            worlds_per_question > 1 and world_seed != "varied"):  # fmt: skip
+        raise InvalidArgumentError(
+            "worlds_per_question must be an int >= 1, and above 1 only with world_seed='varied'"
+            f"; actual values: {worlds_per_question!r} and {world_seed!r}."
+        )
     rng = random.Random(seed)
     world = _world_draw(seed, world_seed)
-    return distinct_tasks(lambda: _one_task(rng, world()), n)
+    if worlds_per_question == 1:
+        return distinct_tasks(lambda: _one_task(rng, world()), n)
+    starts: dict[str, Any] = {}  # a question's prompt -> the generator's state that drew it
+
+    def draw() -> Task:
+        state = rng.getstate()
+        task = _one_task(rng, world())
+        starts.setdefault(task.prompt, state)
+        return task
+
+    tasks = []
+    for question in distinct_tasks(draw, -(-n // worlds_per_question)):
+        tasks.append(question)
+        for _ in range(worlds_per_question - 1):  # the question drawn again, in another world
+            replay = random.Random()
+            replay.setstate(starts[question.prompt])
+            tasks.append(_one_task(replay, world()))
+    return tasks[:n]
 
 
 @functools.lru_cache(maxsize=16)
