@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -383,6 +384,32 @@ def test_a_hung_or_dead_server_ends_only_its_episodes() -> None:
     [[dead]] = collect_groups(RemoteEnvFactory(url, call_timeout_s=0.5), tasks[:1], Texts(["0"]),
                               max_turns=2)  # fmt: skip
     assert dead.truncation_cause == TruncationCause.ENV and "connect failed" in dead.error
+
+
+class SlowClose(Sleepy):
+    """Takes a while to close (an env with a process or a sandbox to stop)."""
+
+    async def close(self):
+        await asyncio.sleep(0.3)
+        SlowClose.closed += 1
+
+
+def test_stopping_the_server_finishes_closing_the_envs_of_open_sessions() -> None:
+    register_env("SlowClose-v0", env=SlowClose, tasks=[Task("t", id=f"t{i}") for i in range(3)])
+    SlowClose.closed = 0
+    server = serve_env("SlowClose-v0", port=0)
+    clients = [GenericEnvClient(base_url=server.url).sync() for _ in range(3)]
+    try:
+        for i, client in enumerate(clients):
+            client.connect()
+            client.reset(task_id=f"t{i}")
+        assert SlowClose.closed == 0
+    finally:
+        server.close()  # the three sessions are still open
+    assert SlowClose.closed == 3
+    for client in clients:
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def test_the_server_closes_an_env_whose_step_outlasts_its_timeout() -> None:

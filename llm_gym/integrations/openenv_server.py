@@ -50,6 +50,7 @@ from llm_gym.integrations.openenv_protocol import (
 from llm_gym.integrations.openenv_session import (
     ServedEnv,
     ServedEnvError,
+    finish_closing,
 )
 from llm_gym.serving.threaded import ThreadedServer, http_url
 
@@ -127,6 +128,8 @@ def build_env_app(
         concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions),
     )
     server.register_routes(app)
+    # After OpenEnv's own shutdown step (which drains the thread that ends sessions).
+    app.router.on_shutdown.append(functools.partial(finish_closing, step_timeout_s + 1))
     for error, status in ((InvalidArgumentError, 422), (TimeoutError, 504), (ServedEnvError, 500)):
         app.add_exception_handler(error, functools.partial(_error_answer, status))
     app.add_middleware(FrameGuard, idle_timeout_s=idle_timeout_s)

@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
     ) from exc
 
-__all__ = ["CLOSED", "NO_EPISODE", "Catalog", "ServedEnv", "ServedEnvError"]
+__all__ = ["CLOSED", "NO_EPISODE", "Catalog", "ServedEnv", "ServedEnvError", "finish_closing"]
 
 CLOSED = "This session is closed (idle too long, or the server is stopping): open a new one."
 NO_EPISODE = (
@@ -254,6 +254,17 @@ class ServedEnv(Environment):
         task = asyncio.get_running_loop().create_task(self._close_episode())
         _CLOSING.add(task)  # kept until it finishes
         task.add_done_callback(_CLOSING.discard)
+
+
+async def finish_closing(timeout_s: float) -> None:
+    """Wait, up to ``timeout_s``, for the episode closes that ended sessions scheduled on this
+    loop (:meth:`ServedEnv.close` does not wait for them): the server's last shutdown step, so
+    an env that holds resources is closed before its loop goes away."""
+    await asyncio.sleep(0)  # closes handed over from OpenEnv's thread get scheduled first
+    loop = asyncio.get_running_loop()
+    pending = [task for task in _CLOSING if task.get_loop() is loop and not task.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout_s)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
