@@ -133,7 +133,7 @@ def build_sft_trainer(
     output_dir: str | os.PathLike[str],
     dataset: Dataset,
     *,
-    learning_rate: float = 2e-3,
+    learning_rate: float = 5e-4,
     num_train_epochs: float = 1.0,
     max_steps: int | None = None,
     per_device_train_batch_size: int = 32,
@@ -256,7 +256,7 @@ def sft_warm_start(
     output_dir: str | os.PathLike[str],
     dataset: Dataset,
     *,
-    learning_rate: float = 2e-3,
+    learning_rate: float = 5e-4,
     num_train_epochs: float = 1.0,
     max_steps: int | None = None,
     per_device_train_batch_size: int = 32,
@@ -289,7 +289,9 @@ def sft_warm_start(
         dataset: Conversational rows (``messages``, ``tools``) of :mod:`trainers.sft_data`
             (:func:`oracle_sft_dataset`, :func:`sft_dataset_from_multi_turn`). Other columns are
             ignored.
-        learning_rate: Peak learning rate.
+        learning_rate: Peak learning rate. The default suits the embedded tiny model: at 2e-3 it
+            learns tool names and keys but never learns to copy a number from a tool result
+            (the loss stalls near 0.2); at 5e-4 copying appears within a few hundred steps.
         num_train_epochs: Epochs over ``dataset`` (when ``max_steps`` is None).
         max_steps: Optimizer steps (overrides ``num_train_epochs``).
         per_device_train_batch_size: Conversations per step (times ``gradient_accumulation_steps``).
