@@ -14,7 +14,9 @@ Each at 0 s, 0.1 s and 1 s of simulated latency per tool call (``ToolUseGameEnv(
 awaited: episodes wait concurrently). Every run trains the same model from the same weights for
 the same number of steps (same tasks, budgets, rewards, threads); the first two steps are a
 warm-up (async workers fill their pipeline meanwhile) and are not timed. Reported per contender
-and latency, medians over rounds with their range:
+and latency, medians over rounds with their order-statistic interval (min-max at 5 rounds, coverage
+94%), the speed-up as the best async contender's median over the faster lockstep's with a paired
+bootstrap 95% interval over rounds:
 optimizer steps per hour; trainer utilisation (1 - the share of a step spent waiting for
 rollouts); generator utilisation (async: 1 - engine idle time / wall time; lockstep: collection
 time / step time); staleness; dropped groups; and held-out sampled success after training (test
@@ -38,12 +40,14 @@ from typing import Any
 from benchmarks.common import (
     RESULTS_DIR,
     Conditions,
+    check_repeats,
     default_model,
     machine_description,
     sampled_success,
     thread_settings,
     write_markdown,
 )
+from benchmarks.stats import median_interval, ratio_interval
 
 MODES = ("SYNCHRONOUS", "BACKGROUND_PUBLISH", "PIPELINE")
 
@@ -54,7 +58,8 @@ class Args:
     """The SFT model (None: the main job's, from outputs/ or the benchmark cache)."""
     latencies: tuple[float, ...] = (0.0, 0.1, 1.0)
     """Simulated seconds per tool call."""
-    rounds: int = 2
+    rounds: int = 5
+    """Interleaved rounds (at least 5 unless --quick)."""
     """Interleaved rounds (each runs every contender at every latency)."""
     steps: int = 8
     """Optimizer steps per run (the first two are a warm-up)."""
@@ -188,19 +193,28 @@ def utilisation(run: Run) -> tuple[float, float]:
     return 1 - rollout / step, rollout / step
 
 
+def steps_per_hour(runs: list[Run]) -> list[float]:
+    """Optimizer steps per hour of each run (from its median step), in round order; the rounds
+    pair one contender's runs with another's."""
+    ordered = sorted((r for r in runs if r.step_seconds), key=lambda r: r.round)
+    return [3600 / statistics.median(r.step_seconds) for r in ordered]
+
+
 def summarise(runs: list[Run], args: Args) -> dict[str, Any]:
     entries = []
     keys = sorted({(r.contender, r.latency) for r in runs}, key=lambda k: (k[1], k[0]))
     for contender, latency in keys:
         mine = [r for r in runs if r.contender == contender and r.latency == latency]
-        per_round = [3600 / statistics.median(r.step_seconds) for r in mine if r.step_seconds]
+        per_round = steps_per_hour(mine)
+        rate = median_interval(per_round)
         trainer_u, generator_u = zip(*(utilisation(r) for r in mine), strict=True)
         entries.append(
             {
                 "contender": contender,
                 "latency_s": latency,
-                "steps_per_hour": statistics.median(per_round),
-                "steps_per_hour_range": [min(per_round), max(per_round)],
+                "steps_per_hour": rate.median,
+                "steps_per_hour_ci": [rate.low, rate.high],
+                "steps_per_hour_per_round": per_round,
                 "trainer_utilisation": statistics.median(trainer_u),
                 "generator_utilisation": statistics.median(generator_u),
                 "staleness_mean": statistics.median(
@@ -222,9 +236,14 @@ def summarise(runs: list[Run], args: Args) -> dict[str, Any]:
 
     speedups = {}
     for latency in args.latencies:
-        speedups[str(latency)] = (
-            best("async", latency)["steps_per_hour"] / best("lockstep", latency)["steps_per_hour"]
-        )
+        fast, lock = best("async", latency), best("lockstep", latency)
+        speedups[str(latency)] = {
+            **ratio_interval(
+                fast["steps_per_hour_per_round"], lock["steps_per_hour_per_round"]
+            ).as_json(),
+            "async": fast["contender"],
+            "lockstep": lock["contender"],
+        }
     top = max(args.latencies)
     return {
         "speedup_with_latency": speedups[str(top)],
@@ -245,7 +264,8 @@ def render(summary: dict[str, Any], args: Args, model: str, seconds: float) -> s
         f"tasks x {args.episodes_per_task} episodes, max {args.max_turns} turns, "
         f"{args.max_tokens_per_turn} tokens a turn, dapo loss, lr {args.learning_rate}, "
         "from the same SFT weights. "
-        f"{args.rounds} interleaved rounds; medians, [min, max] over rounds. Async: "
+        f"{args.rounds} interleaved rounds (the order reversed every other round); steps per hour: "
+        "median over rounds [order-statistic interval: min-max at 5 rounds, coverage 94%]. Async: "
         f"max_steps_off_policy=2 and {3 * args.batch_size} groups in flight (`-off1`: 1 and "
         f"{2 * args.batch_size}); generator and trainer each get one of the two cores' torch "
         "threads (the default split). Held-out success: test split, "
@@ -257,7 +277,7 @@ def render(summary: dict[str, Any], args: Args, model: str, seconds: float) -> s
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for e in summary["entries"]:
-        low, high = e["steps_per_hour_range"]
+        low, high = e["steps_per_hour_ci"]
         s_low, s_high = e["success_interval"]
         lines.append(
             f"| {e['latency_s']:g} s | {e['contender']} | {e['steps_per_hour']:.0f} "
@@ -266,9 +286,18 @@ def render(summary: dict[str, Any], args: Args, model: str, seconds: float) -> s
             f"({e['staleness_max']:.0f}) | {e['dropped_stale_ratio']:.1%} | "
             f"{e['success']:.3f} [{s_low:.3f}, {s_high:.3f}] |"
         )
-    lines += ["", "Best async contender over the faster lockstep, steps per hour:", ""]
+    lines += [
+        "",
+        "Best async contender over the faster lockstep, steps per hour (ratio of medians, paired "
+        "bootstrap 95% interval over rounds):",
+        "",
+    ]
     for latency, ratio in summary["speedup_by_latency"].items():
-        lines.append(f"- {float(latency):g} s per tool call: **{ratio:.2f}x**")
+        lines.append(
+            f"- {float(latency):g} s per tool call: **{ratio['median']:.2f}x** "
+            f"[{ratio['ci'][0]:.2f}, {ratio['ci'][1]:.2f}] ({ratio['async']} over "
+            f"{ratio['lockstep']})"
+        )
     lines += ["", "Targets:", ""] + [f"- {line}" for line in targets(summary)]
     return "\n".join(lines) + "\n"
 
@@ -287,17 +316,21 @@ def targets(summary: dict[str, Any]) -> list[str]:
     best_lock = max(at(top, "lockstep"), key=lambda e: e["steps_per_hour"])
     intervals = [e["success_interval"][0] for e in at(top, "lockstep")]
     held = best_async["success"] >= min(intervals)
-    with_latency = summary["speedup_with_latency"]
-    without = summary["speedup_without_latency"]
+    with_latency = summary["speedup_with_latency"]["median"]
+    with_ci = summary["speedup_with_latency"]["ci"]
+    without = summary["speedup_without_latency"]["median"]
+    without_ci = summary["speedup_without_latency"]["ci"]
     drops = [e["dropped_stale_ratio"] for e in entries if e["contender"].endswith("-off1")]
     verdict = {True: "met", False: "NOT met"}
     return [
         f"speedup at {top:g} s per tool call >= 1.5: {with_latency:.2f}x "
+        f"[{with_ci[0]:.2f}, {with_ci[1]:.2f}] "
         f"({best_async['contender']} over {best_lock['contender']}), "
         f"{verdict[with_latency >= 1.5]}; "
         f"its held-out success {best_async['success']:.3f} against lockstep's intervals' lower "
         f"ends {', '.join(f'{x:.3f}' for x in intervals)}: {verdict[held]}",
-        f"without latency >= 1.2x: {without:.2f}x, {verdict[without >= 1.2]}",
+        f"without latency >= 1.2x: {without:.2f}x [{without_ci[0]:.2f}, {without_ci[1]:.2f}], "
+        f"{verdict[without >= 1.2]}",
         f"dropped stale groups at max_steps_off_policy=1 < 10%: at most {max(drops):.1%}, "
         f"{verdict[max(drops) < 0.10]}",
     ]
@@ -386,7 +419,10 @@ def main(args: Args) -> dict[str, Any]:
         (args.out_dir / "async.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot(summary, args.out_dir / "async.png")
     for latency, ratio in summary["speedup_by_latency"].items():
-        print(f"speedup at {latency} s per tool call: {ratio:.2f}x")
+        low, high = ratio["ci"]
+        print(
+            f"speedup at {latency} s per tool call: {ratio['median']:.2f}x [{low:.2f}, {high:.2f}]"
+        )
     return summary
 
 
@@ -395,7 +431,10 @@ def parse(argv: list[str] | None = None) -> Args:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default=None)
-    parser.add_argument("--rounds", type=int, default=Args.rounds)
+    parser.add_argument(
+        "--rounds", type=int, default=Args.rounds,
+        help=f"interleaved rounds (default {Args.rounds}; at least 5 unless --quick)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=Args.steps)
     parser.add_argument("--latencies", type=float, nargs="+", default=list(Args.latencies))
     parser.add_argument("--eval-tasks", type=int, default=Args.eval_tasks)
@@ -414,6 +453,8 @@ def parse(argv: list[str] | None = None) -> Args:
         out_dir=ns.out_dir,
         write=not ns.no_write,
     )
+    if not ns.quick:
+        check_repeats(args.rounds, quick=False)
     if ns.quick:
         args.rounds, args.steps, args.batch_size, args.episodes_per_task = 1, 3, 2, 2
         args.latencies, args.eval_tasks, args.eval_samples, args.write = (0.0, 0.05), 4, 2, False
