@@ -250,3 +250,61 @@ def test_a_capped_episode_keeps_the_last_reply_in_its_sample(small_model) -> Non
     capped.samples = []
     (rebuilt,) = episode_to_samples(capped, tokenizer)
     assert rebuilt.completion_ids == sample.completion_ids and rebuilt.env_mask == sample.env_mask
+
+
+class _CountingTokenizer:
+    """A tokenizer that counts its renders and encodes (everything else delegated)."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.renders = self.encodes = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._tokenizer, name)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.renders += 1
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+    def encode(self, *args, **kwargs):
+        self.encodes += 1
+        return self._tokenizer.encode(*args, **kwargs)
+
+
+def test_an_opening_is_rendered_and_encoded_once_per_content(small_model) -> None:
+    from llm_gym.aio import run_sync
+    from llm_gym.rollout.tokens import OpeningCache, TokenTracker
+
+    _, tokenizer = small_model
+    counting = _CountingTokenizer(tokenizer)
+    task = _lookup_task()
+    env = ToolUseGameEnv()
+    opening = run_sync(env.reset(task))
+    specs = env.tool_specs
+    text = render_chat(tokenizer, opening, specs, add_generation_prompt=True)
+    expected = tokenizer.encode(text, add_special_tokens=False)
+
+    first, second = TokenTracker(counting, specs), TokenTracker(counting, specs)
+    first.start(opening)
+    second.start(opening)
+    assert first.current.prompt_ids == second.current.prompt_ids == expected
+    assert (counting.renders, counting.encodes) == (1, 1)
+    first.current.prompt_ids.append(0)  # each sample owns its list
+    assert second.current.prompt_ids == expected
+
+    other = [dict(m) for m in opening]
+    other[-1]["content"] += " (again)"
+    TokenTracker(counting, specs).start(other)  # other content: rendered anew
+    assert (counting.renders, counting.encodes) == (2, 2)
+    counting.chat_template = tokenizer.chat_template + " "  # another template: anew as well
+    TokenTracker(counting, specs).start(opening)
+    assert counting.renders == 3
+
+    unusual = [{"role": "user", "content": "hi", "extra": object()}]  # not JSON: never cached
+    assert OpeningCache.key(counting, unusual, specs, {}) is None
+    cache = OpeningCache(size=2)
+    for key in "abc":
+        cache.put(counting, key, (key, (1,)))
+    assert cache.get(counting, "a") is None and cache.get(counting, "c") == ("c", (1,))
+    cache.put(counting, "long", ("x" * (cache.max_chars + 1), (1,)))  # too long to keep
+    assert cache.get(counting, "long") is None

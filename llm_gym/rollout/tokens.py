@@ -10,10 +10,18 @@ starts a new one from the full new rendering, so ids always match what the gener
 
 Assistant turns are rendered with their raw sampled text as ``content`` (no structured
 ``tool_calls``), so the template reproduces exactly what the model wrote.
+
+An opening (the messages an episode starts from) is rendered and tokenized once per tokenizer
+and content (:class:`OpeningCache`): a group's episodes open alike, and on a short episode the
+opening's render and encode of a ~400-token prompt cost as much as a third of its model time.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +29,7 @@ from typing import Any
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.policies.chat import render_chat
 
-__all__ = ["TokenSample", "TokenTracker", "episode_to_samples"]
+__all__ = ["OpeningCache", "TokenSample", "TokenTracker", "episode_to_samples"]
 
 
 @dataclass
@@ -60,6 +68,72 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+class OpeningCache:
+    """Rendered text and ids of recent openings, per tokenizer (held weakly), keyed by the
+    content that decides them: the messages, tool specs and template arguments as JSON, and the
+    chat template itself. Content that is not plain JSON is never cached, nor a rendering longer
+    than ``max_chars`` (memory stays bounded whatever an environment opens with). Thread-safe.
+    A template that reads the clock (``strftime_now``) keeps its first render's date while the
+    opening is cached."""
+
+    def __init__(self, size: int = 256, max_chars: int = 16_384) -> None:
+        self.size = size
+        self.max_chars = max_chars
+        self._lock = threading.Lock()
+        self._by_tokenizer: weakref.WeakKeyDictionary[Any, OrderedDict[str, Any]]
+        self._by_tokenizer = weakref.WeakKeyDictionary()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(
+        tokenizer: Any,
+        messages: Sequence[Message],
+        tool_specs: Sequence[ToolSpec],
+        kwargs: dict[str, Any],
+    ) -> str | None:
+        """The cache key, or None when any part is not plain JSON."""
+        template = getattr(tokenizer, "chat_template", None)
+        try:
+            content = json.dumps([messages, tool_specs, kwargs], sort_keys=True)
+            if not isinstance(template, str):  # None, or a dict of named templates
+                template = json.dumps(template, sort_keys=True)
+        except (TypeError, ValueError):
+            return None
+        return f"{hash(template)}:{content}"
+
+    def get(self, tokenizer: Any, key: str) -> tuple[str, tuple[int, ...]] | None:
+        with self._lock:
+            try:
+                entries = self._by_tokenizer.get(tokenizer)
+            except TypeError:  # a tokenizer that cannot be held weakly
+                return None
+            found = entries.get(key) if entries is not None else None
+            if found is None:
+                self.misses += 1
+                return None
+            entries.move_to_end(key)
+            self.hits += 1
+            return found
+
+    def put(self, tokenizer: Any, key: str, value: tuple[str, tuple[int, ...]]) -> None:
+        if len(value[0]) > self.max_chars:
+            return
+        with self._lock:
+            try:
+                entries = self._by_tokenizer.setdefault(tokenizer, OrderedDict())
+            except TypeError:
+                return
+            entries[key] = value
+            entries.move_to_end(key)
+            while len(entries) > self.size:
+                entries.popitem(last=False)
+
+
+OPENINGS = OpeningCache()
+"""The openings every :class:`TokenTracker` shares."""
+
+
 class TokenTracker:
     """The token stream of one episode, built turn by turn (see the module docstring)."""
 
@@ -88,8 +162,15 @@ class TokenTracker:
     def start(self, messages: Sequence[Message]) -> None:
         """Begin with the opening messages."""
         self._raw = list(messages)
-        self._text = self._render(self._raw)
-        self.samples = [TokenSample(prompt_ids=_encode(self.tokenizer, self._text))]
+        key = OPENINGS.key(self.tokenizer, self._raw, self.tool_specs, self.chat_template_kwargs)
+        found = OPENINGS.get(self.tokenizer, key) if key is not None else None
+        if found is None:
+            text = self._render(self._raw)
+            found = (text, tuple(_encode(self.tokenizer, text)))
+            if key is not None:
+                OPENINGS.put(self.tokenizer, key, found)
+        self._text = found[0]
+        self.samples = [TokenSample(prompt_ids=list(found[1]))]
 
     @property
     def current(self) -> TokenSample:
