@@ -77,4 +77,12 @@ def report(summary: dict[str, Any], conditions: Conditions, args: Any, model_pat
             lines.append(f"| {LABELS[name]} | {cells[0]} | {cells[1]} |")
         start = held["ours"]["sampled"]["success_before"]
         lines.append(f"\nStarting model: sampled success {start:.3f}.")
+        ours, trl = held["ours"]["sampled"], held["trl"]["sampled"]
+        kept = "met" if ours["gain"] >= trl["gain_ci"][0] else "NOT met"
+        lines.append(
+            f"\nTarget: ours' held-out sampled success not below TRL's interval. From the same "
+            f"start, ours' gain {ours['gain']:+.3f} against the lower end of TRL's gain "
+            f"interval {trl['gain_ci'][0]:+.3f} (success {ours['success_after']:.3f} against "
+            f"{start + trl['gain_ci'][0]:.3f}): {kept}."
+        )
     return "\n".join(lines) + "\n"
