@@ -30,9 +30,10 @@ from typing import Any
 
 from benchmarks.common import (
     RESULTS_DIR,
+    Conditions,
     default_model,
-    machine_description,
     sampled_success,
+    thread_settings,
     write_markdown,
 )
 
@@ -58,8 +59,11 @@ class Args:
     seed: int = 0
     out_dir: Path = RESULTS_DIR
     write: bool = True
-    conditions: str = ""
-    """What else ran on the machine (recorded in the results)."""
+    quick: bool = False
+    """A smoke run (``--quick``): its numbers are not results."""
+    alongside: str = ""
+    """What else ran on the machine meanwhile (recorded in the results; the load averages at
+    the start and the end are recorded either way)."""
 
 
 def evaluate(path_or_model: Any, tokenizer: Any, args: Args) -> dict[str, Any]:
@@ -148,8 +152,7 @@ def render(summary: dict[str, Any], args: Args) -> str:
         [
             "# On-policy distillation: tiny student, SFT tiny teacher, CPU",
             "",
-            f"Machine: {s['machine']}; torch threads: {s['threads']}. Whole run "
-            f"{s['seconds'] / 60:.1f} min (`python -m benchmarks.distill`).",
+            Conditions(**s["conditions"]).describe(),
             "",
             f"- Student: `{s['student_model']}`; teacher: `{s['teacher_model']}` (same tokenizer).",
             f"- {args.steps} optimizer steps of {args.batch_size} tasks, one episode each "
@@ -204,8 +207,8 @@ def reading(s: dict[str, Any]) -> str:
         f"{len(s['reverse_kl_per_step'])} steps. A possible reason, not tested here: the "
         "per-token signal pulls the student's common tokens (format, tool names) to the "
         "teacher's quickly, while the few tokens a success hinges on (numbers copied from tool "
-        "results) weigh little in the mean KL. "
-        f"Conditions: {s.get('conditions') or 'an otherwise idle machine'}."
+        "results) weigh little in the mean KL."
+        + (f" Alongside it ran: {s['alongside']}." if s.get("alongside") else "")
     )
 
 
@@ -238,6 +241,10 @@ def main(args: Args) -> dict[str, Any]:
 
     teacher = args.teacher or default_model("sft")
     student = args.student or default_model("sft_short_context")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
+    conditions = Conditions.start(
+        "distill", threads=thread_settings(), settings=settings, quick=args.quick
+    )
     start = time.perf_counter()
     teacher_result = evaluate(teacher, None, args)
     before = evaluate(student, None, args)
@@ -252,10 +259,9 @@ def main(args: Args) -> dict[str, Any]:
     print(f"after:  student {after['success']:.3f} (greedy {after['greedy_success']:.3f})")
     summary = summarise(logs, before, after, teacher_result)
     summary.update(
-        machine=machine_description(), threads=torch.get_num_threads(),
+        conditions=conditions.finish().as_json(), threads=torch.get_num_threads(),
         student_model=student, teacher_model=teacher, seconds=time.perf_counter() - start,
-        conditions=args.conditions,
-        settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+        alongside=args.alongside, settings=settings,
     )  # fmt: skip
     print(
         f"reverse KL: {summary['reverse_kl_first']:.3f} (first steps) -> "
@@ -282,15 +288,16 @@ def parse(argv: list[str] | None = None) -> Args:
     parser.add_argument("--eval-split", default=Args.eval_split, choices=["val", "test"])
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--conditions", default="", help="what else ran (recorded)")
+    parser.add_argument("--alongside", default="", help="what else ran meanwhile (recorded)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, no files")
     ns = parser.parse_args(argv)
     args = Args(
         teacher=ns.teacher, student=ns.student, steps=ns.steps, batch_size=ns.batch_size,
         learning_rate=ns.learning_rate, eval_tasks=ns.eval_tasks, eval_split=ns.eval_split,
-        out_dir=ns.out_dir, write=not ns.no_write, conditions=ns.conditions,
+        out_dir=ns.out_dir, write=not ns.no_write, alongside=ns.alongside,
     )  # fmt: skip
     if ns.quick:
+        args.quick = True
         args.steps, args.batch_size, args.eval_tasks, args.eval_samples = 2, 2, 2, 2
         args.max_tokens_per_turn, args.max_turns, args.write = 16, 2, False
     return args

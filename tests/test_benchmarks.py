@@ -263,7 +263,10 @@ def test_distill_smoke(small_model_dir, tmp_path) -> None:
     assert len(summary["reverse_kl_per_step"]) == 2
     assert 0.0 <= summary["student_after"]["success"] <= 1.0
     assert (tmp_path / "distill.md").exists() and (tmp_path / "distill.png").exists()
-    assert "## Reading" in (tmp_path / "distill.md").read_text()
+    text = (tmp_path / "distill.md").read_text()
+    assert "## Reading" in text and "load average" in text  # the common harness's conditions
+    recorded = json.loads((tmp_path / "distill.json").read_text())["conditions"]
+    assert recorded["quick"] is True and len(recorded["load_before"]) == 3
 
 
 def test_serve_load_smoke(small_model_dir, tmp_path) -> None:
