@@ -314,8 +314,13 @@ def targets(summary: dict[str, Any]) -> list[str]:
 
     best_async = max(at(top, "async"), key=lambda e: e["steps_per_hour"])
     best_lock = max(at(top, "lockstep"), key=lambda e: e["steps_per_hour"])
-    intervals = [e["success_interval"][0] for e in at(top, "lockstep")]
-    held = best_async["success"] >= min(intervals)
+    low, high = best_lock["success_interval"]
+    held = best_async["success"] >= low  # against the lockstep its speed-up is measured over
+    others = [
+        f"{e['contender']}'s [{e['success_interval'][0]:.3f}, {e['success_interval'][1]:.3f}]"
+        for e in at(top, "lockstep")
+        if e is not best_lock
+    ]
     with_latency = summary["speedup_with_latency"]["median"]
     with_ci = summary["speedup_with_latency"]["ci"]
     without = summary["speedup_without_latency"]["median"]
@@ -327,8 +332,9 @@ def targets(summary: dict[str, Any]) -> list[str]:
         f"[{with_ci[0]:.2f}, {with_ci[1]:.2f}] "
         f"({best_async['contender']} over {best_lock['contender']}), "
         f"{verdict[with_latency >= 1.5]}; "
-        f"its held-out success {best_async['success']:.3f} against lockstep's intervals' lower "
-        f"ends {', '.join(f'{x:.3f}' for x in intervals)}: {verdict[held]}",
+        f"its held-out success {best_async['success']:.3f} not below the interval of "
+        f"{best_lock['contender']} [{low:.3f}, {high:.3f}]: {verdict[held]}"
+        + (f" (for reference, {', '.join(others)})" if others else ""),
         f"without latency >= 1.2x: {without:.2f}x [{without_ci[0]:.2f}, {without_ci[1]:.2f}], "
         f"{verdict[without >= 1.2]}",
         f"dropped stale groups at max_steps_off_policy=1 < 10%: at most {max(drops):.1%}, "
