@@ -13,8 +13,14 @@ It checks, and writes as a markdown report:
    ``train_multi_turn`` exactly as the seeds call it (W&B off), seconds per step.
 3. The same trainer on a larger randomly initialised Qwen2 (about 76M parameters, the tiny
    model's tokenizer), to exercise bf16 memory and speed beyond toy size.
+4. The rollout engine against its replay limit in bf16, with the decode roofline
+   (:mod:`benchmarks.gpu_rollout`), on the main job's SFT model (``--model``; the tiny model when
+   there is none) and on the larger model; the numbers also go to ``--out`` with ``.json``.
 
 The main job (SFT -> eval -> GRPO -> eval) is run separately with ``train.py`` on the GPU.
+On a lent device machine (no network, no model cache), copy the main job's SFT model to
+``outputs/tool_use_game_tiny/sft`` first and carry that folder (7 MB) with the run; the
+committed results go to ``benchmarks/results/gpu_check.{md,json}`` (``--out``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_rollout import check_rollout_limit
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from llm_gym.models import build_tiny_model
 from llm_gym.policies.hf import HFPolicy
@@ -163,6 +170,9 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_check.md")
     parser.add_argument("--work", default="/tmp/llm_gym_gpu_check")
     parser.add_argument("--dry-run-on-cpu", action="store_true", help="check the script itself")
+    parser.add_argument(
+        "--model", default=None, help="a tools-calling model for check 4 (default: main-job SFT)"
+    )
     args = parser.parse_args()
     device = "cpu" if args.dry_run_on_cpu else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -178,6 +188,13 @@ def main() -> None:
         f"Python {platform.python_version()}",
         "",
     ]
+    results: dict[str, object] = {}
+    large = work / "qwen2_100m"
+
+    def rollout(name: str, model_dir: str, **sizes: int) -> None:
+        results[name] = check_rollout_limit(model_dir, lines, device, **sizes)
+
+    small = {"tasks": 4, "episodes_per_task": 2, "repeats": 2} if device == "cpu" else {}
     steps = [
         ("policy", lambda: check_policy(tiny, lines, device)),
         (
@@ -189,17 +206,18 @@ def main() -> None:
         (
             "larger",
             lambda: check_trainer(
-                build_larger_model(
-                    tiny, work / "qwen2_100m", *((128, 2) if device == "cpu" else ())
-                ),
+                build_larger_model(tiny, large, *((128, 2) if device == "cpu" else ())),
                 work / "grpo_large",
                 "3. MultiTurnGRPOTrainer on CUDA, 76M Qwen2",
                 lines,
                 steps=2,
             ),
         ),
+        ("rollout", lambda: rollout("rollout_sft", sft, **small)),
+        ("rollout_large", lambda: rollout("rollout_large", str(large), **small)),
     ]
     tiny = str(build_tiny_model())
+    sft = args.model or _main_job_sft() or tiny
     for name, run in steps:
         start = time.perf_counter()
         try:
@@ -211,7 +229,17 @@ def main() -> None:
             print(f"[gpu_check] {name} failed: {exc!r}", flush=True)
         print(f"[gpu_check] {name} done in {time.perf_counter() - start:.1f}s", flush=True)
         Path(args.out).write_text("\n".join(lines))
+        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n".join(lines))
+
+
+def _main_job_sft() -> str | None:
+    from benchmarks.common import cache_dir
+
+    for candidate in (Path("outputs/tool_use_game_tiny/sft"), cache_dir() / "main-job" / "sft"):
+        if (candidate / "config.json").exists():
+            return str(candidate)
+    return None
 
 
 if __name__ == "__main__":

@@ -333,3 +333,18 @@ def test_main_job_smoke(small_model_dir, tmp_path) -> None:
     assert set(result["train_log"]) == {0, 1}
     assert (tmp_path / "main_job_reward_curve.png").exists()
     assert "new_world" in (tmp_path / "main_job.md").read_text()
+
+
+def test_gpu_rollout_check_runs_on_cpu(small_model_dir) -> None:
+    """Issue 16 item 7's GPU check, its code path on CPU: ours and the replay interleaved, the
+    ratio with its interval and the roofline share."""
+    from benchmarks.gpu_rollout import check_rollout_limit, copy_bandwidth_gbps
+
+    lines: list[str] = []
+    result = check_rollout_limit(
+        str(small_model_dir), lines, "cpu", tasks=2, episodes_per_task=2, repeats=2
+    )
+    low, high = result["ratio_to_replay_limit"]["ci"]
+    assert 0 < low <= result["ratio_to_replay_limit"]["median"] <= high
+    assert result["sampled_tokens"] > 0 and result["roofline_share_of_replay"] > 0
+    assert "replay limit" in lines[0] and copy_bandwidth_gbps("cpu", gib=0.01, repeats=1) > 0
