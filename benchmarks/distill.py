@@ -161,7 +161,8 @@ def render(summary: dict[str, Any], args: Args) -> str:
             "trains; the teacher's per-token logprobs on the student's own samples do.",
             f"- Held-out: {args.eval_tasks} `{args.eval_split}` tasks x {args.eval_samples} "
             "sampled episodes (temperature 1), and one greedy episode each; mean of per-task "
-            "success rates, [95% interval over tasks]. Settings were chosen on the val split.",
+            "success rates, [95% interval over tasks]. Settings were chosen on the val split "
+            "(with an earlier main job's models; not retuned for these).",
             "",
             "| model | sampled success | greedy success |",
             "| --- | --- | --- |",
