@@ -262,6 +262,9 @@ class _CountingTokenizer:
     def __getattr__(self, name: str):
         return getattr(self._tokenizer, name)
 
+    def __len__(self) -> int:
+        return len(self._tokenizer)
+
     def apply_chat_template(self, *args, **kwargs):
         self.renders += 1
         return self._tokenizer.apply_chat_template(*args, **kwargs)
@@ -299,6 +302,9 @@ def test_an_opening_is_rendered_and_encoded_once_per_content(small_model) -> Non
     counting.chat_template = tokenizer.chat_template + " "  # another template: anew as well
     TokenTracker(counting, specs).start(opening)
     assert counting.renders == 3
+    key = OpeningCache.key(counting, opening, specs, {})
+    grown = type("Grown", (_CountingTokenizer,), {"__len__": lambda self: 10**6})(tokenizer)
+    assert OpeningCache.key(grown, opening, specs, {}) != key  # tokens added: other ids
 
     unusual = [{"role": "user", "content": "hi", "extra": object()}]  # not JSON: never cached
     assert OpeningCache.key(counting, unusual, specs, {}) is None

@@ -70,11 +70,12 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 class OpeningCache:
     """Rendered text and ids of recent openings, per tokenizer (held weakly), keyed by the
-    content that decides them: the messages, tool specs and template arguments as JSON, and the
-    chat template itself. Content that is not plain JSON is never cached, nor a rendering longer
-    than ``max_chars`` (memory stays bounded whatever an environment opens with). Thread-safe.
-    A template that reads the clock (``strftime_now``) keeps its first render's date while the
-    opening is cached."""
+    content that decides them: the messages, tool specs and template arguments as JSON, the
+    chat template itself and the vocabulary's size (tokens added later change the ids).
+    Content that is not plain JSON is never cached, nor a rendering longer than ``max_chars``
+    (memory stays bounded whatever an environment opens with). Thread-safe. A template that
+    reads the clock (``strftime_now``) keeps its first render's date while the opening is
+    cached."""
 
     def __init__(self, size: int = 256, max_chars: int = 16_384) -> None:
         self.size = size
@@ -98,9 +99,10 @@ class OpeningCache:
             content = json.dumps([messages, tool_specs, kwargs], sort_keys=True)
             if not isinstance(template, str):  # None, or a dict of named templates
                 template = json.dumps(template, sort_keys=True)
+            vocabulary = len(tokenizer)
         except (TypeError, ValueError):
             return None
-        return f"{hash(template)}:{content}"
+        return f"{hash(template)}:{vocabulary}:{content}"
 
     def get(self, tokenizer: Any, key: str) -> tuple[str, tuple[int, ...]] | None:
         with self._lock:
