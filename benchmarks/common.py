@@ -92,19 +92,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LLM_GYM_CACHE", Path.home() / ".cache/llm_gym"))
 
 
-def default_model(stage: str = "sft") -> str:
+def main_job_model(stage: str = "sft") -> str | None:
     """A model the main job wrote (``stage``: ``sft``, or ``sft_short_context``, its first SFT
-    phase), from ``outputs/`` or the cache; exits with a clear message when there is none."""
-    for candidate in (
-        Path("outputs/tool_use_game_tiny") / stage,
-        cache_dir() / "main-job" / stage,
-    ):
-        if (candidate / "config.json").exists():
-            return str(candidate)
-    raise SystemExit(
-        f"No {stage} model: run the main job (README, set-up command 1) or pass its path "
-        f"(e.g. outputs/tool_use_game_tiny/{stage})."
-    )
+    phase), from ``outputs/`` or the cache; None when there is none."""
+    places = (Path("outputs/tool_use_game_tiny") / stage, cache_dir() / "main-job" / stage)
+    return next((str(p) for p in places if (p / "config.json").exists()), None)
+
+
+def default_model(stage: str = "sft") -> str:
+    """:func:`main_job_model`, or exit with a clear message when there is none."""
+    found = main_job_model(stage)
+    if found is None:
+        raise SystemExit(
+            f"No {stage} model: run the main job (README, set-up command 1) or pass its path "
+            f"(e.g. outputs/tool_use_game_tiny/{stage})."
+        )
+    return found
 
 
 def sampled_success(

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import main_job_model
 from benchmarks.gpu_rollout import check_rollout_limit
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from llm_gym.models import build_tiny_model
@@ -217,7 +218,7 @@ def main() -> None:
         ("rollout_large", lambda: rollout("rollout_large", str(large), **small)),
     ]
     tiny = str(build_tiny_model())
-    sft = args.model or _main_job_sft() or tiny
+    sft = args.model or main_job_model() or tiny
     for name, run in steps:
         start = time.perf_counter()
         try:
@@ -231,15 +232,6 @@ def main() -> None:
         Path(args.out).write_text("\n".join(lines))
         Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n".join(lines))
-
-
-def _main_job_sft() -> str | None:
-    from benchmarks.common import cache_dir
-
-    for candidate in (Path("outputs/tool_use_game_tiny/sft"), cache_dir() / "main-job" / "sft"):
-        if (candidate / "config.json").exists():
-            return str(candidate)
-    return None
 
 
 if __name__ == "__main__":

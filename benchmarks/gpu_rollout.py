@@ -117,7 +117,8 @@ def check_rollout_limit(
     measured = copy_bandwidth_gbps(device, gib=2.0 if device.startswith("cuda") else 0.25)
     name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU"
     nominal = next((v for k, v in NOMINAL_HBM_GBPS.items() if k in name), None)
-    floor_s = pass_bytes(model, replay) / (measured * 1e9)
+    must_read = pass_bytes(model, replay)
+    floor_s = must_read / (measured * 1e9)
     result = {
         "device": name,
         "dtype": str(dtype).removeprefix("torch."),
@@ -141,7 +142,7 @@ def check_rollout_limit(
         f"- ours: {result['ours_tokens_per_s']:.0f} tokens/s; replay: "
         f"{result['replay_tokens_per_s']:.0f} tokens/s; ours / replay: "
         f"**{ratio.format('.0%', suffix='')}** (target >= 80%)",
-        f"- decode roofline: the replay's passes must read {pass_bytes(model, replay) / 1e9:.3f} "
+        f"- decode roofline: the replay's passes must read {must_read / 1e9:.3f} "
         f"GB; at the measured copy bandwidth {measured:.0f} GB/s"
         + (f" (nominal {nominal:.0f})" if nominal else "")
         + f" that takes {floor_s * 1e3:.2f} ms against the replay's {replay_s * 1e3:.1f} ms: "

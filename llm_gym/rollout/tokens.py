@@ -83,8 +83,6 @@ class OpeningCache:
         self._lock = threading.Lock()
         self._by_tokenizer: weakref.WeakKeyDictionary[Any, OrderedDict[str, Any]]
         self._by_tokenizer = weakref.WeakKeyDictionary()
-        self.hits = 0
-        self.misses = 0
 
     @staticmethod
     def key(
@@ -111,11 +109,8 @@ class OpeningCache:
             except TypeError:  # a tokenizer that cannot be held weakly
                 return None
             found = entries.get(key) if entries is not None else None
-            if found is None:
-                self.misses += 1
-                return None
-            entries.move_to_end(key)
-            self.hits += 1
+            if found is not None:
+                entries.move_to_end(key)
             return found
 
     def put(self, tokenizer: Any, key: str, value: tuple[str, tuple[int, ...]]) -> None:
