@@ -254,3 +254,30 @@ def test_max_batch_size_bounds_the_rows(small_model) -> None:
     groups, stats = chatty_groups(policy, tasks=4, episodes_per_task=2, max_turns=2)
     assert all(e.num_turns == 2 for g in groups for e in g)
     assert max(stats[0].batch_sizes[1:]) <= 3
+
+
+def test_engines_on_one_model_reuse_its_kv_cache(small_model) -> None:
+    from llm_gym.policies.hf_attention import POOL
+
+    model, tokenizer = small_model
+    rng = random.Random(8)
+    contexts = {k: _ids(rng, 10 + k, model.config.vocab_size) for k in range(4)}
+    admits = [(k, c, 6) for k, c in contexts.items()]
+    POOL.clear()
+    first = _engine(model, tokenizer)
+    held = first.cache
+    fresh = _run(first, admits)
+    other = _engine(model, tokenizer)  # the first still holds its cache: a new one
+    assert other.cache is not held
+    first.close()
+    other.close()
+    again = _engine(model, tokenizer)  # the idle buffers, keys and values of the last run in them
+    assert again.cache is held and all(p is None for p in again.cache.prefix_k)
+    reused = _run(again, admits)
+    for key, context in contexts.items():
+        assert reused[key].token_ids == fresh[key].token_ids
+        assert reused[key].logprobs == fresh[key].logprobs  # masked columns weigh exactly zero
+        _check(model, context, reused[key])
+    again._stepping = True  # closed while a step runs in another thread: not given back
+    again.close()
+    assert _engine(model, tokenizer).cache is not held

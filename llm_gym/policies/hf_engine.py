@@ -29,6 +29,7 @@ import torch
 from llm_gym.policies.hf_attention import (
     ATTENTION_NAME,
     PLAN_KWARG,
+    POOL,
     KVCache,
     Prefill,
     StepPlan,
@@ -117,15 +118,28 @@ class DecodeEngine:
         self.generator = generator
         self.max_rows = max_rows
         self.prefix_ids: list[int] | None = None
-        self.cache = KVCache.for_model(model, self.dtype, self.device)
+        self.cache: KVCache = POOL.take(model, self.dtype, self.device)
         self.rows: dict[Hashable, _Row] = {}
         self.slots: list[_Row] = []
         self.queue: deque[tuple[Hashable, list[int], int]] = deque()
         self.forward_passes = 0
         self.rows_per_pass: list[int] = []
         self.prefilled_tokens = 0
+        self._stepping = False
         self.version = -1
         """The weight version sampling now (set by the owner when it swaps weights in)."""
+
+    def close(self) -> None:
+        """Give the KV cache back to the pool for the model's next engine (the engine must
+        not step again)."""
+        if self._stepping:  # a step still runs in some thread: its buffers are not free
+            return
+        cache, self.cache = self.cache, KVCache.for_model(self.model, self.dtype, self.device)
+        self.rows.clear()
+        self.slots.clear()
+        self.queue.clear()
+        if cache.k_rows:
+            POOL.give_back(self.model, cache)
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -244,6 +258,15 @@ class DecodeEngine:
     ) -> list[FinishedTurn]:
         """Admit turns ``(key, context ids, token budget)``, drop released episodes, run one
         forward pass, and return the turns that ended in it."""
+        self._stepping = True
+        try:
+            return self._step(admits, releases)
+        finally:
+            self._stepping = False
+
+    def _step(
+        self, admits: Sequence[tuple[Hashable, list[int], int]], releases: Sequence[Hashable]
+    ) -> list[FinishedTurn]:
         with torch.inference_mode():
             for key in releases:
                 self._release(key)

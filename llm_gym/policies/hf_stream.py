@@ -105,6 +105,7 @@ class HFStream(PolicyStream):
         if self._driver is not None:
             with contextlib.suppress(Exception):  # a failure already reached the episodes
                 await self._driver
+        self.engine.close()
         self.policy.forward_passes += self.engine.forward_passes
         self.policy.prefilled_tokens += self.engine.prefilled_tokens
         self.policy.shared_prefix_tokens = len(self.engine.prefix_ids or [])

@@ -1,0 +1,45 @@
+"""The decode engine's sampling law: inverse-CDF draws, the logprobs it reports, and the
+guard against a zero-probability id."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from llm_gym.policies import hf_sampling  # noqa: E402
+from llm_gym.policies.hf_sampling import draw, sample  # noqa: E402
+
+
+def test_reported_logprobs_are_log_softmax_of_the_tempered_logits() -> None:
+    logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(0)) * 4
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (0.7, 0.9), (0.0, 1.0)):
+        ids, logprobs = sample(
+            logits,
+            temperature=temperature,
+            top_p=top_p,
+            generator=torch.Generator().manual_seed(1),
+        )
+        scale = temperature or 1.0
+        expected = torch.log_softmax(logits / scale, dim=-1)[torch.arange(16), torch.tensor(ids)]
+        assert logprobs == pytest.approx(expected.tolist(), abs=1e-6)
+    greedy, _ = sample(logits, temperature=0.0, top_p=1.0)
+    assert greedy == logits.argmax(dim=-1).tolist()
+
+
+def test_draws_follow_the_probabilities() -> None:
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).repeat(20_000, 1)
+    counts = torch.bincount(draw(probs, torch.Generator().manual_seed(3)), minlength=4)
+    share = (counts / counts.sum()).tolist()
+    assert share[1] == 0.0
+    # 20,000 draws: each share within ~4 standard errors (<= 0.014) of its probability.
+    assert share == pytest.approx([0.1, 0.0, 0.6, 0.3], abs=0.014)
+
+
+def test_a_draw_that_rounds_onto_a_zero_probability_id_takes_the_argmax() -> None:
+    probs = torch.tensor([[0.2, 0.5, 0.3, 0.0], [0.1, 0.0, 0.9, 0.0]])
+    # u = 1 puts the draw past the last positive id, which rounding can do at the top of the CDF.
+    with mock.patch.object(hf_sampling.torch, "rand", lambda shape, **_: torch.ones(shape)):
+        assert draw(probs).tolist() == [1, 2]
