@@ -175,7 +175,7 @@ def test_short_sft_run_lowers_the_loss_and_saves(small_model_dir, tmp_path) -> N
     assert "{%- generation %}" not in tokenizer.chat_template
 
 
-def test_time_budget_stops_training(small_model_dir, tmp_path) -> None:
+def test_time_budget_stops_training(small_model_dir, tmp_path, capsys) -> None:
     dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
     out = sft_warm_start(
         small_model_dir,
@@ -188,6 +188,7 @@ def test_time_budget_stops_training(small_model_dir, tmp_path) -> None:
     )
     info = json.loads((out / "sft_info.json").read_text())
     assert info["steps"] == 1 and info["stopped_by_time_budget"]
+    assert "stopped by time_budget_s=0.001 after 1 of 50 steps" in capsys.readouterr().err
 
 
 class _Replay(Policy):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -362,6 +363,16 @@ def sft_warm_start(
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
     budget = trainer.time_budget  # type: ignore[attr-defined]
+    if budget is not None and budget.stopped:
+        planned = trainer.state.max_steps
+        print(
+            f"[sft] stopped by time_budget_s={budget.budget_s:g} after "
+            f"{trainer.state.global_step} of {planned} steps: this machine trains slower than "
+            "the budget allows for, so this run is not the recipe as configured (raise "
+            "time_budget_s to run it whole)",
+            file=sys.stderr,
+            flush=True,
+        )
     info = {
         "model_path": str(model_path),
         "examples": len(dataset),
