@@ -281,3 +281,25 @@ def test_engines_on_one_model_reuse_its_kv_cache(small_model) -> None:
     again._stepping = True  # closed while a step runs in another thread: not given back
     again.close()
     assert _engine(model, tokenizer).cache is not held
+
+
+def test_a_cache_is_not_reused_after_a_nan_or_on_an_accelerator(small_model, monkeypatch) -> None:
+    from llm_gym.policies import hf_engine
+    from llm_gym.policies.hf_attention import POOL, KVCache
+
+    model, tokenizer = small_model
+    POOL.clear()
+    engine = _engine(model, tokenizer)
+    real = hf_engine.sample
+    monkeypatch.setattr(
+        hf_engine, "sample", lambda *a, **k: (real(*a, **k)[0], [float("nan")] * len(a[0]))
+    )
+    _run(engine, [("a", [5, 6, 7], 2)])
+    held = engine.cache
+    engine.close()  # the model produced a NaN: its buffers may hold one
+    assert _engine(model, tokenizer).cache is not held
+    monkeypatch.setattr(hf_engine, "sample", real)
+    on_gpu = KVCache(2, 1, 4, torch.float32, torch.device("meta"))
+    on_gpu.ensure(2, 2)
+    POOL.give_back(model, on_gpu)  # not a CPU cache: never held idle
+    assert _engine(model, tokenizer).cache is not on_gpu

@@ -191,14 +191,21 @@ class KVCachePool:
     Allocating the row buffers is a large part of a short collection's cost outside the model
     (on a CPU, ~100 MB of fresh pages for 64 rows of 256 columns, touched page by page), so an
     engine takes its model's idle cache when there is one and gives it back when it closes.
-    The buffers keep the last collection's keys and values: every column a query does not own
-    is masked to ``-inf`` before the softmax, so it weighs exactly zero and a reused buffer
-    gives bit-identical outputs to a zeroed one (their values are finite: keys and values
-    some forward pass computed). Models are held weakly: a cache goes with its model. A
-    second engine running on the same model at once gets a fresh cache. Thread-safe.
+
+    The buffers keep the last collection's keys and values. Every column a query does not own
+    is masked to ``-inf`` before the softmax, so it weighs exactly zero, and a reused buffer
+    gives bit-identical outputs to a zeroed one as long as its values are finite: an engine
+    whose model produced a non-finite logit does not give its cache back.
+
+    Only CPU caches up to ``max_bytes`` are kept: on an accelerator the allocator already reuses
+    freed blocks without faulting pages in, and memory held idle would be missing from the
+    training step that runs between two collections. Models are held weakly (a cache goes with
+    its model); a second engine running on the same model at once gets a fresh cache.
+    Thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._idle: weakref.WeakKeyDictionary[Any, KVCache] = weakref.WeakKeyDictionary()
 
@@ -216,7 +223,10 @@ class KVCachePool:
         return cache
 
     def give_back(self, model: Any, cache: KVCache) -> None:
-        """Keep ``cache`` for ``model``'s next engine (replacing a smaller idle one)."""
+        """Keep ``cache`` for ``model``'s next engine (replacing a smaller idle one), when it
+        lives on the CPU and holds at most ``max_bytes``."""
+        if cache.device.type != "cpu" or cache.nbytes > self.max_bytes:
+            return
         with self._lock:
             try:
                 held = self._idle.get(model)

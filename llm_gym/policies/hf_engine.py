@@ -126,13 +126,16 @@ class DecodeEngine:
         self.rows_per_pass: list[int] = []
         self.prefilled_tokens = 0
         self._stepping = False
+        self._finite = True
         self.version = -1
         """The weight version sampling now (set by the owner when it swaps weights in)."""
 
     def close(self) -> None:
         """Give the KV cache back to the pool for the model's next engine (the engine must
         not step again)."""
-        if self._stepping:  # a step still runs in some thread: its buffers are not free
+        # Not reusable while a step still runs in some thread, nor after the model produced a
+        # NaN or inf (a NaN logprob): masked columns weigh exactly zero only when finite.
+        if self._stepping or not self._finite:
             return
         cache, self.cache = self.cache, KVCache.for_model(self.model, self.dtype, self.device)
         self.rows.clear()
@@ -350,6 +353,8 @@ class DecodeEngine:
         ids, logprobs = sample(
             logits, temperature=self.temperature, top_p=self.top_p, generator=self.generator
         )
+        if any(lp != lp for lp in logprobs):  # a NaN logprob: some key or value was not finite
+            self._finite = False
         finished = []
         for row, token, logprob in zip(sampled, ids, logprobs, strict=True):
             row.fed.extend(row.pending)
