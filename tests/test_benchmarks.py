@@ -163,6 +163,7 @@ def test_the_replay_reproduces_the_engines_logprobs(small_model) -> None:
     assert replay.prefill_tokens == policy.prefilled_tokens
 
 
+@pytest.mark.slow  # 15-25 s: with the slow checks, which CI runs
 def test_train_step_smoke(small_model_dir, tmp_path) -> None:
     """``--quick``: every contender (ours, two ablations, TRL) trains through the harness, each
     step split into generation, scoring and the rest; the held-out quality run evaluates ours and
@@ -230,6 +231,7 @@ def test_before_after_smoke(tmp_path) -> None:
     }
 
 
+@pytest.mark.slow  # 15-25 s: with the slow checks, which CI runs
 def test_async_speedup_smoke(small_model_dir, tmp_path) -> None:
     """Every contender trains and is evaluated; the summary holds the keys the issue names and
     the files are written."""
@@ -284,6 +286,7 @@ def test_serve_load_smoke(small_model_dir, tmp_path) -> None:
         assert (tmp_path / f"serve_load.{suffix}").exists()
 
 
+@pytest.mark.slow  # 15-25 s: with the slow checks, which CI runs
 def test_remote_env_smoke(small_model_dir, tmp_path) -> None:
     import json
 

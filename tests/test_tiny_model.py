@@ -227,6 +227,7 @@ def test_same_seed_same_files(small_build: Path, tmp_path: Path) -> None:
     assert _files(other)["tokenizer.json"] == _files(small_build)["tokenizer.json"]
 
 
+@pytest.mark.slow  # a build each (~10 s): with the slow checks, which CI runs
 def test_cache_reuses_a_build_and_force_rebuilds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -252,6 +253,7 @@ def test_cache_reuses_a_build_and_force_rebuilds(
     assert tiny.default_model_dir(**SMALL) != first
 
 
+@pytest.mark.slow  # a build each (~10 s): with the slow checks, which CI runs
 def test_half_built_dir_is_rebuilt(small_build: Path, tmp_path: Path) -> None:
     target = tmp_path / "half"
     target.mkdir()
@@ -267,6 +269,7 @@ def test_half_built_dir_is_rebuilt(small_build: Path, tmp_path: Path) -> None:
     assert (target / "model.safetensors").stat().st_mtime_ns != stamp
 
 
+@pytest.mark.slow  # a build each (~10 s): with the slow checks, which CI runs
 def test_a_build_with_other_arguments_is_replaced(small_build: Path, tmp_path: Path) -> None:
     target = tmp_path / "model"
     tiny.build_tiny_model(target, **{**SMALL, "seed": 5})
