@@ -7,6 +7,8 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_gym import TruncationCause
 from llm_gym.errors import InvalidArgumentError
@@ -145,7 +147,8 @@ def test_group_rows_pad_every_episode_and_mask_truncated_ones() -> None:
     )
     assert dropped == 1 and len(rows) == 4  # two rows per episode, the third sample dropped
     assert [r.env_mask for r in rows] == [[1, 1], [0], [0, 0], [0, 0]]
-    assert rows[0].advantages == [0.5, 0.5] and rows[1] == padding_row(0)
+    assert rows[0].advantages == [0.5, 0.5] and rows[1] == padding_row(0, [1, 2])
+    assert rows[1].prompt_ids == [1, 2]  # the episode's prompt: the batch's prefix stays shared
 
 
 def test_promote_staged_checkpoint(tmp_path) -> None:
@@ -309,6 +312,69 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
 
     assert plan_shared_prefix(ids, attention, keep, min_length=64) is None
     assert plan_shared_prefix(ids, attention, keep, min_length=32).prefix_ids.shape == (1, 40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40),
+    max_rows=st.integers(1, 12),
+    overhead=st.integers(0, 500),
+)
+def test_length_chunks_cover_every_row_once_and_beat_sequential_chunks(
+    lengths, max_rows, overhead
+) -> None:
+    from trainers.shared_prefix import length_chunks
+
+    chunks = length_chunks(lengths, max_rows, overhead)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(len(lengths)))
+    assert all(1 <= len(chunk) <= max_rows for chunk in chunks)
+
+    def cost(parts):
+        return sum(len(p) * max(lengths[i] for i in p) + overhead for p in parts)
+
+    sequential = [list(range(s, min(s + max_rows, len(lengths)))) for s in
+                  range(0, len(lengths), max_rows)]  # fmt: skip
+    assert cost(chunks) <= cost(sequential)  # never worse than the chunks scoring ran before
+    assert all(lengths[c[0]] == max(lengths[i] for i in c) for c in chunks)  # longest first
+
+
+def test_silent_rows_skip_the_passes_not_the_loss(small_model_dir) -> None:
+    """Rows with all-zero advantages (a zero-variance group) leave the passes, not the loss:
+    the same loss and gradients from fewer rows; a loss they do change keeps them."""
+    import torch
+
+    trainer = _small_trainer(small_model_dir, "/tmp/llm_gym_test_silent", loss_type="dapo")
+    generator = torch.Generator().manual_seed(1)
+    shared = torch.randint(5, 400, (40,), generator=generator).tolist()
+
+    def episode(i: int, length: int):
+        completion = torch.randint(5, 400, (length,), generator=generator).tolist()
+        mask = [1] * (length - 3) + [0, 0, 1]
+        return SimpleNamespace(
+            samples=[_sample([*shared, 7 + i], completion, mask, [0] * length)], truncated=False
+        )
+
+    groups = [[episode(0, 9), episode(1, 5)], [episode(2, 30), episode(3, 12)]]
+    advantages = SimpleNamespace(episode=[[0.5, -0.5], [0.0, 0.0]], turns=[[None] * 2] * 2)
+
+    def run(skip: bool):
+        trainer.args.skip_silent_rows = skip
+        batch, _, _ = trainer._training_batch(groups, advantages)
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, batch)
+        loss.backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        return batch, loss.item(), grads
+
+    full, fast = run(False), run(True)
+    assert full[0]["completion_ids"].shape == (4, 30)
+    assert fast[0]["completion_ids"].shape == (2, 9)  # the long silent row left the passes
+    assert int(fast[0]["num_items_in_batch"]) == int(full[0]["num_items_in_batch"]) == 48
+    assert fast[1] == pytest.approx(full[1], abs=1e-6) and full[1] != 0.0
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[2], fast[2], strict=True))
+    trainer.loss_type = "grpo"  # a per-row mean: the silent rows count in it, so they stay
+    trainer.args.skip_silent_rows = True
+    assert trainer._training_batch(groups, advantages)[0]["completion_ids"].shape == (4, 30)
 
 
 def test_lora_reference_logps_with_kl(small_model_dir) -> None:

@@ -2,7 +2,8 @@
 
 Shape names: ``B`` rows, ``P`` prompt length (left-padded), ``C`` completion length (right-padded).
 A row is one token sample of one episode; rows that must not train (overlong masking, padding up to
-a fixed batch, zero-variance groups kept only for shape) carry an all-zero ``tool_mask``.
+a fixed batch) carry an all-zero ``tool_mask``; a zero-variance group's rows carry all-zero
+advantages (:func:`without_silent_rows` leaves both out of the passes when that is exact).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ __all__ = [
     "off_policy_weights",
     "padding_row",
     "rows_to_tensors",
+    "silent_rows_skippable",
+    "without_silent_rows",
     "stale_token_mask",
 ]
 
@@ -79,10 +82,14 @@ def episode_rows(
     return rows, 0 if max_rows is None else max(0, len(samples) - max_rows)
 
 
-def padding_row(pad_id: int) -> Row:
-    """A row that trains nothing, to keep every batch the same size."""
+def padding_row(pad_id: int, prompt_ids: Sequence[int] | None = None) -> Row:
+    """A row that trains nothing, to keep every batch the same size.
+
+    ``prompt_ids``: a real row's prompt to start with (default ``[pad_id]``), so that the
+    padding row shares the batch's prefix and shared-prefix scoring still applies to the batch.
+    """
     return Row(
-        prompt_ids=[pad_id],
+        prompt_ids=list(prompt_ids) if prompt_ids else [pad_id],
         completion_ids=[pad_id],
         env_mask=[0],
         logprobs=[0.0],
@@ -122,13 +129,15 @@ def group_rows(
             dropped += lost
             rows.extend(own)
             if max_rows is not None:
-                rows.extend(padding_row(pad_id) for _ in range(max_rows - len(own)))
+                prompt = own[0].prompt_ids if own else None
+                rows.extend(padding_row(pad_id, prompt) for _ in range(max_rows - len(own)))
     return rows, dropped
 
 
 def pad_rows(rows: list[Row], *, multiple: int, at_least: int, pad_id: int) -> list[Row]:
-    """``rows`` and :func:`padding_row` s up to at least ``at_least`` rows and a multiple of
-    ``multiple`` (the micro-batches of a step must split evenly).
+    """``rows`` and :func:`padding_row` s (on the first row's prompt) up to at least
+    ``at_least`` rows and a multiple of ``multiple`` (the micro-batches of a step must split
+    evenly).
 
     Example:
         >>> len(pad_rows([padding_row(0)] * 5, multiple=2, at_least=1, pad_id=0))
@@ -136,7 +145,65 @@ def pad_rows(rows: list[Row], *, multiple: int, at_least: int, pad_id: int) -> l
     """
     target = max(len(rows), at_least, 1)
     target = -(-target // multiple) * multiple
-    return rows + [padding_row(pad_id) for _ in range(target - len(rows))]
+    prompt = rows[0].prompt_ids if rows else None
+    return rows + [padding_row(pad_id, prompt) for _ in range(target - len(rows))]
+
+
+def silent_rows_skippable(
+    *,
+    loss_type: str,
+    beta: float,
+    top_entropy_quantile: float,
+    entropy_bonus: bool,
+    aux_loss: bool,
+    per_token_advantages_added: bool,
+) -> bool:
+    """Whether rows whose every advantage is 0 may skip the forward and backward passes
+    without changing the loss or its gradients (see :func:`without_silent_rows`).
+
+    True when the per-token loss is the advantage times a factor (``dapo``, ``cispo``) and
+    normalised by the batch's loss-token count (which :func:`without_silent_rows` keeps),
+    without a KL term (``beta=0``), an entropy quantile mask or bonus, or an MoE auxiliary loss
+    (each acts on every token, advantage or not), and when nothing adds per-token advantages
+    after the batch is built (on-policy distillation's teacher term).
+
+    Example:
+        >>> silent_rows_skippable(loss_type="dapo", beta=0.0, top_entropy_quantile=1.0,
+        ...                       entropy_bonus=False, aux_loss=False,
+        ...                       per_token_advantages_added=False)
+        True
+        >>> silent_rows_skippable(loss_type="grpo", beta=0.0, top_entropy_quantile=1.0,
+        ...                       entropy_bonus=False, aux_loss=False,
+        ...                       per_token_advantages_added=False)
+        False
+    """
+    return (
+        loss_type in ("dapo", "cispo")
+        and beta == 0.0
+        and top_entropy_quantile >= 1.0
+        and not (entropy_bonus or aux_loss or per_token_advantages_added)
+    )
+
+
+def without_silent_rows(rows: Sequence[Row]) -> tuple[list[Row], int]:
+    """The rows that carry a non-zero advantage, and the loss tokens of all ``rows``.
+
+    A zero-variance group's episodes (and padding rows) have all-zero advantages: under a loss
+    :func:`silent_rows_skippable` accepts, each of their tokens adds exactly 0 to the loss and
+    to every gradient, but still counts in the loss's normaliser. So the caller normalises by
+    the returned count (all rows') and scores only the kept rows: the same loss and gradients,
+    for the passes over the kept rows alone. (Metrics TRL averages over scored tokens, such as
+    the entropy and the clip ratios, then cover the kept rows.)
+
+    Example:
+        >>> rows = [Row([1], [2, 3], [1, 1], [0.0, 0.0], [0.5, 0.5]),
+        ...         Row([1], [4, 5], [1, 0], [0.0, 0.0], [0.0, 0.0])]
+        >>> kept, loss_tokens = without_silent_rows(rows)
+        >>> [r.completion_ids for r in kept], loss_tokens
+        ([[2, 3]], 3)
+    """
+    kept = [row for row in rows if any(a != 0.0 for a in row.advantages)]
+    return kept, sum(sum(row.env_mask) for row in rows)
 
 
 def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> dict[str, Any]:

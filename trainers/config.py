@@ -15,7 +15,6 @@ settings are refused here, before any model loads.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -29,7 +28,12 @@ from llm_gym.policies.registry import registered_policies
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
-from trainers.config_checks import check_async, check_deadline, check_distillation
+from trainers.config_checks import (
+    check_async,
+    check_chat_template_kwargs,
+    check_deadline,
+    check_distillation,
+)
 from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
@@ -175,6 +179,13 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         metadata={
             "help": "Score the tokens every row starts with (system prompt, tool specs) once "
             "per micro-batch instead of once per row: same loss and gradients, fewer FLOPs."
+        },
+    )
+    skip_silent_rows: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave rows with all-zero advantages out of the passes where that keeps the "
+            "loss and gradients (dapo/cispo, beta 0, no entropy mask/bonus, no distillation)."
         },
     )
     shared_prefix_min_length: int = field(
@@ -376,17 +387,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
         check_async(self, refuse)
         check_deadline(self, refuse)
-        if isinstance(self.chat_template_kwargs, str):  # TRL's CLI passes a JSON object
-            try:
-                self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
-            except json.JSONDecodeError:
-                refuse("chat_template_kwargs", self.chat_template_kwargs, "a dict or a JSON object")
-        if self.chat_template_kwargs is not None and not isinstance(
-            self.chat_template_kwargs, dict
-        ):
-            refuse(
-                "chat_template_kwargs", self.chat_template_kwargs, "None, a dict or a JSON object"
-            )
+        check_chat_template_kwargs(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
 

@@ -1,5 +1,5 @@
-"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s async, deadline and distillation
-fields.
+"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s async, deadline, distillation and
+chat-template fields.
 
 Each refuses a value with the field named and what is allowed (``refuse(name, value, allowed)``),
 before any model loads.
@@ -8,6 +8,7 @@ before any model loads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +16,12 @@ from typing import Any
 from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
-__all__ = ["check_async", "check_deadline", "check_distillation"]
+__all__ = [
+    "check_async",
+    "check_chat_template_kwargs",
+    "check_deadline",
+    "check_distillation",
+]
 
 
 def check_async(config: Any, refuse: Any) -> None:
@@ -153,3 +159,16 @@ def check_distillation(value: Any, refuse: Any) -> dict[str, Any] | None:
             )
     settings["teacher"] = teacher if isinstance(teacher, str) else dict(teacher)
     return settings
+
+
+def check_chat_template_kwargs(config: Any, refuse: Any) -> None:
+    """``chat_template_kwargs``: None, a dict, or a JSON object (TRL's CLI passes one), parsed
+    in place."""
+    value = config.chat_template_kwargs
+    if isinstance(value, str):
+        try:
+            config.chat_template_kwargs = value = json.loads(value)
+        except json.JSONDecodeError:
+            refuse("chat_template_kwargs", value, "a dict or a JSON object")
+    if value is not None and not isinstance(value, dict):
+        refuse("chat_template_kwargs", value, "None, a dict or a JSON object")

@@ -24,7 +24,9 @@ from trainers.batch import (
     off_policy_weights,
     pad_rows,
     rows_to_tensors,
+    silent_rows_skippable,
     stale_token_mask,
+    without_silent_rows,
 )
 from trainers.config import MultiTurnGRPOConfig
 from trainers.distillation import build_teacher, distill_batch
@@ -64,14 +66,25 @@ class ScoringMixin:
             pad_id=pad_id,
         )
         accelerator = self.accelerator  # type: ignore[attr-defined]
-        # As many rows on every rank (a row per sample varies; void episodes leave gaps), and
-        # at least the batch TRL expects, in whole micro-batches.
+        loss_tokens = sum(sum(row.env_mask) for row in rows)
+        skip_silent = args.skip_silent_rows and silent_rows_skippable(
+            loss_type=self.loss_type,  # type: ignore[attr-defined]
+            beta=self.beta,  # type: ignore[attr-defined]
+            top_entropy_quantile=self.top_entropy_quantile,  # type: ignore[attr-defined]
+            entropy_bonus=bool(getattr(self, "_entropy_bonus_enabled", False)),
+            aux_loss=bool(getattr(self, "aux_loss_enabled", False)),
+            per_token_advantages_added=args.distillation_settings is not None,
+        )
+        if skip_silent:  # the same loss and gradients, without their passes
+            rows, loss_tokens = without_silent_rows(rows)
+        # As many rows on every rank (a row per sample varies; void episodes leave gaps), in
+        # whole micro-batches; at least the batch TRL expects unless silent rows were left out.
         most = accelerator.gather(torch.tensor([len(rows)], device=accelerator.device))
         expected = args.per_device_train_batch_size * args.steps_per_generation
         rows = pad_rows(
             rows,
             multiple=args.steps_per_generation,
-            at_least=max(int(most.max()), expected),
+            at_least=int(most.max()) if skip_silent else max(int(most.max()), expected),
             pad_id=pad_id,
         )
         batch = rows_to_tensors(rows, pad_id, accelerator.device)
@@ -91,8 +104,9 @@ class ScoringMixin:
             )
             metrics["distill/reverse_kl"] = float(totals[0] / totals[1].clamp(min=1))
             metrics["distill/teacher_s"] = time.perf_counter() - start
-        loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        batch["num_items_in_batch"] = accelerator.gather(loss_mask.sum()).sum()
+        # The loss tokens of every row, silent ones left out of the passes included.
+        count = torch.tensor(loss_tokens, dtype=torch.long, device=accelerator.device)
+        batch["num_items_in_batch"] = accelerator.gather(count).sum()
         metrics.update(self._add_reference_logps(batch))
         batch.pop("sampling_per_token_logps")
         return batch, dropped, metrics

@@ -18,7 +18,7 @@ the SFT trainer's loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ __all__ = [
     "shared_prefix_applies",
     "SharedPrefixPlan",
     "cache_keyword",
+    "length_chunks",
     "output_cache",
     "plan_shared_prefix",
     "score_shared_prefix",
@@ -157,6 +158,39 @@ def plan_shared_prefix(
     )
 
 
+def length_chunks(lengths: Sequence[int], max_rows: int, overhead: int) -> list[list[int]]:
+    """Row indices grouped into chunks of at most ``max_rows`` rows of similar length.
+
+    A chunk runs padded to its longest row, and each chunk costs ``overhead`` tokens more (its
+    own prefix pass and call overhead). The chunks minimise the padded tokens plus the
+    overheads: rows sorted longest first, cut where it pays (dynamic programming over the cut
+    points, O(rows x max_rows)). Each chunk lists its rows longest first.
+
+    Example:
+        >>> length_chunks([10, 200, 12, 190], max_rows=4, overhead=50)
+        [[1, 3], [2, 0]]
+        >>> length_chunks([10, 200, 12, 190], max_rows=4, overhead=1000)
+        [[1, 3, 2, 0]]
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, actual value: {max_rows}.")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    count = len(order)
+    best = [0.0] + [float("inf")] * count  # best[i]: the cheapest cover of the i longest rows
+    cut = [0] * (count + 1)
+    for end in range(1, count + 1):
+        for start in range(max(0, end - max_rows), end):
+            cost = best[start] + (end - start) * lengths[order[start]] + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    chunks = []
+    end = count
+    while end > 0:
+        chunks.append(order[cut[end] : end])
+        end = cut[end]
+    return chunks[::-1]
+
+
 def score_shared_prefix(
     model: Any,
     plan: SharedPrefixPlan,
@@ -169,8 +203,9 @@ def score_shared_prefix(
     """The per-token logprobs (and entropies) of a planned batch's completion tokens, as TRL's
     scoring gives them: (B, C) each, 0.0 on completion padding.
 
-    Rows are scored ``batch_size`` at a time; per chunk the prefix runs once (with gradients)
-    and its keys and values are repeated over the chunk's rows.
+    Rows are scored in chunks of up to ``batch_size`` rows of similar length
+    (:func:`length_chunks`); per chunk the prefix runs once (with gradients) and its keys and
+    values are repeated over the chunk's rows.
 
     Args:
         model: The (unwrapped) causal LM; its forward takes ``shift_labels`` and
@@ -186,30 +221,40 @@ def score_shared_prefix(
     """
     import torch
 
-    rows = plan.suffix_ids.size(0)
+    prefix_length = plan.prefix_ids.size(1)
+    lengths = plan.attention_mask[:, prefix_length:].sum(dim=1).tolist()
+    # Rows of similar length together: a chunk runs padded to its longest row only.
+    chunks = length_chunks(lengths, batch_size, overhead=prefix_length + 64)
     all_logps, all_entropies = [], []
-    for start in range(0, rows, batch_size):
-        end = min(start + batch_size, rows)
+    for chunk in chunks:
+        rows = torch.tensor(chunk, device=plan.suffix_ids.device)
+        width = max(1, int(lengths[chunk[0]]))
         with autocast():
             prefix = model(input_ids=plan.prefix_ids, use_cache=True, logits_to_keep=1)
             cache = output_cache(prefix)
             if cache is None:
                 return None
-            cache.batch_repeat_interleave(end - start)
+            cache.batch_repeat_interleave(len(chunk))
             outputs = model(
-                input_ids=plan.suffix_ids[start:end],
-                attention_mask=plan.attention_mask[start:end],
+                input_ids=plan.suffix_ids[rows, :width],
+                attention_mask=plan.attention_mask[rows, : prefix_length + width],
                 **{keyword: cache},
-                shift_labels=plan.shift_labels[start:end],
+                shift_labels=plan.shift_labels[rows, :width],
                 fused_lm_head=True,
             )
-        index = plan.gather_index[start:end]
-        padding = ~plan.completion_mask[start:end]  # 0.0 there, as TRL's path gives
+        # A real completion token is predicted within its row's length; padding columns point
+        # anywhere in range and come out as 0.0, as TRL's path gives them.
+        index = plan.gather_index[rows].clamp(max=width - 1)
+        padding = ~plan.completion_mask[rows]
         all_logps.append(outputs.log_probs.gather(1, index).masked_fill(padding, 0.0))
         if compute_entropy:
             all_entropies.append(outputs.entropy.gather(1, index).masked_fill(padding, 0.0))
-    logps = torch.cat(all_logps, dim=0)
-    entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+    # Back to the batch's row order.
+    inverse = torch.empty(len(lengths), dtype=torch.long, device=plan.suffix_ids.device)
+    order = torch.tensor([i for chunk in chunks for i in chunk], device=inverse.device)
+    inverse[order] = torch.arange(len(lengths), device=inverse.device)
+    logps = torch.cat(all_logps, dim=0)[inverse]
+    entropies = torch.cat(all_entropies, dim=0)[inverse] if compute_entropy else None
     return logps, entropies
 
 
