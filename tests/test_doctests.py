@@ -55,6 +55,7 @@ def test_docstring_examples(name: str) -> None:
         "trainers.advantages",
         "trainers.batch",
         "trainers.checkpoints",
+        "trainers.length_chunks",
         "trainers.rollout_metrics",
         "trainers.shared_prefix",
         "trainers.pipeline_config",

@@ -22,7 +22,11 @@ from trainers.chat_template import (  # noqa: E402
     rl_aligned_chat_template,
 )
 from trainers.sft import build_sft_trainer, sft_warm_start  # noqa: E402
-from trainers.sft_data import oracle_sft_dataset, sft_dataset_from_multi_turn  # noqa: E402
+from trainers.sft_data import (  # noqa: E402
+    oracle_sft_dataset,
+    sft_dataset_from_multi_turn,
+    short_context_dataset,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -129,6 +133,43 @@ def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_pa
     assert loss == pytest.approx(plain_loss, rel=1e-5) and tokens == plain_tokens
     for a, b in zip(plain_grads, grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir, tmp_path) -> None:
+    """Short-context rows (no shared prefix) run in chunks of similar length: the same loss,
+    gradients and logged metrics as one padded batch."""
+    from unittest import mock
+
+    from trainers.length_chunks import LengthChunkedLM
+
+    dataset = short_context_dataset(oracle_sft_dataset("ToolUseGame-v0", _tasks()))
+    results = []
+    for chunked in (False, True):
+        trainer = build_sft_trainer(
+            small_model_dir, tmp_path, dataset, max_steps=1, progress=False,
+            length_chunked=chunked,
+        )  # fmt: skip
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
+        count = (batch["labels"][:, 1:] != -100).sum()
+        trainer.model.train()
+        with mock.patch.object(LengthChunkedLM, "__call__", autospec=True,
+                               side_effect=LengthChunkedLM.__call__) as called:  # fmt: skip
+            loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=count)
+        assert called.called == chunked
+        loss.backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters()]
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+        results.append((float(loss.detach()), grads, metrics))
+    lengths = batch["attention_mask"].sum(dim=1)
+    assert int(lengths.min()) < int(lengths.max())  # padding that the chunks leave out
+    (plain_loss, plain_grads, plain_metrics), (loss, grads, metrics) = results
+    assert loss == pytest.approx(plain_loss, rel=1e-5)
+    assert metrics.keys() == plain_metrics.keys()
+    for key, value in plain_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5), key
+    for a, b in zip(plain_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert not LengthChunkedLM.applies({**batch, "position_ids": batch["input_ids"]})
 
 
 def test_rl_aligned_template_renders_the_original_text(small_model) -> None:

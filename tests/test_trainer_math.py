@@ -323,7 +323,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
 def test_length_chunks_cover_every_row_once_and_beat_sequential_chunks(
     lengths, max_rows, overhead
 ) -> None:
-    from trainers.shared_prefix import length_chunks
+    from trainers.length_chunks import length_chunks
 
     chunks = length_chunks(lengths, max_rows, overhead)
     assert sorted(i for chunk in chunks for i in chunk) == list(range(len(lengths)))

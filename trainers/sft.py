@@ -24,6 +24,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from llm_gym.errors import InvalidArgumentError
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
+from trainers.length_chunks import LengthChunkedLM
 from trainers.sft_data import (
     disjoint_tasks,
     episode_to_messages,
@@ -152,6 +154,7 @@ def build_sft_trainer(
     use_cpu: bool | None = None,
     bf16: bool = False,
     shared_prefix: bool = True,
+    length_chunked: bool = True,
     progress: bool = True,
     **config_kwargs: Any,
 ) -> SFTTrainer:
@@ -235,8 +238,15 @@ def build_sft_trainer(
             return_outputs: bool = False,
             num_items_in_batch: Any = None,
         ) -> Any:
-            if shared_prefix and model.training:
-                inputs = shared_prefix_inputs(model, inputs, min_shared_prefix)
+            prefix = min_shared_prefix if shared_prefix else None
+            chunk = length_chunked and model.training and not self.aux_loss_enabled
+            if chunk and LengthChunkedLM.applies(inputs):  # rows of similar length together
+                prepare = None
+                if prefix is not None:
+                    prepare = functools.partial(shared_prefix_inputs, model, min_length=prefix)
+                model = LengthChunkedLM(model, prepare=prepare)
+            elif prefix is not None and model.training:
+                inputs = shared_prefix_inputs(model, inputs, prefix)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     keep = [c for c in ("messages", "tools") if c in dataset.column_names]
@@ -275,6 +285,7 @@ def sft_warm_start(
     use_cpu: bool | None = None,
     bf16: bool = False,
     shared_prefix: bool = True,
+    length_chunked: bool = True,
     progress: bool = True,
     **config_kwargs: Any,
 ) -> Path:
@@ -322,6 +333,10 @@ def sft_warm_start(
             rounding), several times faster at large batches. Applies when that prefix holds no
             trained token and is at least ``min_shared_prefix`` tokens long; otherwise the
             batch runs as usual.
+        length_chunked: Run a batch as chunks of rows of similar length, each only as wide as its
+            longest row and with its own shared prefix
+            (:class:`trainers.length_chunks.LengthChunkedLM`): the same loss and gradients (to
+            float rounding), without the padding's FLOPs.
         progress: Show transformers' progress bar.
         **config_kwargs: More ``SFTConfig`` fields.
 
@@ -350,6 +365,7 @@ def sft_warm_start(
         use_cpu=use_cpu,
         bf16=bf16,
         shared_prefix=shared_prefix,
+        length_chunked=length_chunked,
         progress=progress,
         **config_kwargs,
     )
@@ -399,6 +415,7 @@ def sft_warm_start(
             "loss_mask": loss_mask,
             "bf16": bf16,
             "shared_prefix": shared_prefix,
+            "length_chunked": length_chunked,
             "seed": seed,
         },
     }

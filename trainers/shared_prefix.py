@@ -18,16 +18,17 @@ the SFT trainer's loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+
+from trainers.length_chunks import length_chunks
 
 __all__ = [
     "shared_prefix_applies",
     "SharedPrefixPlan",
     "cache_keyword",
-    "length_chunks",
     "output_cache",
     "plan_shared_prefix",
     "score_shared_prefix",
@@ -156,39 +157,6 @@ def plan_shared_prefix(
         gather_index=gather_index,
         completion_mask=completion_real,
     )
-
-
-def length_chunks(lengths: Sequence[int], max_rows: int, overhead: int) -> list[list[int]]:
-    """Row indices grouped into chunks of at most ``max_rows`` rows of similar length.
-
-    A chunk runs padded to its longest row, and each chunk costs ``overhead`` tokens more (its
-    own prefix pass and call overhead). The chunks minimise the padded tokens plus the
-    overheads: rows sorted longest first, cut where it pays (dynamic programming over the cut
-    points, O(rows x max_rows)). Each chunk lists its rows longest first.
-
-    Example:
-        >>> length_chunks([10, 200, 12, 190], max_rows=4, overhead=50)
-        [[1, 3], [2, 0]]
-        >>> length_chunks([10, 200, 12, 190], max_rows=4, overhead=1000)
-        [[1, 3, 2, 0]]
-    """
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, actual value: {max_rows}.")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    count = len(order)
-    best = [0.0] + [float("inf")] * count  # best[i]: the cheapest cover of the i longest rows
-    cut = [0] * (count + 1)
-    for end in range(1, count + 1):
-        for start in range(max(0, end - max_rows), end):
-            cost = best[start] + (end - start) * lengths[order[start]] + overhead
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    chunks = []
-    end = count
-    while end > 0:
-        chunks.append(order[cut[end] : end])
-        end = cut[end]
-    return chunks[::-1]
 
 
 def score_shared_prefix(
