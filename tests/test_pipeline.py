@@ -211,6 +211,11 @@ evaluation:
     report = json.loads((tmp_path / "out" / "eval_after_grpo_new_world.json").read_text())
     assert report["split"] == "test"
     assert summary["evaluation"]["greedy"]["tasks"] == 2
+    assert set(summary["evaluation_seconds"]) == {"before", "after"}
+    assert all(s > 0 for s in summary["evaluation_seconds"].values())
+    assert (
+        summary["total_seconds"] > summary["grpo_seconds"] + summary["evaluation_seconds"]["after"]
+    )
 
 
 def test_sft_tasks_can_ask_each_question_in_several_worlds() -> None:

@@ -153,7 +153,9 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             + (f", and {samples} samples each at temperature {temperature:g})" if samples else ")"),
             flush=True,
         )
+        t = time.perf_counter()
         before = evaluate_all(model_path, "before")
+        summary["evaluation_seconds"] = {"before": time.perf_counter() - t}
 
     # 4. GRPO
     print("== 4/5 multi-turn GRPO", flush=True)
@@ -187,7 +189,9 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     after: dict[str, Any] = {}
     if config.evaluation is not None:
         print("== 5/5 held-out evaluation after GRPO", flush=True)
+        t = time.perf_counter()
         after = evaluate_all(str(final_path), "after")
+        summary["evaluation_seconds"]["after"] = time.perf_counter() - t
         summary["evaluation"] = {"split": config.evaluation.split}
         for name in after:
             gains = {"greedy": paired_gain(before[name]["greedy"], after[name]["greedy"])}
@@ -212,9 +216,12 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     _print_gains(evaluation, f"{evaluation.get('split')} split")
     for name, variant in evaluation.get("variants", {}).items():
         _print_gains(variant, f"{evaluation.get('split')} split, {name} {variant['task_options']}")
+    parts = [("SFT", summary.get("sft_seconds")), ("GRPO", summary.get("grpo_seconds"))]
+    parts += [(f"evaluation {k}", v) for k, v in summary.get("evaluation_seconds", {}).items()]
+    spent = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in parts if seconds is not None)
     print(
-        f"Total time: {summary['total_seconds'] / 60:.1f} min. Wrote {out / 'summary.json'} "
-        f"and {out / 'reward_curve.png'}."
+        f"Total time: {summary['total_seconds'] / 60:.1f} min ({spent}). Wrote "
+        f"{out / 'summary.json'} and {out / 'reward_curve.png'}."
     )
     return summary
 
