@@ -170,6 +170,13 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
     for a, b in zip(plain_grads, grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert not LengthChunkedLM.applies({**batch, "position_ids": batch["input_ids"]})
+    # TRL's full-logits paths (label smoothing here) call the model without labels: no chunks.
+    smoothed = build_sft_trainer(
+        small_model_dir, tmp_path, dataset, max_steps=1, progress=False, shared_prefix=False,
+        label_smoothing_factor=0.1,
+    )  # fmt: skip
+    smoothed.model.train()
+    assert torch.isfinite(smoothed.compute_loss(smoothed.model, dict(batch)))
 
 
 def test_rl_aligned_template_renders_the_original_text(small_model) -> None:

@@ -239,7 +239,15 @@ def build_sft_trainer(
             num_items_in_batch: Any = None,
         ) -> Any:
             prefix = min_shared_prefix if shared_prefix else None
-            chunk = length_chunked and model.training and not self.aux_loss_enabled
+            # Only TRL's fused-head path (no label smoothing, loss function or returned logits)
+            # on an unwrapped model (DDP sees one forward per backward).
+            chunk = length_chunked and model.training and not return_outputs
+            chunk = chunk and self.label_smoother is None and self.compute_loss_func is None
+            chunk = (
+                chunk
+                and not self.aux_loss_enabled
+                and self.accelerator.unwrap_model(model) is model
+            )
             if chunk and LengthChunkedLM.applies(inputs):  # rows of similar length together
                 prepare = None
                 if prefix is not None:
