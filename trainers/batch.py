@@ -192,8 +192,8 @@ def without_silent_rows(rows: Sequence[Row]) -> tuple[list[Row], int]:
     :func:`silent_rows_skippable` accepts, each of their tokens adds exactly 0 to the loss and
     to every gradient, but still counts in the loss's normaliser. So the caller normalises by
     the returned count (all rows') and scores only the kept rows: the same loss and gradients,
-    for the passes over the kept rows alone. (Metrics TRL averages over scored tokens, such as
-    the entropy and the clip ratios, then cover the kept rows.)
+    for the passes over the kept rows alone. (Metrics averaged over scored tokens, such as TRL's
+    entropy and clip ratios and async training's stale-token ratio, then cover the kept rows.)
 
     Example:
         >>> rows = [Row([1], [2, 3], [1, 1], [0.0, 0.0], [0.5, 0.5]),
