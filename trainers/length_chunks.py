@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LengthChunkedLM", "length_chunks"]
+__all__ = ["LengthChunkedLM", "common_prefix_length", "length_chunks"]
 
 
 def length_chunks(lengths: Sequence[int], max_rows: int, overhead: int) -> list[list[int]]:
@@ -47,6 +47,18 @@ def length_chunks(lengths: Sequence[int], max_rows: int, overhead: int) -> list[
         chunks.append(order[cut[end] : end])
         end = cut[end]
     return chunks[::-1]
+
+
+def common_prefix_length(input_ids: Any, attention_mask: Any) -> int:
+    """How many leading tokens every row of a batch shares (real tokens only).
+
+    Example:
+        >>> import torch
+        >>> common_prefix_length(torch.tensor([[5, 6, 7], [5, 6, 8]]), torch.ones(2, 3))
+        2
+    """
+    same = ((input_ids == input_ids[:1]) & (attention_mask == 1)).all(dim=0)
+    return int(same.long().cumprod(dim=0).sum())
 
 
 class LengthChunkedLM:
@@ -101,8 +113,7 @@ class LengthChunkedLM:
         lengths = attention_mask.sum(dim=1).tolist()
         overhead = self.overhead
         if self.prepare is not None:  # each chunk may run the batch's shared prefix again
-            same = ((input_ids == input_ids[:1]) & (attention_mask == 1)).all(dim=0)
-            overhead += int(same.long().cumprod(dim=0).sum())
+            overhead += common_prefix_length(input_ids, attention_mask)
         chunks = length_chunks(lengths, len(lengths), overhead)
         parts: list[tuple[Any, Any]] = []
         for chunk in chunks:
@@ -123,19 +134,11 @@ class LengthChunkedLM:
                 continue
             value = getattr(parts[0][1], name).new_zeros((len(lengths), width))
             for index, out in parts:
-                value = value.index_put((index,), _widen(getattr(out, name), width))
+                part = getattr(out, name)
+                part = torch.nn.functional.pad(part, (0, width - part.size(1)))
+                value = value.index_put((index,), part)
             fields[name] = value
         log_probs, mask = fields["log_probs"], fields["label_mask"]
         count = kwargs.get("num_items_in_batch")
         loss = -log_probs.sum() / (mask.sum().clamp(min=1) if count is None else count)
         return type(parts[0][1])(loss=loss, **fields)
-
-
-def _widen(value: Any, width: int) -> Any:
-    """``value`` (rows, w) zero-padded on the right to ``width`` columns."""
-    import torch
-
-    if value.size(1) == width:
-        return value
-    pad = value.new_zeros((value.size(0), width - value.size(1)))
-    return torch.cat([value, pad], dim=1)

@@ -66,7 +66,6 @@ class ScoringMixin:
             pad_id=pad_id,
         )
         accelerator = self.accelerator  # type: ignore[attr-defined]
-        loss_tokens = sum(sum(row.env_mask) for row in rows)
         skip_silent = args.skip_silent_rows and silent_rows_skippable(
             loss_type=self.loss_type,  # type: ignore[attr-defined]
             beta=self.beta,  # type: ignore[attr-defined]
@@ -77,6 +76,8 @@ class ScoringMixin:
         )
         if skip_silent:  # the same loss and gradients, without their passes
             rows, loss_tokens = without_silent_rows(rows)
+        else:
+            loss_tokens = sum(sum(row.env_mask) for row in rows)
         # As many rows on every rank (a row per sample varies; void episodes leave gaps), in
         # whole micro-batches; at least the batch TRL expects unless silent rows were left out.
         most = accelerator.gather(torch.tensor([len(rows)], device=accelerator.device))

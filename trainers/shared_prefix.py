@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.length_chunks import length_chunks
+from trainers.length_chunks import common_prefix_length, length_chunks
 
 __all__ = [
     "shared_prefix_applies",
@@ -122,8 +122,7 @@ def plan_shared_prefix(
     columns = torch.arange(width, device=input_ids.device).unsqueeze(0) + shift.unsqueeze(1)
     aligned_mask = torch.arange(width, device=input_ids.device).unsqueeze(0) < lengths.unsqueeze(1)
     aligned = torch.where(aligned_mask, input_ids.gather(1, columns.clamp(max=width - 1)), 0)
-    same = ((aligned == aligned[:1]) & aligned_mask).all(dim=0)
-    common = int(same.long().cumprod(dim=0).sum())
+    common = common_prefix_length(aligned, aligned_mask)
     prefix = min(common, int(prompt_lengths.min()) - 1)
     if prefix < max(1, min_length):
         return None
@@ -262,8 +261,7 @@ def shared_prefix_inputs(model: Any, inputs: dict[str, Any], min_length: int) ->
     if set(inputs) - {"input_ids", "labels", "attention_mask"}:
         return inputs  # position ids, padding-free or multimodal batches run as they are
     rows = ids.shape[0]
-    same = ((ids == ids[:1]) & (mask == 1)).all(dim=0)
-    common = int(same.long().cumprod(dim=0).sum())
+    common = common_prefix_length(ids, mask)
     trained = (labels != -100).any(dim=0)
     first_trained = int(trained.long().argmax()) if bool(trained.any()) else ids.shape[1]
     # labels[:, : split + 1] are all -100: no prefix position predicts a trained token
