@@ -59,6 +59,7 @@ def test_docstring_examples(name: str) -> None:
         "trainers.rollout_metrics",
         "trainers.shared_prefix",
         "trainers.pipeline_config",
+        "trainers.pipeline",
         "trainers.pipeline_eval",
     ],
 )

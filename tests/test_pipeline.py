@@ -175,6 +175,7 @@ model: {small_model_dir}
 output_dir: {tmp_path / "out"}
 val_tasks: 0
 task_options: {{world_seed: varied}}
+task_repeats: {{lookup: 3}}
 sft:
   episodes: 16
   batch_size: 4
@@ -205,6 +206,8 @@ evaluation:
     sft_tasks = _sft_tasks(env_entry("ToolUseGame-v0"), 16, 0, config.task_options)
     assert len({t.metadata["world_seed"] for t in sft_tasks}) == 16
     summary = run_pipeline(config)
+    kinds = [t.metadata["type"] for t in env_entry("ToolUseGame-v0").tasks("train")]
+    assert summary["grpo_tasks"] == len(kinds) + 2 * kinds.count("lookup")
     variant = summary["evaluation"]["variants"]["new_world"]
     assert variant["task_options"] == {"world_seed": 1}
     assert variant["greedy"]["tasks"] == 2 and variant["sampled"]["episodes"] == 4
@@ -248,6 +251,39 @@ def test_config_refuses_bad_variants_and_an_unknown_demonstrator(tmp_path) -> No
     assert hasty.guess_rate == 0.5
     with pytest.raises(InvalidArgumentError, match="guess_rate must be a number in"):
         _demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 2}, resolve)
+
+
+def test_repeat_by_kind_repeats_the_named_kinds_in_place() -> None:
+    from llm_gym import Task
+    from trainers.pipeline import repeat_by_kind
+
+    tasks = [
+        Task(prompt="a", metadata={"type": "lookup"}),
+        Task(prompt="b", metadata={"type": "compare"}),
+        Task(prompt="c"),  # no kind: once
+        Task(prompt="d", metadata={"type": ["not", "hashable"]}),  # not a kind: once
+        Task(prompt="e", metadata={"type": "lookup"}),
+    ]
+    assert [t.prompt for t in repeat_by_kind(tasks, {})] == ["a", "b", "c", "d", "e"]
+    repeated = repeat_by_kind(tasks, {"lookup": 3, "compare": 1})
+    assert [t.prompt for t in repeated] == ["a", "a", "a", "b", "c", "d", "e", "e", "e"]
+    with pytest.raises(InvalidArgumentError, match=r"names kind\(s\) \['lookups'\].*'compare'"):
+        repeat_by_kind(tasks, {"lookups": 2})
+
+
+@pytest.mark.parametrize("value", [{"lookup": 0}, {"lookup": True}, {"lookup": 2.0}, {1: 2}, [1]])
+def test_config_refuses_bad_task_repeats(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="task_repeats must map task kinds"):
+        PipelineConfig(task_repeats=value)  # type: ignore[arg-type]
+
+
+def test_a_task_repeats_naming_no_kind_fails_before_any_training(tmp_path) -> None:
+    from trainers.pipeline import run_pipeline
+
+    config = PipelineConfig(output_dir=str(tmp_path / "out"), task_repeats={"lookups": 4})
+    with pytest.raises(InvalidArgumentError, match="'lookup_arith'"):
+        run_pipeline(config)
+    assert list((tmp_path / "out").iterdir()) == []  # no model built, nothing trained
 
 
 def test_train_py_keeps_every_set_override() -> None:

@@ -27,6 +27,7 @@ from trainers.pipeline_eval import evaluate_model, paired_gain, plot_reward_curv
 
 __all__ = [
     "build_grpo_config",
+    "repeat_by_kind",
     "run_pipeline",
     # re-exported: the config (trainers.pipeline_config) and the comparison (pipeline_eval)
     "EvalSettings",
@@ -53,6 +54,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     entry = env_entry(config.env)  # resolved once: every step below asks this entry
     summary: dict[str, Any] = {"env": config.env, "env_version": entry.version}
     started = time.perf_counter()
+    # GRPO's tasks, read first: a task_repeats that names no kind fails before any training
+    grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
 
     # 1. the model
     if config.model == "tiny":
@@ -158,18 +161,21 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         summary["evaluation_seconds"] = {"before": time.perf_counter() - t}
 
     # 4. GRPO
-    print("== 4/5 multi-turn GRPO", flush=True)
+    repeated = ", ".join(f"{kind} x{count}" for kind, count in config.task_repeats.items())
+    print(f"== 4/5 multi-turn GRPO ({len(grpo_tasks)} tasks{'; ' + repeated if repeated else ''})",
+          flush=True)  # fmt: skip
     grpo_config = build_grpo_config(config, model_path, max_turns=max_turns, use_cpu=not _has_gpu())
     t = time.perf_counter()
     val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
     trainer = train_multi_turn(
         grpo_config,
-        tasks=entry.tasks("train", **config.task_options),
+        tasks=grpo_tasks,
         env_factory=entry.env_factory(),
         val_tasks=val_tasks,
         oracle=entry.oracle(),
     )
     summary["grpo_seconds"] = time.perf_counter() - t
+    summary["grpo_tasks"] = len(grpo_tasks)
     final_path = out / "final"
     trainer.save_model(str(final_path))
     trainer.processing_class.save_pretrained(str(final_path))
@@ -263,6 +269,32 @@ def build_grpo_config(
     fields.setdefault("use_cpu", use_cpu)
     output_dir = str(Path(config.output_dir) / "grpo")
     return GRPOConfig(output_dir=output_dir, model=model_path, **fields)
+
+
+def repeat_by_kind(tasks: Any, repeats: dict[str, int]) -> list[Any]:
+    """``tasks`` with each task of a kind named in ``repeats`` (``task.metadata["type"]``) that
+    many times in a row, the others once (GRPO's sampler shuffles them). A named kind that no
+    task has is refused, with the kinds there are.
+
+    Example:
+        >>> from llm_gym import Task
+        >>> tasks = [Task(prompt="a", metadata={"type": "x"}), Task(prompt="b")]
+        >>> [task.prompt for task in repeat_by_kind(tasks, {"x": 3})]
+        ['a', 'a', 'a', 'b']
+    """
+    tasks = list(tasks)
+    if not repeats:
+        return tasks
+    kinds = [(getattr(task, "metadata", None) or {}).get("type") for task in tasks]
+    there = {kind for kind in kinds if isinstance(kind, str)}
+    missing = sorted(set(repeats) - there)
+    if missing:
+        raise InvalidArgumentError(
+            f"task_repeats names kind(s) {missing} that no training task has; the kinds "
+            f"(task.metadata['type']) there are: {sorted(there) or 'none'}."
+        )
+    counts = [repeats.get(kind, 1) if isinstance(kind, str) else 1 for kind in kinds]
+    return [task for task, count in zip(tasks, counts, strict=True) for _ in range(count)]
 
 
 def _sft(

@@ -6,6 +6,8 @@ A YAML config has these keys (each optional; ``grpo`` is the one every run needs
     model: tiny                  # "tiny" builds the embedded model; or a path / hub id
     output_dir: outputs/run
     seed: 0
+    task_options: {...}          # options of the env's task source for the training data
+    task_repeats: {...}          # kind -> count: GRPO's task list, some kinds repeated
     sft: {...}                   # SFTSettings: warm start on oracle transcripts
     grpo: {...}                  # MultiTurnGRPOConfig fields
     distillation: {...}          # on-policy distillation: teacher, kl_coef, reward_weight
@@ -143,6 +145,13 @@ class PipelineConfig:
     train split), e.g. ``{"world_seed": "varied"}``: every ToolUseGame task in a world of its
     own, so facts cannot be memorised. Evaluation reads the split as registered (see
     ``evaluation.variants``)."""
+    task_repeats: dict[str, int] = field(default_factory=dict)
+    """A curriculum by frequency for GRPO: each train-split task of a kind named here
+    (``task.metadata["type"]``) appears that many times in GRPO's task list, the others once;
+    ``{"lookup": 4}``. A kind that is rare in the split and resembles a frequent one can
+    otherwise be unlearnt: the frequent kind's reward carries its habit over (ToolUseGame's
+    plain lookups, 12% of its train split, lose to the calculator habit of the lookups that go
+    on to a sum)."""
     tiny_model: dict[str, Any] = field(default_factory=dict)
     """Arguments of ``build_tiny_model`` when ``model: tiny``."""
     sft: SFTSettings | None = None
@@ -167,6 +176,14 @@ class PipelineConfig:
                 raise InvalidArgumentError(
                     f"{name} must be an integer >= {least}, actual value: {value!r}."
                 )
+        if not isinstance(self.task_repeats, dict) or not all(
+            isinstance(kind, str) and type(count) is int and count >= 1
+            for kind, count in self.task_repeats.items()
+        ):
+            raise InvalidArgumentError(
+                "task_repeats must map task kinds (task.metadata['type']) to integers >= 1, "
+                f"for example {{'lookup': 4}}; actual value: {self.task_repeats!r:.80}."
+            )
         for name in ("tiny_model", "task_options", "grpo", "distillation"):
             value = getattr(self, name)
             if not isinstance(value, dict) and not (name == "distillation" and value is None):
