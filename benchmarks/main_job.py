@@ -233,8 +233,10 @@ HOW_TO_READ = [
     "it does the sum in its head instead of calling the calculator (right for it, not for a "
     "2M-parameter model). The warm-started agent keeps both habits; GRPO is to correct them.",
     "- **GRPO**: 20 steps of 16 tasks x 8 episodes, Dr. GRPO advantages (`scale_rewards: none`), "
-    "dapo loss, lr 2e-4 after 5 warmup steps, temperature 1.0. The SFT learning rate, the "
-    "demonstrator's rates and the number of GRPO steps were chosen on the val split and on a "
+    "dapo loss, lr 2e-4 after 5 warmup steps, temperature 1.0, each plain lookup 4 times in its "
+    "task list (`task_repeats: {lookup: 4}`: at 1x, 12% of the train split, GRPO's calculator "
+    "habit spread to them and they were unlearnt). The SFT learning rate, the demonstrator's "
+    "rates, the number of GRPO steps and the repeats were chosen on the val split and on a "
     "second unseen world (`world_seed: 2`), never on the rows above.",
     "- The gains are paired by task (each task counts once, with its success rate over its "
     "samples), so the interval does not treat a task's 8 samples as independent.",
