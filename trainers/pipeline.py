@@ -161,9 +161,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         summary["evaluation_seconds"] = {"before": time.perf_counter() - t}
 
     # 4. GRPO
-    repeated = ", ".join(f"{kind} x{count}" for kind, count in config.task_repeats.items())
-    print(f"== 4/5 multi-turn GRPO ({len(grpo_tasks)} tasks{'; ' + repeated if repeated else ''})",
-          flush=True)  # fmt: skip
+    repeats = "".join(f"; {kind} x{count}" for kind, count in config.task_repeats.items())
+    print(f"== 4/5 multi-turn GRPO ({len(grpo_tasks)} tasks{repeats})", flush=True)
     grpo_config = build_grpo_config(config, model_path, max_turns=max_turns, use_cpu=not _has_gpu())
     t = time.perf_counter()
     val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
