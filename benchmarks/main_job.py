@@ -142,6 +142,7 @@ def summarize(
         "split": evaluation["split"],
         "variants": {n: v["task_options"] for n, v in evaluation.get("variants", {}).items()},
         "seeds": seeds,
+        "samples": config.evaluation.samples,
         "job": {
             "total_minutes": job["total_seconds"] / 60,
             "sft_seconds": job.get("sft_seconds"),
@@ -185,8 +186,8 @@ def report(result: dict[str, Any], config_path: Path) -> str:
     names = {"test_split": f"{result['split']} split"}
     names.update({n: f"{n} {opts}" for n, opts in result["variants"].items()})
     for mode, how in (
-        ("sampled", "sampled (8 episodes a task at the training temperature: the policy GRPO "
-                    "trains)"),
+        ("sampled", f"sampled ({result.get('samples', 8)} episodes a task at the training "
+                    "temperature: the policy GRPO trains)"),
         ("greedy", "greedy (one episode a task)"),
     ):  # fmt: skip
         lines += [
@@ -239,7 +240,7 @@ HOW_TO_READ = [
     "rates, the number of GRPO steps and the repeats were chosen on the val split and on a "
     "second unseen world (`world_seed: 2`), never on the rows above.",
     "- The gains are paired by task (each task counts once, with its success rate over its "
-    "samples), so the interval does not treat a task's 8 samples as independent.",
+    "samples), so the interval does not treat a task's samples as independent.",
 ]
 
 

@@ -108,7 +108,7 @@ def test_paired_gain_refuses_runs_without_a_common_task() -> None:
 
 def test_the_main_job_evaluates_sampled_too() -> None:
     config = load_config(ROOT / "configs" / "tool_use_game_tiny.yaml")
-    assert config.evaluation is not None and config.evaluation.samples == 8
+    assert config.evaluation is not None and config.evaluation.samples == 4
 
 
 @pytest.mark.parametrize("samples", [0, 2])
