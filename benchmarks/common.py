@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 # The statistics live in benchmarks.stats; re-exported so a benchmark imports one harness.
+from benchmarks.procstat import cpu_shares, cpu_times, machine_description
 from benchmarks.stats import Estimate, mean_interval, median_interval, ratio_interval  # noqa: F401
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -45,20 +45,6 @@ CONFIDENCE = 0.95
 MIN_REPEATS = 5
 """Fewest interleaved repeats a full (not ``--quick``) measurement may use."""
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def machine_description() -> str:
-    """CPU model, core count and Python version, for the header of a results file."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def write_markdown(name: str, text: str, out_dir: Path = RESULTS_DIR) -> Path:
@@ -252,7 +238,11 @@ class Conditions:
     """UTC end time."""
     wall_s: float | None = None
     """Seconds from :meth:`start` to :meth:`finish`."""
+    cpu_share: dict[str, float] | None = None
+    """How the machine's CPU time from start to finish was spent (busy, idle, steal:
+    :func:`benchmarks.procstat.cpu_shares`); None without ``/proc``."""
     _clock: float = field(default=0.0, repr=False)
+    _cpu: list[int] | None = field(default=None, repr=False)
 
     @classmethod
     def start(
@@ -288,6 +278,7 @@ class Conditions:
             quick=quick,
             settings={k: v for k, v in (settings or {}).items() if not k.startswith("_")},
             _clock=time.perf_counter(),
+            _cpu=cpu_times(),
         )
 
     def finish(self) -> Conditions:
@@ -296,6 +287,7 @@ class Conditions:
         self.threads_after = thread_settings(pinned=bool(self.threads.get("pinned")))
         self.finished = _now()
         self.wall_s = time.perf_counter() - self._clock
+        self.cpu_share = cpu_shares(self._cpu, cpu_times())
         return self
 
     def describe(self) -> str:
@@ -308,10 +300,15 @@ class Conditions:
             pin += f"; {self.threads_after.get('torch_threads')} at the end"
         commit = (self.git_commit or "unknown")[:12]
         commit += " (uncommitted changes)" if self.git_dirty else ""
+        share, cpu = self.cpu_share, ""
+        if share:
+            cpu = (f" The machine's CPU time over the run: {share['busy']:.0%} busy, "
+                   f"{share['steal']:.1%} stolen by the hypervisor.")  # fmt: skip
         return (
             f"Machine: {self.machine}, torch {self.torch} ({n} intra-op thread"
             f"{'s' if n != 1 else ''}, {pin}; inter-op {threads.get('torch_interop_threads')}). "
-            f"1-minute load average {self.load_before[0]:.1f} at the start, {after} at the end. "
+            f"1-minute load average {self.load_before[0]:.1f} at the start, {after} at the end."
+            f"{cpu} "
             f"Commit {commit}, started {self.started}"
             + (f", {self.wall_s / 60:.1f} min in all" if self.wall_s is not None else "")
             + (". A `--quick` smoke run: not a result." if self.quick else ".")

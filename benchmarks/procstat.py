@@ -1,11 +1,71 @@
-"""A child process's resources from ``/proc`` (Linux): resident memory and CPU time, for the
-load tests (``serve_load``, ``remote_env``)."""
+"""The machine's and a process's facts from ``/proc`` (Linux): the CPU model, how the machine's
+CPU time was spent during a run (:class:`benchmarks.common.Conditions`), and a child process's
+resident memory and CPU time (the load tests: ``serve_load``, ``remote_env``)."""
 
 from __future__ import annotations
 
 import os
+import platform
+from collections.abc import Sequence
 
-__all__ = ["cpu_seconds", "rss_mib"]
+__all__ = ["cpu_seconds", "cpu_shares", "cpu_times", "machine_description", "rss_mib"]
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+"""The counters of ``/proc/stat``'s ``cpu`` line that :func:`cpu_times` reads, in its order."""
+
+
+def machine_description() -> str:
+    """CPU model, core count and Python version, for the header of a results file."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's CPU time so far, in clock ticks summed over its CPUs: ``/proc/stat``'s
+    :data:`CPU_FIELDS` (a kernel without a counter reads 0 for it); None without ``/proc``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1 : 1 + len(CPU_FIELDS)]]
+    return values + [0] * (len(CPU_FIELDS) - len(values))
+
+
+def cpu_shares(
+    before: Sequence[int] | None, after: Sequence[int] | None
+) -> dict[str, float] | None:
+    """How the machine's CPU time between two :func:`cpu_times` readings was spent: ``busy``
+    (user, nice, system, irq, softirq), ``idle`` (idle, iowait) and ``steal``, the time the
+    hypervisor gave these CPUs to other guests. A busy host slows a run without showing in the
+    load average; it shows here. None when a reading is missing or no time passed.
+
+    Example:
+        >>> cpu_shares([0] * 8, [50, 5, 10, 15, 5, 2, 3, 10])
+        {'busy': 0.7, 'idle': 0.2, 'steal': 0.1}
+    """
+    if before is None or after is None:
+        return None
+    spent = dict(zip(CPU_FIELDS, (b - a for a, b in zip(before, after, strict=True)), strict=True))
+    total = sum(spent.values())
+    if total <= 0:
+        return None
+    busy = sum(spent[k] for k in ("user", "nice", "system", "irq", "softirq"))
+    return {
+        "busy": busy / total,
+        "idle": (spent["idle"] + spent["iowait"]) / total,
+        "steal": spent["steal"] / total,
+    }
 
 
 def rss_mib(pid: int) -> float | None:

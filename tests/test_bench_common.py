@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from benchmarks import common, stats
+from benchmarks import common, procstat, stats
 from benchmarks.common import (
     Conditions,
     add_harness_arguments,
@@ -25,7 +25,7 @@ from benchmarks.common import (
 from benchmarks.stats import median_interval, order_statistic_rank, ratio_interval
 
 
-@pytest.mark.parametrize("module", [stats, common])
+@pytest.mark.parametrize("module", [stats, common, procstat])
 def test_docstring_examples(module) -> None:
     assert doctest.testmod(module).failed == 0
 
@@ -207,10 +207,29 @@ def test_conditions_record_the_machine_load_commit_and_time(tmp_path) -> None:
     )
     data = json.loads(path.read_text())
     assert data["conditions"]["settings"] == {"n": 3} and data["conditions"]["command"] == "cmd"
-    assert "_clock" not in data["conditions"]
+    assert "_clock" not in data["conditions"] and "_cpu" not in data["conditions"]
+    share = data["conditions"]["cpu_share"]
+    if procstat.cpu_times() is not None and share is not None:  # None: no tick passed
+        assert set(share) == {"busy", "idle", "steal"} and sum(share.values()) <= 1 + 1e-9
+        assert "stolen by the hypervisor" in text
     assert data["ratio"] == {"median": 1.5, "ci": [1.0, 2.0]}
     if conditions.git_commit is not None:
         assert len(conditions.git_commit) == 40
+
+
+def test_cpu_shares_by_hand() -> None:
+    before = [100, 0, 20, 500, 0, 0, 0, 7]
+    after = [160, 0, 40, 520, 0, 0, 0, 107]  # 80 busy, 20 idle, 100 stolen ticks
+    assert procstat.cpu_shares(before, after) == {"busy": 0.4, "idle": 0.1, "steal": 0.5}
+    assert procstat.cpu_shares(before, before) is None  # no time passed
+    assert procstat.cpu_shares(None, after) is None
+    assert Conditions(**{**_old_conditions(), "cpu_share": None}).describe().count("stolen") == 0
+
+
+def _old_conditions() -> dict:
+    """A results file's conditions from before ``cpu_share`` was recorded."""
+    return dict(benchmark="b", command="c", machine="m", torch=None, threads={},
+                load_before=[0.0] * 3, git_commit=None, git_dirty=None, started="s")  # fmt: skip
 
 
 def test_harness_arguments_and_the_quick_convention(tmp_path) -> None:
