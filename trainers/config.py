@@ -24,17 +24,19 @@ from trl import GRPOConfig as _TRLGRPOConfig
 
 from llm_gym.actions import ACTION_FORMATS
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.policies.registry import registered_policies
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.advantages import ADVANTAGE_ESTIMATORS
 from trainers.config_checks import (
     check_async,
+    check_backend,
     check_chat_template_kwargs,
     check_deadline,
     check_distillation,
+    check_sampling,
 )
 from trainers.distillation import DistillationConfig
+from trainers.field_types import check_field_types
 from trainers.weight_sync import WeightSyncType
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -269,7 +271,11 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        self._check_multi_turn()
+        try:
+            self._check_multi_turn()
+        except TypeError:  # a check compared a value of the wrong type: name its field
+            check_field_types(self)
+            raise
         world = _world_size()
         episodes = self.batch_size * self.episodes_per_task
         if self.batch_size % world:
@@ -280,7 +286,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         per_rank_rows = episodes // world * (self.max_samples_per_episode or 1)
         if self.per_device_train_batch_size is None:
             self.per_device_train_batch_size = per_rank_rows
-        if per_rank_rows % self.per_device_train_batch_size:
+        if self.per_device_train_batch_size < 1 or per_rank_rows % self.per_device_train_batch_size:
             raise InvalidArgumentError(
                 f"per_device_train_batch_size ({self.per_device_train_batch_size}) must divide the "
                 f"rows each process trains on per step: batch_size x episodes_per_task / "
@@ -367,29 +373,17 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             )
         if self.action_format not in ACTION_FORMATS:
             refuse("action_format", self.action_format, f"one of {sorted(ACTION_FORMATS)}")
-        backends = [b.kind for b in registered_policies() if not b.scripted]
-        if self.generation_backend is not None and self.generation_backend not in backends:
-            refuse(
-                "generation_backend",
-                self.generation_backend,
-                f"None or a model backend, one of {backends}",
-            )
-        if self.generation_backend and (self.generation_backend == "vllm") != self.use_vllm:
-            refuse(
-                "generation_backend",
-                self.generation_backend,
-                "'vllm' exactly when use_vllm=True (TRL sets up and syncs the vLLM engine)",
-            )
         samples = self.max_samples_per_episode
         if samples is not None and (not isinstance(samples, int) or samples < 1):
             refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")
         if self.shared_prefix_min_length < 1:
             refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
-        check_async(self, refuse)
-        check_deadline(self, refuse)
-        check_chat_template_kwargs(self, refuse)
+        checks = (check_backend, check_async, check_deadline, check_sampling)
+        for check in (*checks, check_chat_template_kwargs):
+            check(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
+        check_field_types(self)  # last: the checks above say more about their own fields
 
     @property
     def is_async(self) -> bool:

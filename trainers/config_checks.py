@@ -1,5 +1,5 @@
-"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s async, deadline, distillation and
-chat-template fields.
+"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s backend, async, deadline,
+distillation, sampling and chat-template fields.
 
 Each refuses a value with the field named and what is allowed (``refuse(name, value, allowed)``),
 before any model loads.
@@ -13,14 +13,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from llm_gym.policies.registry import registered_policies
 from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
 __all__ = [
     "check_async",
+    "check_backend",
     "check_chat_template_kwargs",
     "check_deadline",
     "check_distillation",
+    "check_sampling",
 ]
 
 
@@ -90,6 +93,36 @@ def check_async(config: Any, refuse: Any) -> None:
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     ):
         refuse("generator_threads", threads, "None or an int >= 1")
+
+
+def check_backend(config: Any, refuse: Any) -> None:
+    """``generation_backend``: None or a registered model backend, ``"vllm"`` exactly when
+    ``use_vllm``."""
+    backend = config.generation_backend
+    backends = [b.kind for b in registered_policies() if not b.scripted]
+    if backend is not None and backend not in backends:
+        refuse("generation_backend", backend, f"None or a model backend, one of {backends}")
+    if backend and (backend == "vllm") != config.use_vllm:
+        refuse(
+            "generation_backend",
+            backend,
+            "'vllm' exactly when use_vllm=True (TRL sets up and syncs the vLLM engine)",
+        )
+
+
+def check_sampling(config: Any, refuse: Any) -> None:
+    """TRL's ``temperature`` (>= 0) and ``top_p`` (in (0, 1]), ``learning_rate`` (>= 0) and
+    ``seed`` (numpy's range, where ``transformers.set_seed`` puts it): TRL takes any number and
+    fails, or trains backwards, only once training runs. Their types are checked before
+    (:func:`~trainers.field_types.check_field_types`)."""
+    if not 0 <= config.seed < 2**32:
+        refuse("seed", config.seed, f"an integer in [0, {2**32 - 1}]")
+    if not 0 <= config.temperature < math.inf:
+        refuse("temperature", config.temperature, "a finite number >= 0 (0: greedy)")
+    if not 0 < config.top_p <= 1:
+        refuse("top_p", config.top_p, "a number in (0, 1]")
+    if not 0 <= config.learning_rate < math.inf:
+        refuse("learning_rate", config.learning_rate, "a finite number >= 0")
 
 
 def check_deadline(config: Any, refuse: Any) -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, did_you_mean
 from trainers.pipeline_config import (
     EvalSettings,
     PipelineConfig,
@@ -56,6 +56,10 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     started = time.perf_counter()
     # GRPO's tasks, read first: a task_repeats that names no kind fails before any training
     grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
+    grpo_fields = dict(config.grpo)
+    max_turns = grpo_fields.get("max_turns") or entry.max_turns
+    # The GRPO config, built once now: a wrong grpo key or value fails before any model work
+    build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())
 
     # 1. the model
     if config.model == "tiny":
@@ -99,8 +103,6 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
-    grpo_fields = dict(config.grpo)
-    max_turns = grpo_fields.get("max_turns") or entry.max_turns
     eval_turns = (
         (config.evaluation.max_turns if config.evaluation else None)
         or grpo_fields.get("val_max_turns")
@@ -258,9 +260,23 @@ def build_grpo_config(
     """The run's :class:`~trainers.MultiTurnGRPOConfig`: the config's ``grpo`` fields as written
     (async ones included), with ``max_turns`` (the environment's when the config has none),
     ``seed`` and ``use_cpu`` as defaults; nothing is loaded."""
+    import dataclasses
+
     from trainers import GRPOConfig
 
     fields = dict(config.grpo)
+    known = {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"Unknown key(s) {unknown} in grpo: not fields of MultiTurnGRPOConfig (its own, TRL's "
+            f"GRPOConfig's or TrainingArguments').{did_you_mean(unknown[0], known)}"
+        )
+    if set_by_run := sorted({"output_dir", "model"} & set(fields)):
+        raise InvalidArgumentError(
+            f"grpo may not set {set_by_run}: the run sets them (output_dir/grpo under the config's "
+            "output_dir, and the model the config's model became)."
+        )
     if config.distillation is not None:
         fields.setdefault("distillation", config.distillation)
     fields.setdefault("max_turns", max_turns)

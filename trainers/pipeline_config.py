@@ -20,20 +20,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from llm_gym.errors import InvalidArgumentError
+from trainers.field_types import check_field_types
 
 __all__ = [
+    "MAX_SEED",
     "EvalSettings",
     "PipelineConfig",
     "SFTSettings",
     "load_config",
     "yaml_load",
 ]
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed: numpy's generator (seeded with the rest by ``transformers.set_seed``)
+takes no more."""
 
 
 @dataclass
@@ -55,7 +63,7 @@ class SFTSettings:
     """Steps of a first phase on the transcripts without system prompt and tool specs
     (:func:`trainers.sft_data.short_context_dataset`): a small model learns to copy names and
     numbers there much sooner; 0: no such phase."""
-    lr_scheduler_type: str = "cosine"
+    lr_scheduler_type: Literal["cosine", "linear", "constant"] = "cosine"
     """The decay of the full-transcript phase: cosine, linear or constant (the short-context
     phase runs at a constant rate after its warmup)."""
     warmup_steps: int = 10
@@ -85,6 +93,28 @@ class SFTSettings:
     short-context phase gets at most its share of the steps (half when the full phase runs by
     epochs)."""
 
+    def __post_init__(self) -> None:
+        check_field_types(self, "sft.")
+        for name, least in (("episodes", 1), ("batch_size", 1), ("max_steps", 1),
+                            ("short_context_steps", 0), ("warmup_steps", 0)):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise InvalidArgumentError(
+                    f"sft.{name} must be an integer >= {least}, actual value: {value!r}."
+                )
+        for name in ("learning_rate", "epochs", "time_budget_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise InvalidArgumentError(
+                    f"sft.{name} must be a finite number > 0, actual value: {value!r}."
+                )
+        for name in ("oracle_options", "short_context_oracle_options", "task_options"):
+            if not isinstance(getattr(self, name), dict | None):
+                raise InvalidArgumentError(
+                    f"sft.{name} must be a mapping of keys to values or null, actual value: "
+                    f"{getattr(self, name)!r:.80}."
+                )
+
 
 @dataclass
 class EvalSettings:
@@ -108,6 +138,12 @@ class EvalSettings:
     training task has seen. Reported beside the split's own numbers."""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "evaluation.")
+        for name, value in (("max_new_tokens", self.max_new_tokens), ("max_turns", self.max_turns)):
+            if value is not None and value < 1:
+                raise InvalidArgumentError(
+                    f"evaluation.{name} must be an integer >= 1, actual value: {value!r}."
+                )
         if not isinstance(self.episodes, int) or self.episodes < 1:
             raise InvalidArgumentError(
                 f"evaluation.episodes must be an integer >= 1, actual value: {self.episodes!r}."
@@ -165,16 +201,18 @@ class PipelineConfig:
     """Held-out evaluation before and after GRPO (None: skip)."""
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         for name in ("env", "model", "output_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise InvalidArgumentError(
                     f"{name} must be a non-empty string, actual value: {getattr(self, name)!r}."
                 )
-        for name, least in (("seed", 0), ("val_tasks", 0)):
+        for name, least, most in (("seed", 0, MAX_SEED), ("val_tasks", 0, math.inf)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if not least <= value <= most:  # an int: checked above
+                allowed = f"in [{least}, {most}]" if most < math.inf else f">= {least}"
                 raise InvalidArgumentError(
-                    f"{name} must be an integer >= {least}, actual value: {value!r}."
+                    f"{name} must be an integer {allowed}, actual value: {value!r}."
                 )
         if not isinstance(self.task_repeats, dict) or not all(
             isinstance(kind, str) and type(count) is int and count >= 1
@@ -322,8 +360,15 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
         raise InvalidArgumentError(
             str(exc) if str(path) in str(exc) else f"{path}: {exc}"
         ) from None
-    config.sft = _build(SFTSettings, sft, f"{path}: sft") if sft is not None else None
-    config.evaluation = (
-        _build(EvalSettings, evaluation, f"{path}: evaluation") if evaluation is not None else None
-    )
+    try:
+        config.sft = _build(SFTSettings, sft, f"{path}: sft") if sft is not None else None
+        config.evaluation = (
+            _build(EvalSettings, evaluation, f"{path}: evaluation")
+            if evaluation is not None
+            else None
+        )
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+        ) from None
     return config

@@ -29,6 +29,7 @@ from llm_gym.core.types import ToolCall
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
+    "count_json_values",
     "json_type_name",
     "decode_tool_call",
     "dumps_for_model",
@@ -63,6 +64,29 @@ def json_type_name(value: Any, *, article: bool = False) -> str:
     if not article or name == "null":
         return name
     return ("an " if name[0] in "aeiou" else "a ") + name
+
+
+def count_json_values(text: str, limit: int) -> int:
+    """An upper bound of the values in the JSON ``text`` (exact enough up to ``limit``), from its
+    commas and brackets outside strings: str methods only (linear, in C), so a document can be
+    refused for its count before ``json.loads`` builds millions of objects from it (an empty
+    list is 2 bytes of text and 56 of memory).
+
+    Example:
+        >>> count_json_values('{"a": [1, 2], "b": "x, y"}', 100)
+        7
+        >>> count_json_values('{"a": "x, y, z"}', 0)
+        2
+    """
+    rough = text.count(",") + 2 * (text.count("[") + text.count("{"))
+    if rough <= limit:  # the common case: a few long strings
+        return rough
+    bare = text.replace("\\\\", "").replace('\\"', "")  # escapes: every '"' left delimits
+    quotes = bare.count('"')
+    if quotes > 2 * limit:
+        return quotes // 2
+    outside = "".join(bare.split('"')[0::2])
+    return quotes // 2 + outside.count(",") + 2 * (outside.count("[") + outside.count("{"))
 
 
 _LENIENT_DECODER = json.JSONDecoder(strict=False)

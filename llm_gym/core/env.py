@@ -22,6 +22,7 @@ __all__ = [
     "StepResult",
     "SyncEnv",
     "TruncationCause",
+    "check_messages",
     "check_step",
     "finite_reward",
     "require_turn_limit",
@@ -88,9 +89,35 @@ class StepResult:
 _STEP_RESULT = "a StepResult(terminated, truncated, messages, reward=0.0, metrics={})"
 
 
+def check_messages(messages: Any, where: str, start: int = 0) -> list[Message]:
+    """``messages``, what ``where`` (an env's ``reset``, say) returned, checked: a list of
+    message dicts, each (from ``start`` on) with a string ``role``.
+
+    Example:
+        >>> check_messages(({"role": "user", "content": "hi"},), "Env.reset")
+        [{'role': 'user', 'content': 'hi'}]
+
+    Raises:
+        InvalidArgumentError: naming ``where``, the message and what came instead.
+    """
+    if not isinstance(messages, list | tuple):
+        raise InvalidArgumentError(
+            f"{where} must return a list of message dicts, actual value: {messages!r:.200}."
+        )
+    for index in range(start, len(messages)):
+        message = messages[index]
+        if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)):
+            raise InvalidArgumentError(
+                f"{where} returned messages[{index}]={message!r:.100}; each message must be a "
+                "dict with a string 'role' and its 'content'."
+            )
+    return messages if type(messages) is list else list(messages)
+
+
 def check_step(result: Any, where: str, start: int = 0) -> list[Message]:
     """The messages of ``result`` (what ``where``, an env's ``step``, returned), checked: a
-    StepResult-like object whose ``messages`` is a list of message dicts (from ``start`` on).
+    StepResult-like object whose ``messages`` is a list of message dicts (from ``start`` on,
+    each with a string ``role``).
 
     Raises:
         InvalidArgumentError: naming ``where``, the field and what came instead.
@@ -101,13 +128,7 @@ def check_step(result: Any, where: str, start: int = 0) -> list[Message]:
             f"{where} must return {_STEP_RESULT} with a list of message dicts, actual value: "
             f"{result!r:.200}."
         )
-    for index in range(start, len(messages)):
-        if not isinstance(messages[index], Mapping):
-            raise InvalidArgumentError(
-                f"{where} returned messages[{index}]={messages[index]!r:.100}; each message must "
-                "be a dict with 'role' and 'content'."
-            )
-    return messages if type(messages) is list else list(messages)
+    return check_messages(messages, where, start)
 
 
 def require_turn_limit(value: object, name: str = "max_turns") -> int:

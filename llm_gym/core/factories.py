@@ -154,12 +154,25 @@ def as_env_factory(env: Env | type[Env] | EnvFactory | str | Any) -> EnvFactory:
 # --- tasks -------------------------------------------------------------------------------------
 
 
+def _task_list(items: Any, where: str) -> list[Task]:
+    """``items`` as a list of tasks (each through :func:`as_task`); ``where`` names them."""
+    if isinstance(items, str) or not isinstance(items, Sequence):
+        raise InvalidArgumentError(
+            f"{where} must be a sequence of tasks, actual value: {items!r:.200}."
+        )
+    return [as_task(item, f"{where}[{i}]") for i, item in enumerate(items)]
+
+
 class StaticTasks:
     """Task source over fixed lists (picklable)."""
 
     def __init__(self, by_split: Mapping[str, Sequence[Task]] | None, tasks: Sequence[Task]):
-        self.by_split = None if by_split is None else {k: list(v) for k, v in by_split.items()}
-        self.tasks = list(tasks)
+        self.by_split = (
+            None
+            if by_split is None
+            else {k: _task_list(v, f"tasks[{k!r}]") for k, v in by_split.items()}
+        )
+        self.tasks = _task_list(tasks, "tasks")
 
     def __call__(self, split: str) -> Sequence[Task]:
         if self.by_split is None:

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llm_gym.core.types import FrozenMessage, Message
+from llm_gym.core.types import FrozenMessage, Message, rebuild_nested
 
 __all__ = ["REPLACEMENT_CHARACTER", "clean_json", "clean_message", "clean_messages", "clean_text"]
 
@@ -43,23 +43,47 @@ _SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _valid_value(value: Any) -> bool:
-    """Whether every string in ``value`` (dict keys included) is valid; no copies."""
+    """Whether every string in ``value`` (dict keys included) is valid; no copies.
+
+    A loop over an explicit stack, not recursion: a JSON value nested as deeply as ``json.loads``
+    allows (close to the recursion limit) is walked as easily as a flat one. A container met
+    twice (shared, or holding itself) counts as invalid, so that :func:`_clean_value` copies
+    the shared one and refuses the cycle.
+    """
     kind = type(value)
     if kind is str:
         return value.isascii() or _SURROGATE.search(value) is None
     if kind in _SCALARS:
         return True
-    if kind is dict or isinstance(value, Mapping):
-        for key, item in value.items():  # noqa: SIM110 - a loop: faster than all(generator)
-            if not (_valid_value(key) and _valid_value(item)):
-                return False
-        return True
-    if kind is list or kind is tuple or isinstance(value, list | tuple):
-        for item in value:  # noqa: SIM110
-            if not _valid_value(item):
-                return False
-        return True
-    return not isinstance(value, str) or _valid(value)
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:  # shared or a cycle: _clean_value copies the one, refuses the other
+            return False
+        seen.add(id(item))
+        if type(item) is dict or isinstance(item, Mapping):
+            for key, child in item.items():  # strings checked here: no push and pop for them
+                if type(key) is str:
+                    if not (key.isascii() or _SURROGATE.search(key) is None):
+                        return False
+                elif type(key) not in _SCALARS:
+                    stack.append(key)
+                if type(child) is str:
+                    if not (child.isascii() or _SURROGATE.search(child) is None):
+                        return False
+                elif type(child) not in _SCALARS:
+                    stack.append(child)
+        elif isinstance(item, list | tuple):
+            for child in item:
+                if type(child) is str:
+                    if not (child.isascii() or _SURROGATE.search(child) is None):
+                        return False
+                elif type(child) not in _SCALARS:
+                    stack.append(child)
+        elif isinstance(item, str) and not _valid(item):
+            return False
+    return True
 
 
 def clean_text(text: str) -> str:
@@ -77,18 +101,25 @@ def clean_text(text: str) -> str:
     return _SURROGATE.sub(REPLACEMENT_CHARACTER, text)
 
 
+def _clean_leaf(value: Any) -> Any:
+    return clean_text(str(value)) if isinstance(value, str) else value
+
+
+def _clean_build(container: Any, cleaned: list[Any]) -> Any:
+    if isinstance(container, Mapping):
+        pairs = zip(cleaned[::2], cleaned[1::2], strict=True)
+        return FrozenMessage(pairs) if isinstance(container, FrozenMessage) else dict(pairs)
+    return cleaned if isinstance(container, list) else tuple(cleaned)
+
+
 def _clean_value(value: Any) -> Any:
     """A copy of ``value`` with every string cleaned (dicts, lists and tuples are walked and
-    copied; other values are kept as they are)."""
-    if isinstance(value, str):
-        return clean_text(str(value))
-    if isinstance(value, Mapping):
-        pairs = [(_clean_value(key), _clean_value(item)) for key, item in value.items()]
-        return FrozenMessage(pairs) if isinstance(value, FrozenMessage) else dict(pairs)
-    if isinstance(value, list | tuple):
-        items = [_clean_value(item) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
+    copied, at any depth; other values are kept as they are).
+
+    Raises:
+        InvalidArgumentError: ``value`` contains itself.
+    """
+    return rebuild_nested(value, _clean_leaf, _clean_build)
 
 
 def clean_json(value: Any) -> Any:

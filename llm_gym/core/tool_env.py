@@ -18,6 +18,7 @@ import asyncio
 import math
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any, ClassVar
 
 from llm_gym.core.env import Env, StepResult
@@ -35,6 +36,9 @@ MAX_TOOL_RESULT_CHARS = 8_000
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+_INTEGER = re.compile(r"[-+]?\d+")
+_EXACT_FLOAT_INT = 2**53
+"""Every int up to this magnitude is a float exactly."""
 
 
 def extract_answer(content: str) -> str:
@@ -68,12 +72,29 @@ def extract_answer(content: str) -> str:
     return text.strip()
 
 
-def _as_number(text: str) -> float | None:
+def _as_number(text: str) -> int | float | None:
+    """The number ``text`` writes: an ``int`` for an integer (exact at any size), else a finite
+    ``float``; None for anything else (at most 64 characters are read as a number)."""
     cleaned = text.strip().rstrip(".").replace(",", "").replace("_", "")
     if len(cleaned) > 64 or not _NUMBER.fullmatch(cleaned):
         return None
+    if _INTEGER.fullmatch(cleaned):
+        return int(cleaned)
     value = float(cleaned)
     return value if math.isfinite(value) else None
+
+
+def _close(value: int | float, target: int | float, rel_tol: float, abs_tol: float) -> bool:
+    """``math.isclose``, exact when a float cannot hold one of the numbers as it is: an int past
+    2**53 (it would be rounded, so a wrong answer could match) or past the float range (where
+    ``math.isclose`` raises OverflowError)."""
+    if not any(type(x) is int and abs(x) > _EXACT_FLOAT_INT for x in (value, target)):
+        return math.isclose(value, target, rel_tol=rel_tol, abs_tol=abs_tol)
+    value, target = Fraction(value), Fraction(target)  # ints and finite floats: exact
+    difference = abs(value - target)
+    return difference <= Fraction(abs_tol) or difference <= Fraction(rel_tol) * max(
+        abs(value), abs(target)
+    )
 
 
 def answers_match(
@@ -82,14 +103,20 @@ def answers_match(
     """Whether a reply matches a target.
 
     Numbers match within ``rel_tol`` (relative) or ``abs_tol`` (absolute); thousands separators
-    and a trailing period are ignored. Anything else matches case-insensitively after stripping
-    whitespace and a trailing period.
+    and a trailing period are ignored; integers are compared exactly at any size. Anything else
+    matches case-insensitively after stripping whitespace and a trailing period.
+
+    Example:
+        >>> answers_match("10000000000000000000", 10**19 + 1, rel_tol=0.0)
+        False
     """
     if isinstance(target, bool) or not isinstance(target, int | float):
         expected = str(target).strip().rstrip(".").casefold()
         return answer.strip().rstrip(".").casefold() == expected
     value = _as_number(answer)
-    return value is not None and math.isclose(value, target, rel_tol=rel_tol, abs_tol=abs_tol)
+    if value is None or (isinstance(target, float) and not math.isfinite(target)):
+        return False
+    return _close(value, target, rel_tol, abs_tol)
 
 
 def _describe(exc: BaseException) -> str:

@@ -7,8 +7,11 @@ plain ``dict`` that any chat template, HTTP client or JSON encoder accepts as it
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Required, TypeAlias, TypedDict
+
+from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
     "FrozenMessage",
@@ -20,6 +23,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "freeze_message",
+    "rebuild_nested",
 ]
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
@@ -98,22 +102,82 @@ class FrozenMessage(dict):
         return (dict, (copy.deepcopy(self),))
 
 
-def _freeze(value: Any) -> Any:
+def _is_container(value: Any) -> bool:
+    return not isinstance(value, str) and isinstance(value, Mapping | list | tuple)
+
+
+def _children(container: Any) -> Iterator[Any]:
+    if isinstance(container, Mapping):
+        return itertools.chain.from_iterable(container.items())  # key, item, key, item, ...
+    return iter(container)
+
+
+def rebuild_nested(
+    value: Any, leaf: Callable[[Any], Any], build: Callable[[Any, list[Any]], Any]
+) -> Any:
+    """A copy of ``value``, a structure of mappings, lists and tuples: each other value goes
+    through ``leaf``, and each container is rebuilt by ``build(container, children)`` from its
+    rebuilt children (a mapping's as ``[key, item, key, item, ...]``), innermost first.
+
+    A loop over an explicit stack, not recursion: a structure nested as deeply as ``json.loads``
+    allows (close to the recursion limit) is copied from any call depth.
+
+    Example:
+        >>> rebuild_nested({"a": [1, (2,)]}, str, lambda c, kids: kids)
+        ['a', ['1', ['2']]]
+
+    Raises:
+        InvalidArgumentError: ``value`` contains itself (it could never be sent as JSON).
+    """
+    if not _is_container(value):
+        return leaf(value)
+    # Each frame: a container, an iterator over its children, the children rebuilt so far.
+    stack: list[tuple[Any, Iterator[Any], list[Any]]] = [(value, _children(value), [])]
+    on_path = {id(value)}
+    while True:
+        container, children, done = stack[-1]
+        for child in children:
+            if _is_container(child):
+                if id(child) in on_path:
+                    raise InvalidArgumentError(
+                        f"a {type(container).__name__} contains itself; a message or a JSON "
+                        "value must be a tree of dicts, lists and scalars."
+                    )
+                on_path.add(id(child))
+                stack.append((child, _children(child), []))
+                break
+            done.append(leaf(child))
+        else:
+            stack.pop()
+            on_path.discard(id(container))
+            rebuilt = build(container, done)
+            if not stack:
+                return rebuilt
+            stack[-1][2].append(rebuilt)
+
+
+def _freeze_leaf(value: Any) -> Any:
     kind = type(value)
     if kind is str or value is None or kind is int or kind is float or kind is bool:
         return value
-    if isinstance(value, Mapping):
-        return FrozenMessage({key: _freeze(item) for key, item in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(item) for item in value)
     return copy.deepcopy(value)
 
 
+def _freeze_build(container: Any, children: list[Any]) -> Any:
+    if isinstance(container, Mapping):
+        return FrozenMessage(zip(children[::2], children[1::2], strict=True))
+    return tuple(children)
+
+
 def freeze_message(message: Message) -> Message:
-    """A read-only deep copy of ``message`` (nested dicts frozen too, lists become tuples)."""
+    """A read-only deep copy of ``message`` (nested dicts frozen too, lists become tuples).
+
+    Raises:
+        InvalidArgumentError: ``message`` contains itself.
+    """
     for value in message.values():
         if type(value) is not str:
             break
     else:  # the common case: every value is a string
         return FrozenMessage(message)  # type: ignore[return-value]
-    return _freeze(message)  # type: ignore[no-any-return]
+    return rebuild_nested(message, _freeze_leaf, _freeze_build)  # type: ignore[no-any-return]

@@ -9,6 +9,7 @@ and returns the text of the environment's reply.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import numbers
 import pickle
@@ -33,7 +34,7 @@ from llm_gym.core.factories import (
 )
 from llm_gym.core.task import Task
 from llm_gym.core.types import FrozenMessage, Message, freeze_message
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, did_you_mean
 from llm_gym.gym.spaces import UnicodeText
 from llm_gym.rollout.driver import (
     DEFAULT_FAILED_PARSE_REWARD,
@@ -133,7 +134,10 @@ class TextEnv(gymnasium.Env[str, str]):
         version: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
         task_options: dict[str, Any] | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise InvalidArgumentError(self._unknown_arguments(sorted(unknown)))
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise InvalidArgumentError(
                 f"render_mode must be None or one of {self.metadata['render_modes']}, "
@@ -167,6 +171,23 @@ class TextEnv(gymnasium.Env[str, str]):
         self._live = False  # an episode is running (reset() and no end yet)
         self._frozen_source: list[Message] = []
         self._frozen: list[Message] = []
+
+    @classmethod
+    def _unknown_arguments(cls, names: list[str]) -> str:
+        """The error for keyword arguments ``gym.make`` passed that this class does not take."""
+        taken = [  # a subclass's own keywords, then those it passes on to TextEnv
+            name
+            for klass in cls.__mro__
+            if issubclass(klass, TextEnv) and "__init__" in vars(klass)
+            for name, parameter in inspect.signature(klass.__init__).parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        taken = list(dict.fromkeys(taken))
+        return (
+            f"{cls.__name__} takes no argument(s) {names}; it takes {taken}. The environment's "
+            "own options go in env_kwargs={...} and its task source's in task_options={...}."
+            + did_you_mean(names[0], taken)
+        )
 
     @property
     def max_turns(self) -> int:
@@ -226,8 +247,10 @@ class TextEnv(gymnasium.Env[str, str]):
                     f"options['index'] must be an int in [0, {len(tasks)}), "
                     f"actual value: {index!r}."
                 )
-            return tasks[int(index)], split
-        return tasks[int(self.np_random.integers(len(tasks)))], split
+        else:
+            index = int(self.np_random.integers(len(tasks)))
+        # A task source is code: what it gives must be a task (a dict or a prompt becomes one).
+        return as_task(tasks[int(index)], f"task {index} of the {split!r} split"), split
 
     # --- gymnasium API -------------------------------------------------------------------------
     def reset(

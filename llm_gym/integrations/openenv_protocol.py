@@ -19,8 +19,10 @@ import contextlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
+from llm_gym.actions.codec import count_json_values
 from llm_gym.core.text import clean_json
 from llm_gym.errors import InvalidArgumentError
 
@@ -49,6 +51,7 @@ __all__ = [
     "EnvAction",
     "EnvObservation",
     "FrameGuard",
+    "clip_validation_errors",
     "json_safe",
     "read_frame",
 ]
@@ -173,20 +176,6 @@ def json_safe(value: Any) -> Any:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _counted_values(text: str, limit: int) -> int:
-    """An upper bound of the JSON values in ``text`` (exact enough up to ``limit``), from its
-    commas and brackets outside strings (str methods only: linear, in C)."""
-    rough = text.count(",") + 2 * (text.count("[") + text.count("{"))
-    if rough <= limit:  # the common case: a few long strings
-        return rough
-    bare = text.replace("\\\\", "").replace('\\"', "")  # escapes: every '"' left delimits
-    quotes = bare.count('"')
-    if quotes > 2 * limit:
-        return quotes // 2
-    outside = "".join(bare.split('"')[0::2])
-    return quotes // 2 + outside.count(",") + 2 * (outside.count("[") + outside.count("{"))
-
-
 def _path(value: Any, target: Any, where: str = "") -> str | None:
     """Where ``target`` (that very object) sits in ``value``: ``data.message.content``."""
     if value is target:
@@ -233,7 +222,7 @@ def read_frame(
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidArgumentError(f"A binary {what} must be UTF-8 JSON text: {exc}.") from None
-    if (count := _counted_values(data, max_values)) > max_values:
+    if (count := count_json_values(data, max_values)) > max_values:
         raise InvalidArgumentError(
             f"The {what} holds too many values (about {count:,}; at most {max_values:,})."
         )
@@ -257,6 +246,40 @@ def read_frame(
 
 MESSAGE_TYPES = ("reset", "step", "state", "close")
 """The frames a client may send on ``/ws`` (OpenEnv's ``mcp`` is not served)."""
+
+
+def clip_validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """Pydantic's ``errors()`` as a client may get them back: ``type``, ``loc`` (each key cut to
+    100 characters) and ``msg`` of the first 20, without the ``input`` pydantic adds (the value
+    refused, echoed whole: a 2 MB ``content`` came back as a 2 MB error).
+
+    Example:
+        >>> clip_validation_errors([{"type": "t", "loc": ["a", 0], "msg": "m", "input": "x" * 9}])
+        [{'type': 't', 'loc': ['a', 0], 'msg': 'm'}]
+    """
+    clipped = []
+    for error in list(errors)[:20] if isinstance(errors, list | tuple) else []:
+        if isinstance(error, Mapping):
+            loc = error.get("loc") or ()
+            clipped.append({
+                "type": str(error.get("type", ""))[:100],
+                "loc": [part if type(part) is int else str(part)[:100] for part in loc][:20],
+                "msg": str(error.get("msg", ""))[:300],
+            })  # fmt: skip
+    return clipped
+
+
+def _clip_error_frame(event: Any) -> Any:
+    """An outgoing WebSocket event, with the validation errors of an error frame clipped."""
+    text = event.get("text") if event.get("type") == "websocket.send" else None
+    if not text or not text.startswith('{"type":"error"') or '"errors"' not in text:
+        return event
+    try:
+        frame = json.loads(text)
+        frame["data"]["errors"] = clip_validation_errors(frame["data"]["errors"])
+    except (ValueError, TypeError, KeyError):
+        return event
+    return {**event, "text": json.dumps(frame)}
 
 
 def _error_frame(message: str, code: str) -> dict[str, Any]:
@@ -298,10 +321,12 @@ class FrameGuard:
     """ASGI middleware in front of OpenEnv's ``/ws``: every client frame is read by
     :func:`read_frame` and its ``type`` checked before OpenEnv's handler sees it; a bad one is
     answered with an error and the session goes on (OpenEnv's handler would end the session on
-    a list, a binary frame or JSON nested 50,000 deep). A connection silent for
-    ``idle_timeout_s`` is told so and closed, which ends its session. A client that leaves
-    without a close handshake is normal: OpenEnv's handler then raises ``WebSocketDisconnect``
-    while closing (it expects ``RuntimeError``), and the error is dropped here. The body of an
+    a list, a binary frame or JSON nested 50,000 deep). The validation errors of OpenEnv's
+    error frames go out without the refused input (:func:`clip_validation_errors`). A
+    connection silent for ``idle_timeout_s`` is told so and closed, which ends its session.
+    A client that leaves without a close handshake is normal: OpenEnv's handler then raises
+    ``WebSocketDisconnect`` while closing (it expects ``RuntimeError``), and the error is
+    dropped here. The body of an
     HTTP ``/reset`` or ``/step`` is read the same way (9 MB of ``[],`` held the loop for 13 s, a
     NaN made a 500). OpenEnv's ``/mcp`` routes are refused (404, or a WebSocket closed with 1008):
     MCP sessions opened over HTTP are never closed."""
@@ -353,8 +378,11 @@ class FrameGuard:
                     continue
                 return {"type": "websocket.receive", "text": text}
 
+        async def guarded_send(event: Any) -> None:
+            await send(_clip_error_frame(event))
+
         with contextlib.suppress(WebSocketDisconnect):
-            await self.app(scope, guarded_receive, send)
+            await self.app(scope, guarded_receive, guarded_send)
 
 
 # --- what RemoteEnv accepts from an llm_gym server ------------------------------------------------

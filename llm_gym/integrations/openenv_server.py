@@ -46,6 +46,7 @@ from llm_gym.integrations.openenv_protocol import (
     EnvAction,
     EnvObservation,
     FrameGuard,
+    clip_validation_errors,
 )
 from llm_gym.integrations.openenv_session import (
     ServedEnv,
@@ -56,6 +57,8 @@ from llm_gym.serving.threaded import ThreadedServer, http_url
 
 try:
     from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exception_handlers import http_exception_handler
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from openenv.core.env_server import HTTPEnvServer
     from openenv.core.env_server.types import ConcurrencyConfig
@@ -132,6 +135,8 @@ def build_env_app(
     app.router.on_shutdown.append(functools.partial(finish_closing, step_timeout_s + 1))
     for error, status in ((InvalidArgumentError, 422), (TimeoutError, 504), (ServedEnvError, 500)):
         app.add_exception_handler(error, functools.partial(_error_answer, status))
+    for error in (RequestValidationError, HTTPException):
+        app.add_exception_handler(error, _validation_answer)
     app.add_middleware(FrameGuard, idle_timeout_s=idle_timeout_s)
     app.state.env_server = server
 
@@ -155,6 +160,18 @@ def build_env_app(
         }
 
     return app
+
+
+async def _validation_answer(request: Request, exc: Exception) -> JSONResponse:
+    """A 422 for a body FastAPI's models refuse (``RequestValidationError``) or OpenEnv's action
+    model does (an ``HTTPException`` with pydantic's errors), without the input pydantic echoes
+    (a 16 MB ``episode_id`` came back whole): :func:`clip_validation_errors`."""
+    if isinstance(exc, RequestValidationError):
+        return JSONResponse({"detail": clip_validation_errors(exc.errors())}, 422)
+    assert isinstance(exc, HTTPException)
+    if isinstance(exc.detail, list):
+        return JSONResponse({"detail": clip_validation_errors(exc.detail)}, exc.status_code)
+    return await http_exception_handler(request, exc)
 
 
 async def _error_answer(status: int, request: Request, exc: Exception) -> JSONResponse:

@@ -48,6 +48,7 @@ from llm_gym.core.env import (
     StepResult,
     SyncEnv,
     TruncationCause,
+    check_messages,
     check_step,
     finite_reward,
     require_turn_limit,
@@ -219,6 +220,7 @@ class EpisodeDriver:
         else:
             self._eager = env.synchronous
             self._step_sync = self._step_on_runner
+        opening = check_messages(opening, f"{type(env).__name__}.reset")
         cleaned = clean_messages(opening)
         self._dirty = cleaned is not None  # then each step's whole list is checked
         self.messages = cleaned or list(opening)

@@ -6,9 +6,10 @@ bounded here:
 
 * **Messages** are rebuilt from what is checked: a role of :data:`ROLES`, text content (a string,
   text parts or null), an assistant's ``tool_calls`` (``function.name`` a string; string
-  ``arguments`` are decoded to an object, as chat templates ``tojson`` them, and kept as sent when
-  they are not JSON) and a tool message's ``tool_call_id`` / ``name``. Nothing else a client sends
-  reaches the template.
+  ``arguments`` are decoded to an object, as chat templates ``tojson`` them, under the body's
+  rules of :mod:`llm_gym.serving.body`, and kept as sent when they are not JSON or break a
+  rule) and a tool message's ``tool_call_id`` / ``name``. Nothing else a client sends reaches
+  the template.
 * **Tools** must be ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
 * **The template is the model's own.** A client's ``chat_template`` is refused: a template is a
   program the server would run (an unbounded loop is one line), and no flag turns this on.
@@ -23,13 +24,14 @@ bounded here:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.serving.body import decode_json_text
 from llm_gym.serving.protocol import (
+    APIError,
     bad_request,
     check_common,
     flag_field,
@@ -135,9 +137,12 @@ def _tool_calls(value: Any, field: str) -> list[dict[str, Any]]:
             )
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):  # chat templates expect an object (they tojson it)
-            # Unparseable: keep the string, the template writes what the client sent.
-            with contextlib.suppress(ValueError, RecursionError):
-                arguments = json.loads(arguments) if arguments.strip() else {}
+            # Read under the body's own rules (a NaN, a lone surrogate, too deep a nest or too
+            # many values are refused); refused or unparseable, the string stays as it was sent
+            # and the template writes it as it is.
+            with contextlib.suppress(APIError):
+                where = f"{field}[{i}].function.arguments"
+                arguments = decode_json_text(arguments, where) if arguments.strip() else {}
         call_id = call.get("id")
         calls.append(
             {

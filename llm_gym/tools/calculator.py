@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CalculatorTool"]
 
+_LISTED_FIELDS = 10
+"""At most this many unexpected fields are named in an error message."""
+
 
 class CalculatorTool:
     """The ``calculator`` tool: evaluates ``{"expression": ...}`` with :func:`safe_eval`.
@@ -93,17 +96,27 @@ def _expression_argument(arguments: str) -> str:
             f"calculator arguments must be a JSON object, got {_json_type(decoded)}. {example}"
         )
     if "expression" not in decoded:
+        fields = [snippet(name) for name in list(decoded)[:_LISTED_FIELDS]]
+        more = len(decoded) - len(fields)
         raise ToolArgumentError(
             f"calculator arguments are missing the required field 'expression' "
-            f"(got fields: {sorted(decoded)}). {example}"
+            f"(got fields: {fields}{f' and {more} more' if more else ''}). {example}"
         )
     expression = decoded["expression"]
     if not isinstance(expression, str):
+        got = "null" if expression is None else f"{_json_type(expression)} {_preview(expression)}"
         raise ToolArgumentError(
-            f"the calculator field 'expression' must be a string, got "
-            f"{_json_type(expression)} {json.dumps(expression)[:SNIPPET_CHARS]}. {example}"
+            f"the calculator field 'expression' must be a string, got {got}. {example}"
         )
     return expression
+
+
+def _preview(value: object) -> str:
+    """The start of ``value`` as JSON (a container nested too deeply to encode as ``...``)."""
+    try:
+        return json.dumps(value)[:SNIPPET_CHARS]
+    except (ValueError, RecursionError):
+        return "..."
 
 
 def _json_type(value: object) -> str:
