@@ -15,7 +15,8 @@ What broke before the fix, and the fix:
 * The calculator's error for arguments with 100,000 fields was 989,036 characters long.
 * ``llm-gym serve``: a 30 MB body of ``[],`` took 2.3 GB and 37 s before its 400 (values are now
   counted in the text first); a tool call's ``arguments`` string holding ``\\ud800`` was a 500
-  (it now goes through the body's own rules, and stays text when it breaks one).
+  (it now goes through the body's own rules, and stays text when it breaks one); a 3 MB prompt took 9 s to tokenize in the one model thread
+  before the context check refused it (a prefix of twice the context's characters is read first).
 * ``serve-env``: a 2 MB ``content`` refused by the action model came back whole in the error
   (WebSocket frame and HTTP 422); errors now carry type, loc and msg only.
 * ``gym.make(id, max_turn=3)`` was a TypeError that listed nothing allowed; ``tasks=[5]`` was an
@@ -383,3 +384,52 @@ def test_check_field_types_reads_plain_annotations_only() -> None:
                             ({"mode": "c"}, "mode must be 'a' or 'b'")):  # fmt: skip
         with pytest.raises(InvalidArgumentError, match=message):
             check_field_types(Settings(**fields))
+
+
+# --- llm-gym serve: a prompt far past the context is refused after reading a prefix --------------
+
+
+class _CountingTokenizer:
+    """A tokenizer that counts the characters it is asked to encode."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.read = tokenizer, 0
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        self.read += len(text)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(small_model: Any) -> None:
+    from llm_gym.serving.completions import encode_within, longest_token
+    from llm_gym.serving.protocol import APIError
+
+    tokenizer = small_model[1]
+    counting = _CountingTokenizer(tokenizer)
+    text = "The area of Vantis is 79. " * 100_000  # 2.6 M characters: seconds to tokenize whole
+    with pytest.raises(APIError) as refused:
+        encode_within(counting, text, 4096, "messages")
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    assert "context of 4096 tokens" in refused.value.message
+    assert counting.read == 2 * longest_token(tokenizer) * 4097 < len(text) / 10
+    short = "The area of Vantis is 79."
+    expected = tokenizer.encode(short, add_special_tokens=False)
+    assert encode_within(counting, short, 4096, "messages") == expected
+    part = text[:20_000]  # no context known: read whole, as before
+    assert encode_within(tokenizer, part, None, "prompt") == tokenizer.encode(part)
+
+
+def test_a_tokenizer_that_shrinks_text_still_gets_its_long_prompt_read_whole() -> None:
+    from llm_gym.serving.completions import encode_within
+
+    class Shrinking:  # 100 characters a token: the prefix fits, so the whole text is read
+        def get_vocab(self) -> dict[str, int]:
+            return {"a": 0}
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [0] * (len(text) // 100 + 1)
+
+    assert len(encode_within(Shrinking(), "a" * 10_000, 20, "messages")) == 101

@@ -22,7 +22,7 @@ from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.chat import untrusted_messages
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
-from llm_gym.serving.completions import text_completion
+from llm_gym.serving.completions import encode_within, text_completion
 from llm_gym.serving.generation import (
     Piece,
     Sampling,
@@ -158,7 +158,7 @@ class Engine:
                 f"the chat template rejected the messages: {type(exc).__name__}: {exc}"[:2000],
                 "messages",
             ) from None
-        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        return encode_within(self.tokenizer, prompt, self.context, "messages")
 
     # --- generation ---------------------------------------------------------------------------
 
