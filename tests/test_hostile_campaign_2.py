@@ -15,8 +15,9 @@ What broke before the fix, and the fix:
 * The calculator's error for arguments with 100,000 fields was 989,036 characters long.
 * ``llm-gym serve``: a 30 MB body of ``[],`` took 2.3 GB and 37 s before its 400 (values are now
   counted in the text first); a tool call's ``arguments`` string holding ``\\ud800`` was a 500
-  (it now goes through the body's own rules, and stays text when it breaks one); a 3 MB prompt took 9 s to tokenize in the one model thread
-  before the context check refused it (a prefix of twice the context's characters is read first).
+  (it now goes through the body's own rules, and stays text when it breaks one); a 3 MB prompt
+  took 9 s to tokenize in the one model thread before the context check refused it (a prefix of
+  twice the context's characters is read first).
 * ``serve-env``: a 2 MB ``content`` refused by the action model came back whole in the error
   (WebSocket frame and HTTP 422); errors now carry type, loc and msg only.
 * ``gym.make(id, max_turn=3)`` was a TypeError that listed nothing allowed; ``tasks=[5]`` was an
