@@ -58,7 +58,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
     grpo_fields = dict(config.grpo)
     max_turns = grpo_fields.get("max_turns") or entry.max_turns
-    # The GRPO config, built once now: a wrong grpo key or value fails before any model work
+    # The GRPO config built now only as a check (again below, with the model's path): a wrong
+    # grpo key or value fails before any model work
     build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())
 
     # 1. the model
