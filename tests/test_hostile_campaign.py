@@ -394,7 +394,7 @@ SQL_CASES = {
     "json deep": ("SELECT json(printf('%.*c', 9990, '[') || printf('%.*c', 9990, ']'))", "JSON"),
     "json path": ("SELECT json_extract('{}', '$' || printf('%.*c', 19000, '.'))", "JSON path"),
     "window": (
-        R.format(n=100000) + "SELECT max(s) FROM (SELECT sum(x) OVER (ORDER BY x ROWS BETWEEN "
+        R.format(n=20000) + "SELECT max(s) FROM (SELECT sum(x) OVER (ORDER BY x ROWS BETWEEN "
         "UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) s FROM c)",
         "(1 row)",
     ),

@@ -28,6 +28,21 @@ What broke before the fix, and the fix:
   ZeroDivisionError, a ``grpo`` key typo a TypeError after SFT; ``sft: {batch_size: 0}`` and its
   kin were accepted. Fields are now checked against their annotations
   (``trainers.field_types``), the pipeline builds the GRPO config before any model work.
+
+Left by the campaign and fixed in the session after it (the last section):
+
+* An env (not a ``ToolEnv``, whose tool results are capped) replying 10 MB took 17 s of the
+  rollout's event loop to tokenize before the context check cut the episode: the token tracker
+  now reads a prefix first (``prefix_past_limit``, shared with ``llm-gym serve``), ~0.5 s.
+* ``llm-gym serve``: 200,000 one-letter messages took the chat template 4 s to render before the
+  context check; more messages and tools than the context has tokens are refused unrendered.
+* ``serve-env``: OpenEnv's ``ResetRequest`` reads ``seed`` in pydantic's lax mode (``true`` was
+  task 1, ``"12"`` task 12); a reset's seed must now be a JSON integer, over HTTP and WebSocket.
+* ``answers_match`` read at most 64 characters as a number, so a 71-digit target never matched
+  its own digits; a reply may now take the target's digits and 24 more.
+
+Not ours: ``gym.make(id, render_mode=5)`` is an AttributeError inside gymnasium's ``make``
+(``CartPole-v1`` too), before any llm_gym code runs.
 """
 
 from __future__ import annotations
@@ -405,7 +420,8 @@ class _CountingTokenizer:
 
 
 def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(small_model: Any) -> None:
-    from llm_gym.serving.completions import encode_within, longest_token
+    from llm_gym.policies.chat import longest_token
+    from llm_gym.serving.completions import encode_within
     from llm_gym.serving.protocol import APIError
 
     tokenizer = small_model[1]
@@ -434,3 +450,112 @@ def test_a_tokenizer_that_shrinks_text_still_gets_its_long_prompt_read_whole() -
             return [0] * (len(text) // 100 + 1)
 
     assert len(encode_within(Shrinking(), "a" * 10_000, 20, "messages")) == 101
+
+
+# --- the campaign's leftovers, fixed later -------------------------------------------------------
+
+
+def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_model) -> None:
+    tokenizer = small_model[1]
+    read = {"characters": 0}
+
+    class Counting(Say):  # a policy whose tokenizer counts what it is asked to encode
+        async def act(self, requests):
+            return [Generation(text="hello", token_ids=[5, 6], logprobs=[0.0, 0.0])] * len(requests)
+
+    class CountingTokenizer:
+        def __init__(self) -> None:
+            self.chat_template = tokenizer.chat_template
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tokenizer, name)
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            read["characters"] += len(text)
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    flood = {"role": "user", "content": "The area of Vantis is 79. " * 400_000}  # 10 MB
+    start = time.perf_counter()
+    [[episode]] = collect_groups(
+        odd_env(reply=flood), [Task("x")], Counting(), max_turns=3,
+        tokenizer=CountingTokenizer(), max_model_length=4096, max_new_tokens=64,
+    )  # fmt: skip
+    assert episode.truncation_cause is TruncationCause.CONTEXT_OVERFLOW
+    assert len(episode.turns) == 1 and episode.samples[0].num_policy_tokens == 2
+    assert read["characters"] < 1_000_000  # 17 s to tokenize the 10 MB whole, before
+    assert time.perf_counter() - start < 10
+    [[fits]] = collect_groups(  # a reply that fits joins the stream as before
+        odd_env(reply={"role": "user", "content": "short"}), [Task("x")], Counting(),
+        max_turns=2, tokenizer=tokenizer, max_model_length=4096, max_new_tokens=64,
+    )  # fmt: skip
+    assert fits.truncation_cause is TruncationCause.MAX_TURNS
+    last = fits.samples[-1]
+    assert "short" in tokenizer.decode(last.prompt_ids + last.completion_ids)
+
+
+@pytest.fixture(scope="module")
+def chat_server(small_model_dir) -> Any:
+    pytest.importorskip("uvicorn")
+    from llm_gym.serving.openai_server import serve
+
+    with serve(small_model_dir, model_name="tiny", device="cpu", port=0) as server:
+        yield server
+
+
+def test_more_messages_than_the_context_has_tokens_are_refused_unrendered(
+    chat_server, monkeypatch
+) -> None:
+    import httpx
+
+    context = chat_server.engine.context
+    rendered = []
+    render = chat_server.engine.tokenizer.apply_chat_template
+    monkeypatch.setattr(
+        chat_server.engine.tokenizer,
+        "apply_chat_template",
+        lambda messages, **kw: rendered.append(len(messages)) or render(messages, **kw),
+    )
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "a"}] * 200_000}
+    answer = httpx.post(chat_server.url + "/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["param"] == "messages" and f"context of {context} tokens" in error["message"]
+    assert rendered == []  # the template took 4 s to render them, before
+    body.update(messages=body["messages"][:3], max_tokens=1)
+    assert httpx.post(chat_server.url + "/chat/completions", json=body, timeout=60).is_success
+    assert rendered == [3]
+
+
+@pytest.mark.parametrize("seed", [True, "12", 1.0])
+def test_serve_env_takes_only_a_json_integer_seed(env_server: Any, seed: Any) -> None:
+    import httpx
+    from websockets.asyncio.client import connect
+
+    answer = httpx.post(env_server.url + "/reset", json={"seed": seed}, timeout=10)
+    assert answer.status_code == 422 and "integer seed" in answer.text  # pydantic's lax mode
+    assert json.dumps(seed) in answer.json()["detail"]  # took true as 1 and "12" as 12
+
+    async def over_ws(url: str) -> list[Any]:
+        async with connect(url.replace("http://", "ws://") + "/ws") as ws:
+            answers = []
+            for data in ({"seed": seed}, {"seed": 3}):
+                await ws.send(json.dumps({"type": "reset", "data": data}))
+                answers.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+            return answers
+
+    refused, opened = asyncio.run(over_ws(env_server.url))
+    assert refused["type"] == "error" and "integer seed" in refused["data"]["message"]
+    assert opened["type"] == "observation"  # the session goes on
+    assert httpx.post(env_server.url + "/reset", json={"seed": 3}, timeout=10).is_success
+
+
+def test_an_integer_target_of_any_length_can_be_matched() -> None:
+    for target in (10**70, -(10**200) + 7, 10**4000):
+        assert answers_match(str(target), target)  # over 64 characters never matched, before
+        assert not answers_match(str(target + 1), target, rel_tol=0.0, abs_tol=0.0)
+        assert answers_match(f"{target:,}", target)
+    assert answers_match("1" + "0" * 300, 1e300)
+    start = time.perf_counter()
+    assert not answers_match("9" * 1_000_000, 5)  # a long reply is still not converted
+    assert not answers_match("9" * 5_000, 10**4000)  # past the target's digits and 24
+    assert time.perf_counter() - start < 0.1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import sys
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -72,15 +73,29 @@ def extract_answer(content: str) -> str:
     return text.strip()
 
 
-def _as_number(text: str) -> int | float | None:
+def _number_chars(target: int | float) -> int:
+    """How many characters a reply may take to write ``target``: 64, or its integer part's
+    digits and 24 more (a target of 10**70 is 71 digits), up to what Python reads as an int
+    (``sys.get_int_max_str_digits()``, 4,300 by default; 0 means no limit)."""
+    size = abs(target)
+    digits = size.bit_length() * math.log10(2) if type(size) is int else math.log10(size or 1)
+    wanted = max(64, int(digits) + 25)
+    return min(wanted, sys.get_int_max_str_digits() or wanted)
+
+
+def _as_number(text: str, max_chars: int = 64) -> int | float | None:
     """The number ``text`` writes: an ``int`` for an integer (exact at any size), else a finite
-    ``float``; None for anything else (at most 64 characters are read as a number)."""
+    ``float``; None for anything else (at most ``max_chars`` characters are read as a number:
+    converting a long one is slow)."""
     cleaned = text.strip().rstrip(".").replace(",", "").replace("_", "")
-    if len(cleaned) > 64 or not _NUMBER.fullmatch(cleaned):
+    if len(cleaned) > max_chars or not _NUMBER.fullmatch(cleaned):
         return None
-    if _INTEGER.fullmatch(cleaned):
-        return int(cleaned)
-    value = float(cleaned)
+    try:
+        if _INTEGER.fullmatch(cleaned):
+            return int(cleaned)
+        value = float(cleaned)
+    except ValueError:  # more digits than the interpreter converts
+        return None
     return value if math.isfinite(value) else None
 
 
@@ -103,7 +118,8 @@ def answers_match(
     """Whether a reply matches a target.
 
     Numbers match within ``rel_tol`` (relative) or ``abs_tol`` (absolute); thousands separators
-    and a trailing period are ignored; integers are compared exactly at any size. Anything else
+    and a trailing period are ignored; integers are compared exactly at any size (a reply is
+    read as a number up to 64 characters, or the target's digits and 24 more). Anything else
     matches case-insensitively after stripping whitespace and a trailing period.
 
     Example:
@@ -113,8 +129,10 @@ def answers_match(
     if isinstance(target, bool) or not isinstance(target, int | float):
         expected = str(target).strip().rstrip(".").casefold()
         return answer.strip().rstrip(".").casefold() == expected
-    value = _as_number(answer)
-    if value is None or (isinstance(target, float) and not math.isfinite(target)):
+    if isinstance(target, float) and not math.isfinite(target):
+        return False
+    value = _as_number(answer, _number_chars(target))
+    if value is None:
         return False
     return _close(value, target, rel_tol, abs_tol)
 

@@ -51,6 +51,7 @@ __all__ = [
     "EnvAction",
     "EnvObservation",
     "FrameGuard",
+    "check_reset_seed",
     "clip_validation_errors",
     "json_safe",
     "read_frame",
@@ -293,9 +294,27 @@ async def _http_answer(send: Any, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
 
 
-async def _read_body(receive: Any, send: Any) -> bytes | None:
+def check_reset_seed(data: Any) -> None:
+    """A reset's ``seed`` is a JSON integer or null, as OpenEnv's schema says: OpenEnv's
+    ``ResetRequest`` reads it in pydantic's lax mode, where ``true`` becomes task 1 and
+    ``"12"`` task 12 (a client that sends them has a bug the server should name).
+
+    Raises:
+        InvalidArgumentError: naming the value's JSON type.
+    """
+    seed = data.get("seed") if isinstance(data, Mapping) else None
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        kind = {bool: "boolean", str: "string", float: "number"}.get(type(seed), "value")
+        raise InvalidArgumentError(
+            f"reset takes an integer seed (a JSON integer) or none, actual: a JSON {kind} "
+            f"({json.dumps(seed)[:40]})."
+        )
+
+
+async def _read_body(receive: Any, send: Any, reset: bool = False) -> bytes | None:
     """An HTTP request's JSON body, read (at most :data:`MAX_FRAME_BYTES`) and checked like a
-    frame; None when it was refused (the answer is sent) or the client left."""
+    frame (a ``reset``'s seed by :func:`check_reset_seed`); None when it was refused (the
+    answer is sent) or the client left."""
     body, more = bytearray(), True
     while more:
         event = await receive()
@@ -307,7 +326,12 @@ async def _read_body(receive: Any, send: Any) -> bytes | None:
             await _http_answer(send, 413, f"The request body is over {MAX_FRAME_BYTES:,} bytes.")
             return None
     try:
-        return read_frame(bytes(body), "request body")[1].encode() if body else b""
+        if not body:
+            return b""
+        message, text = read_frame(bytes(body), "request body")
+        if reset:
+            check_reset_seed(message)
+        return text.encode()
     except InvalidArgumentError as exc:
         await _http_answer(send, 422, str(exc))
         return None
@@ -344,7 +368,7 @@ class FrameGuard:
             await _http_answer(send, 404, "llm_gym envs serve no MCP: play through /ws.")
             return
         if scope["type"] == "http" and scope.get("path") in ("/reset", "/step"):
-            body = await _read_body(receive, send)
+            body = await _read_body(receive, send, reset=scope["path"] == "/reset")
             if body is not None:
                 replayed = [{"type": "http.request", "body": body, "more_body": False}]
                 await self.app(scope, lambda: _next(replayed, receive), send)
@@ -372,6 +396,8 @@ class FrameGuard:
                         raise InvalidArgumentError(
                             f"Unknown message type {kind!r:.40}; allowed: {MESSAGE_TYPES}."
                         )
+                    if kind == "reset":
+                        check_reset_seed(message.get("data"))
                 except InvalidArgumentError as exc:
                     code = "INVALID_JSON" if "JSON" in str(exc) else "VALIDATION_ERROR"
                     await send(_error_frame(str(exc), code))

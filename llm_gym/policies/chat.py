@@ -23,8 +23,10 @@ from llm_gym.core.types import Message, ToolSpec
 
 __all__ = [
     "control_token_strings",
+    "longest_token",
     "neutralize_control_tokens",
     "plain_message",
+    "prefix_past_limit",
     "render_chat",
     "untrusted_messages",
 ]
@@ -33,6 +35,7 @@ JOINER = "\u2060"
 """Word joiner: invisible, and splits a special-token string into plain text."""
 
 _CONTROL: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
+_LONGEST_TOKEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def control_token_strings(tokenizer: Any) -> tuple[str, ...]:
@@ -124,3 +127,40 @@ def plain_message(message: Message) -> dict[str, Any]:
             if key in message:
                 out[key] = message[key]
     return out
+
+
+def longest_token(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` stands for: its vocabulary's longest
+    entry (a byte-level entry counts bytes, at least the characters they encode), cached."""
+    if tokenizer not in _LONGEST_TOKEN:
+        _LONGEST_TOKEN[tokenizer] = max(map(len, tokenizer.get_vocab()), default=1)
+    return _LONGEST_TOKEN[tokenizer]
+
+
+def prefix_past_limit(
+    tokenizer: Any, text: str, limit: int, add_special_tokens: bool = False
+) -> tuple[int, int] | None:
+    """``(characters, tokens)`` of a prefix of ``text`` that alone holds more than ``limit``
+    tokens, read without tokenizing the rest; None when ``text`` is short enough to be read
+    whole (or its prefix fits: a tokenizer that shrinks text when it normalises it).
+
+    Tokenizing is linear but not cheap: 10 MB of text is ~17 s, in a server's one model thread
+    or a rollout's event loop. No token stands for more than :func:`longest_token` characters,
+    so a prefix of twice that many characters per token of the limit holds about twice the
+    limit in tokens: when it holds more than the limit, so does the text.
+
+    Example:
+        >>> class Chars:  # one token a character
+        ...     def get_vocab(self): return {"a": 0}
+        ...     def encode(self, text, add_special_tokens=False): return list(text)
+        >>> prefix_past_limit(Chars(), "a" * 100, 10)
+        (22, 22)
+        >>> prefix_past_limit(Chars(), "a" * 20, 10) is None  # short: read whole by the caller
+        True
+    """
+    window = 2 * longest_token(tokenizer) * (max(limit, 0) + 1)
+    if len(text) > window:
+        head = tokenizer.encode(text[:window], add_special_tokens=add_special_tokens)
+        if len(head) > limit:
+            return window, len(head)
+    return None

@@ -149,6 +149,9 @@ async def _run_episode(
         truncated=True,
     )
     tracker: TokenTracker | None = None
+    limit = None  # the most context tokens a prompt may have: max_new_tokens must still fit
+    if settings.max_model_length is not None:
+        limit = settings.max_model_length - (settings.max_new_tokens or 0)
     ending = None
     env = None
     failure: PolicyError | None = None
@@ -168,9 +171,8 @@ async def _run_episode(
         while ending is None:
             if (
                 tracker is not None
-                and settings.max_model_length is not None
-                and tracker.context_length + (settings.max_new_tokens or 0)
-                > settings.max_model_length
+                and limit is not None
+                and (tracker.overflowed or tracker.context_length > limit)
             ):
                 ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
                 break
@@ -213,7 +215,7 @@ async def _run_episode(
             # ended it (a reply the policy would have read next), not when the env ended it.
             capped = ending is None or ending.truncation_cause is TruncationCause.MAX_TURNS
             if tracker is not None and turns[-1].env_messages and capped:
-                tracker.add_environment(turns[-1].env_messages)
+                tracker.add_environment(turns[-1].env_messages, limit)
     except asyncio.CancelledError:
         raise
     except PolicyError as exc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.core.types import Message, ToolSpec
-from llm_gym.policies.chat import render_chat
+from llm_gym.policies.chat import prefix_past_limit, render_chat
 
 __all__ = ["OpeningCache", "TokenSample", "TokenTracker", "episode_to_samples"]
 
@@ -146,6 +146,8 @@ class TokenTracker:
         self.samples: list[TokenSample] = []
         self._text = ""
         self._raw: list[Message] = []
+        self.overflowed = False
+        """An environment reply was too long for the limit given to :meth:`add_environment`."""
 
     def _render(self, messages: Sequence[Message]) -> str:
         return render_chat(
@@ -219,11 +221,22 @@ class TokenTracker:
         )
         self._raw.append({"role": "assistant", "content": text})
 
-    def add_environment(self, messages: Sequence[Message]) -> bool:
-        """Append the environment's reply. Returns True when it started a new sample."""
+    def add_environment(self, messages: Sequence[Message], limit: int | None = None) -> bool:
+        """Append the environment's reply. Returns True when it started a new sample.
+
+        With a ``limit`` (tokens of context), a reply that a prefix of its text already shows
+        too long for it is not tokenized further: :attr:`overflowed` is set and the stream
+        stays as it was (10 MB from an env took 17 s of the rollout's event loop to tokenize
+        before the context check cut the episode)."""
         self._raw.extend(messages)
         full = self._render(self._raw)
         if full.startswith(self._text):
+            room = None if limit is None else limit - self.context_length
+            if room is not None and prefix_past_limit(
+                self.tokenizer, full[len(self._text) :], room
+            ):
+                self.overflowed = True
+                return False
             delta = _encode(self.tokenizer, full[len(self._text) :])
             sample = self.current
             sample.completion_ids.extend(delta)
@@ -232,6 +245,9 @@ class TokenTracker:
             sample.turn_index.extend([-1] * len(delta))
             sample.policy_versions.extend([-1] * len(delta))
             self._text = full
+            return False
+        if limit is not None and prefix_past_limit(self.tokenizer, full, limit):
+            self.overflowed = True
             return False
         self._text = full
         self.samples.append(TokenSample(prompt_ids=_encode(self.tokenizer, full)))

@@ -27,11 +27,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.policies.chat import prefix_past_limit
 from llm_gym.serving.generation import TokenText
 from llm_gym.serving.protocol import CompletionRequest, bad_request
 
@@ -71,44 +71,25 @@ def score_tokens(model: Any, ids: Sequence[int], top_k: int = 0) -> TokenScores:
     return TokenScores([None, *chosen[:, 0].tolist()], [None, *ranks.tolist()], [[], *alternatives])
 
 
-_LONGEST_TOKEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
-def longest_token(tokenizer: Any) -> int:
-    """The most characters one token of ``tokenizer`` stands for: its vocabulary's longest
-    entry (a byte-level entry counts bytes, at least the characters they encode), cached."""
-    if tokenizer not in _LONGEST_TOKEN:
-        _LONGEST_TOKEN[tokenizer] = max(map(len, tokenizer.get_vocab()), default=1)
-    return _LONGEST_TOKEN[tokenizer]
-
-
 def encode_within(
     tokenizer: Any, text: str, context: int | None, field: str, add_special_tokens: bool = False
 ) -> list[int]:
     """``text``'s token ids, where a text far too long for ``context`` tokens is refused after
-    tokenizing only a prefix of it.
-
-    Tokenizing is linear but not cheap (3 MB of text took 9 s in the server's one model
-    thread, queueing every other request before the context check refused it). No token
-    stands for more than :func:`longest_token` characters, so a prefix of twice that many
-    characters per token of the context already holds about twice the context in tokens:
-    when it holds more than the context, so does the text, and only the prefix was read. A
-    text of fewer tokens than that (a tokenizer that shrinks text when it normalises it) is
-    read whole, as before.
+    tokenizing only a prefix of it (:func:`~llm_gym.policies.chat.prefix_past_limit`: 3 MB of
+    text took 9 s in the server's one model thread, queueing every other request, before the
+    context check refused it).
 
     Raises:
         APIError: 400 naming ``field``, for a text the prefix shows too long.
     """
     if context is not None:
-        window = 2 * longest_token(tokenizer) * (context + 1)
-        if len(text) > window:
-            head = tokenizer.encode(text[:window], add_special_tokens=add_special_tokens)
-            if len(head) > context:
-                raise bad_request(
-                    f"the prompt is longer than the model's context of {context} tokens (its "
-                    f"first {window:,} of {len(text):,} characters are {len(head):,} tokens)",
-                    field,
-                )
+        past = prefix_past_limit(tokenizer, text, context, add_special_tokens)
+        if past is not None:
+            raise bad_request(
+                f"the prompt is longer than the model's context of {context} tokens (its "
+                f"first {past[0]:,} of {len(text):,} characters are {past[1]:,} tokens)",
+                field,
+            )
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 

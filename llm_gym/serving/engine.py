@@ -144,7 +144,19 @@ class Engine:
         return min(budget, self.context - prompt_tokens)
 
     def chat_prompt(self, request: ChatRequest) -> list[int]:
-        """The prompt's token ids: the messages (and tools) through the model's chat template."""
+        """The prompt's token ids: the messages (and tools) through the model's chat template.
+
+        A request of more messages and tools than the context has tokens is refused before the
+        template renders it (each renders to a token at least; 200,000 one-letter messages took
+        the template 4 s)."""
+        count = len(request.messages) + len(request.tools or ())
+        if self.context is not None and count > self.context:
+            raise bad_request(
+                f"{len(request.messages):,} messages and {len(request.tools or ()):,} tools "
+                f"cannot fit the model's context of {self.context} tokens (each takes a token "
+                "at least)",
+                "messages",
+            )
         try:
             prompt = self.tokenizer.apply_chat_template(
                 untrusted_messages(self.tokenizer, request.messages),
