@@ -559,3 +559,29 @@ def test_an_integer_target_of_any_length_can_be_matched() -> None:
     assert not answers_match("9" * 1_000_000, 5)  # a long reply is still not converted
     assert not answers_match("9" * 5_000, 10**4000)  # past the target's digits and 24
     assert time.perf_counter() - start < 0.1
+
+
+def test_freeze_message_is_the_iterative_copy_at_any_depth() -> None:
+    from llm_gym.core.types import FrozenMessage, rebuild_nested
+
+    def build(container: Any, kids: list[Any]) -> Any:
+        if isinstance(container, dict):
+            return FrozenMessage(zip(kids[::2], kids[1::2], strict=True))
+        return tuple(kids)
+
+    def iterative(message: Any) -> Any:  # what freeze_message returned for every message
+        return rebuild_nested(message, lambda leaf: leaf, build)
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    shared = [1, 2]
+    for message in (
+        {"role": "assistant", "content": "x", "tool_calls": [call, call]},  # recursion's path
+        {"role": "tool", "content": "x", "a": shared, "b": (shared, {(1, 2): None})},
+        {"role": "tool", "content": "x", "deep": json.loads("[" * 500 + "]" * 500)},  # the loop's
+    ):
+        frozen = freeze_message(message)
+        assert frozen == iterative(message) and type(frozen) is FrozenMessage
+    looped: dict[str, Any] = {"role": "tool", "content": "x"}
+    looped["tool_calls"] = [{"again": looped}]
+    with pytest.raises(InvalidArgumentError, match="contains itself"):
+        freeze_message(looped)
