@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from llm_gym.core.task import Task
-from llm_gym.core.types import Message, ToolSpec
+from llm_gym.core.types import FrozenMessage, Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
@@ -104,9 +104,13 @@ def check_messages(messages: Any, where: str, start: int = 0) -> list[Message]:
         raise InvalidArgumentError(
             f"{where} must return a list of message dicts, actual value: {messages!r:.200}."
         )
-    for index in range(start, len(messages)):
+    for index in range(start, len(messages)):  # every step: exact types first (ABCs are slow)
         message = messages[index]
-        if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)):
+        kind = type(message)
+        if not (
+            (kind is dict or kind is FrozenMessage or isinstance(message, Mapping))
+            and (type(role := message.get("role")) is str or isinstance(role, str))
+        ):
             raise InvalidArgumentError(
                 f"{where} returned messages[{index}]={message!r:.100}; each message must be a "
                 "dict with a string 'role' and its 'content'."
