@@ -194,6 +194,33 @@ def test_info_messages_are_read_only_fresh_lists_of_plain_data() -> None:
     assert json.loads(json.dumps(later))[-2]["tool_calls"][0]["function"]["name"] == "lookup"
 
 
+def test_info_tool_specs_are_shared_read_only_entries_in_fresh_lists() -> None:
+    import copy
+    import json
+    import pickle
+
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("ToolUseGame-v0")
+    _, info0 = env.reset(seed=0, options={"split": "val", "index": 0})
+    _, _, _, _, info1 = env.step(
+        '<tool_call>{"name": "lookup", "arguments": {"key": "x"}}</tool_call>'
+    )
+    specs = env.unwrapped._driver.tool_specs
+    assert info0["tool_specs"] == info1["tool_specs"] == specs  # equal to plain dicts and lists
+    assert info0["tool_specs"] is not info1["tool_specs"] and type(info1["tool_specs"]) is list
+    required = info1["tool_specs"][0]["function"]["parameters"]
+    for edit in (lambda: info1["tool_specs"][0].update(type="x"), lambda: required.clear()):
+        with pytest.raises(TypeError, match="read-only"):
+            edit()
+    assert json.loads(json.dumps(info1["tool_specs"])) == specs
+    assert type(copy.deepcopy(info1["tool_specs"])[0]) is dict
+    revived = pickle.loads(pickle.dumps(env.unwrapped))  # frozen again after unpickling
+    with pytest.raises(TypeError, match="read-only"):
+        revived._info()["tool_specs"][0]["function"].clear()
+    check_env(gym.make("ToolUseGame-v0").unwrapped, skip_render_check=True)  # no shared infos
+
+
 def test_info_messages_follow_an_env_that_rewrites_history() -> None:
     class Rewriter(Env):
         synchronous = True

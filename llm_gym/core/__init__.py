@@ -18,6 +18,7 @@ from llm_gym.core.text import clean_json, clean_message, clean_text
 from llm_gym.core.tool import FunctionTool, Tool, ToolResult, decode_arguments, tool, tool_to_spec
 from llm_gym.core.tool_env import ToolEnv, answers_match, extract_answer
 from llm_gym.core.types import (
+    FrozenList,
     FrozenMessage,
     FunctionCall,
     FunctionSpec,
@@ -25,6 +26,7 @@ from llm_gym.core.types import (
     ToolCall,
     ToolSpec,
     freeze_message,
+    freeze_spec,
 )
 
 __all__ = [
@@ -32,7 +34,9 @@ __all__ = [
     "Task",
     "Message",
     "FrozenMessage",
+    "FrozenList",
     "freeze_message",
+    "freeze_spec",
     "ToolCall",
     "FunctionCall",
     "ToolSpec",

@@ -14,6 +14,7 @@ from typing import Any, Literal, Required, TypeAlias, TypedDict
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
+    "FrozenList",
     "FrozenMessage",
     "FunctionCall",
     "FunctionSpec",
@@ -23,6 +24,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "freeze_message",
+    "freeze_spec",
     "rebuild_nested",
 ]
 
@@ -85,8 +87,8 @@ class FrozenMessage(dict):
 
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
-            "info['messages'] entries are read-only (FrozenMessage); copy one with "
-            "dict(message) to edit it."
+            "info['messages'] and info['tool_specs'] entries are read-only (FrozenMessage); "
+            "copy one with dict(message) to edit it."
         )
 
     __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
@@ -100,6 +102,33 @@ class FrozenMessage(dict):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (copy.deepcopy(self),))
+
+
+class FrozenList(list):
+    """A read-only ``list`` (it equals the list it was made from, and JSON, templates and
+    ``isinstance`` see a list): the lists inside :func:`freeze_spec`'s tool specs, which
+    ``TextEnv`` shares between the infos of an episode. Pickles, and deep-copies, as a plain
+    ``list``."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "info['tool_specs'] entries are read-only (FrozenList); copy one with list(value) "
+            "to edit it."
+        )
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only  # type: ignore[assignment]
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only  # type: ignore[assignment]
+
+    def __copy__(self) -> list[Any]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        return [copy.deepcopy(value, memo) for value in self]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (copy.deepcopy(self),))
 
 
 def _is_container(value: Any) -> bool:
@@ -208,3 +237,25 @@ def freeze_message(message: Message) -> Message:
         return _freeze_within(message, 32)  # type: ignore[no-any-return]
     except _TooDeep:
         return rebuild_nested(message, _freeze_leaf, _freeze_build)  # type: ignore[no-any-return]
+
+
+def _freeze_spec_build(container: Any, children: list[Any]) -> Any:
+    if isinstance(container, Mapping):
+        return FrozenMessage(zip(children[::2], children[1::2], strict=True))
+    return FrozenList(children) if isinstance(container, list) else tuple(children)
+
+
+def freeze_spec(spec: Any) -> Any:
+    """A read-only deep copy of a tool spec (or any JSON-like value): dicts become
+    :class:`FrozenMessage`, lists :class:`FrozenList`, so the copy still equals ``spec``.
+
+    Example:
+        >>> spec = {"function": {"name": "f", "parameters": {"required": ["a"]}}}
+        >>> frozen = freeze_spec(spec)
+        >>> frozen == spec, type(frozen["function"]["parameters"]["required"]).__name__
+        (True, 'FrozenList')
+
+    Raises:
+        InvalidArgumentError: ``spec`` contains itself.
+    """
+    return rebuild_nested(spec, _freeze_leaf, _freeze_spec_build)
