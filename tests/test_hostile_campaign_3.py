@@ -64,3 +64,68 @@ def test_sql_printf_gives_sqlites_results(shop_db: ReadOnlyDatabase) -> None:
         sql = f"SELECT printf('{fmt}'{args}), format('{fmt}'{args})"
         assert shop_db.execute(sql)[1] == plain.execute(sql).fetchall(), sql
     plain.close()
+
+
+# --- llm-gym serve: known fields it cannot honour ------------------------------------------------
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "m", "prompt": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", {"50256": -100}),  # a banned token came back
+        ("logit_bias", {str(i): 1 for i in range(10_000)}),
+        ("logit_bias", []),
+        ("parallel_tool_calls", False),  # several calls were parsed anyway
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", float("nan")),
+        ("best_of", 4),
+        ("top_k", 40),
+        ("top_k", True),
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.3),
+        ("min_tokens", 50),
+        ("ignore_eos", True),
+        ("skip_special_tokens", False),
+        ("stop_token_ids", [2]),
+        ("guided_json", {"type": "object"}),
+        ("guided_choice", ["yes", "no"]),
+    ],
+)
+def test_serve_refuses_sampling_fields_it_would_ignore(field: str, value: object) -> None:
+    """Both endpoints took these and generated as if they were absent (200, a wrong answer for
+    a client that relied on them); now a 400 names the field and the values that are fine."""
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.protocol import APIError, parse_completion_request
+
+    for parse, body in ((parse_chat_request, CHAT), (parse_completion_request, COMPLETION)):
+        with pytest.raises(APIError) as info:
+            parse({**body, field: value}, "m")
+        assert info.value.status == 400 and info.value.param == field
+        assert f"'{field}' is not supported by this server" in info.value.message
+        assert len(info.value.message) < 300
+
+
+def test_serve_accepts_the_neutral_values_of_those_fields() -> None:
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.protocol import APIError, parse_completion_request
+
+    neutral = {
+        "logit_bias": {},
+        "parallel_tool_calls": True,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0,
+        "best_of": 1,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "ignore_eos": False,
+        "guided_json": None,
+    }
+    parse_chat_request({**CHAT, **neutral}, "m")
+    parse_completion_request({**COMPLETION, **neutral, "suffix": ""}, "m")
+    parse_completion_request({**COMPLETION, "prompt_logprobs": 1}, "m")  # honoured there
+    with pytest.raises(APIError, match="'prompt_logprobs' is not supported"):
+        parse_chat_request({**CHAT, "prompt_logprobs": 1}, "m")  # not on chat
