@@ -10,6 +10,7 @@ TABLE
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 import time
 
@@ -129,3 +130,75 @@ def test_serve_accepts_the_neutral_values_of_those_fields() -> None:
     parse_completion_request({**COMPLETION, "prompt_logprobs": 1}, "m")  # honoured there
     with pytest.raises(APIError, match="'prompt_logprobs' is not supported"):
         parse_chat_request({**CHAT, "prompt_logprobs": 1}, "m")  # not on chat
+
+
+# --- run_and_report / llm-gym eval / leaderboard: odd counts and output paths --------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"episodes": 0}, "episodes must be None (every task) or an int >= 1"),
+        ({"episodes": -5}, "episodes must be None (every task) or an int >= 1"),
+        ({"episodes": True}, "episodes must be None"),
+        ({"max_turns": 0}, "max_turns must be an int >= 1"),
+        ({"k": True}, "k must be an int >= 1"),
+    ],
+)
+def test_run_and_report_refuses_counts_it_used_to_rewrite(
+    options: dict[str, object], message: str
+) -> None:
+    """``episodes=0`` or ``-5`` ran one task, ``max_turns=0`` the registered limit: a report for
+    settings nobody asked for. Now each is an error naming the value."""
+    from llm_gym import InvalidArgumentError
+    from llm_gym.eval import run_and_report
+
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        run_and_report("Math-v0", "oracle", progress=False, print_report=False, **options)
+
+
+def test_run_and_report_checks_its_output_before_the_first_episode(tmp_path, monkeypatch) -> None:
+    """``output`` naming a directory (or a path under a file) raised IsADirectoryError /
+    NotADirectoryError from ``save`` after the whole evaluation had run (hours with a model),
+    and the CLI printed a traceback instead of the table. Now it is refused before any episode."""
+    import llm_gym.eval.report as report_module
+    from llm_gym import InvalidArgumentError
+    from llm_gym.cli import main
+    from llm_gym.eval import run_and_report
+
+    def no_episodes(*args, **kwargs):
+        raise AssertionError("an episode ran before the output was checked")
+
+    monkeypatch.setattr(report_module, "collect_groups", no_episodes)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for output, message in [
+        (tmp_path, "output must be a file path, got the directory"),
+        (blocker / "sub" / "report.json", "is not a directory"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            run_and_report("Math-v0", "oracle", progress=False, print_report=False, output=output)
+    assert main(["eval", "Math-v0", "--output", str(tmp_path), "--no-progress"]) == 2
+    monkeypatch.undo()
+    written = tmp_path / "new" / "deeper" / "report.json"  # missing folders are still made
+    run_and_report(
+        "Math-v0", "oracle", episodes=2, progress=False, print_report=False, output=written
+    )
+    assert written.is_file()
+
+
+def test_leaderboard_refuses_a_turn_limit_of_zero(tmp_path) -> None:
+    """``--max-turns 0`` ran each env at its registered limit and filed the records under 0."""
+    from llm_gym import InvalidArgumentError
+    from llm_gym.eval import leaderboard_run
+
+    args = leaderboard_run.Args(
+        envs=["Math-v0"],
+        policies=["oracle"],
+        episodes=2,
+        out_dir=tmp_path,
+        progress=False,
+        max_turns=0,
+    )
+    with pytest.raises(InvalidArgumentError, match="max_turns must be None"):
+        leaderboard_run.main(args, runner=lambda *a, **k: pytest.fail("ran"))
