@@ -202,3 +202,58 @@ def test_leaderboard_refuses_a_turn_limit_of_zero(tmp_path) -> None:
     )
     with pytest.raises(InvalidArgumentError, match="max_turns must be None"):
         leaderboard_run.main(args, runner=lambda *a, **k: pytest.fail("ran"))
+
+
+# --- train.py: config files and --set values ----------------------------------------------------
+
+
+def _train_script():
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("config", "sets", "message"),
+    [
+        ("<dir>", [], "is a directory; give a YAML file"),  # IsADirectoryError traceback
+        ("/dev/zero", [], "is not a regular file"),  # read until MemoryError
+        ("<latin1>", [], "not UTF-8 text (byte 10: b'\\xe9')"),  # UnicodeDecodeError traceback
+        ("<big>", [], "larger than 1,048,576 bytes"),
+        ("<ok>", ["seed=["], "--set seed: not valid YAML"),  # a YAML traceback
+        ("<ok>", ["grpo..num_steps=2"], "--set expects KEY=VALUE with KEY a dotted name"),
+        ("<ok>", ["env=Nope-v0"], "No llm_gym environment 'Nope-v0'"),  # traceback from the run
+        # the message named the accepted option among the refused ones
+        ("<ok>", ["task_options.foo=1"], "takes no option(s) ['foo']; it accepts: ['world_seed']"),
+    ],
+)
+def test_train_py_config_mistakes_are_one_line(tmp_path, config, sets, message) -> None:
+    from tests.conftest import ROOT
+
+    files = {
+        "<dir>": tmp_path,
+        "<latin1>": tmp_path / "latin1.yaml",
+        "<big>": tmp_path / "big.yaml",
+        "<ok>": ROOT / "configs" / "tool_use_game_tiny.yaml",
+    }
+    (tmp_path / "latin1.yaml").write_bytes("model: caf\xe9\n".encode("latin-1"))
+    (tmp_path / "big.yaml").write_text("# padding\n" * 110_000)
+    path = files.get(config, config)
+    with pytest.raises(SystemExit) as info:
+        _train_script().main(["--config", str(path), *[f"--set={s}" for s in sets]])
+    text = str(info.value.code)
+    assert text.startswith("train.py: ") and message in text, text
+    assert len(text) < 1000
+
+
+def test_task_file_that_is_a_directory_is_named(tmp_path) -> None:
+    from llm_gym import InvalidArgumentError
+    from trainers.train import load_tasks
+
+    with pytest.raises(InvalidArgumentError, match="is a directory"):
+        load_tasks(tmp_path)  # IsADirectoryError before
