@@ -4,7 +4,40 @@ Each case is bounded (well under a few seconds) and asserts containment: the sam
 bounded time, an episode outcome, or an error naming what was wrong, never a crash, a hang or a
 change outside. What happened before the fix (2 shared cores) and what happens now:
 
-TABLE
+=======================  =============================================  ========================
+class                    before                                         now
+=======================  =============================================  ========================
+SQL-v0 printf ``%c``     ``printf('%.*c', 2147483647, 'x')``: 28 s in   the count is lowered to
+repeat count             one instruction (no deadline check), for a     one past the length limit
+                         NULL; 2**28: 3.5 s; a row of 32: ~15 min       first: same NULL, < 1 ms
+serve: fields it cannot  ``logit_bias``, penalties, ``best_of``,        400 naming the field and
+honour                   ``parallel_tool_calls: false``, vLLM's         its neutral values (null,
+                         ``top_k``/``min_p``/``guided_*``...: 200, the  ``{}``, 0, 1, ...)
+                         answer generated as if they were absent
+run_and_report counts    ``episodes=0``/``-5``: one task ran;           InvalidArgumentError
+                         ``max_turns=0``: the registered limit ran;     naming the value, before
+                         leaderboard ``--max-turns 0`` filed under 0    any episode
+run_and_report output    a directory (or a path under a file):          refused before the first
+                         IsADirectoryError after the whole evaluation   episode
+train.py config          a directory: IsADirectoryError; ``/dev/zero``  one ``train.py: ...`` line
+                         read to MemoryError; latin-1: UnicodeDecode-   naming the file, the byte
+                         Error; all tracebacks                          or the 1 MiB limit
+train.py ``--set`` and   ``--set seed=[``: a YAML traceback; an env,    one ``train.py: ...`` line
+pre-model checks         task option or GRPO field the pipeline         (``check_pipeline`` runs
+                         refuses: a traceback from ``run_pipeline``     inside the error handling)
+task options message     "takes no option(s) ['foo', 'world_seed']; it  names only the refused
+                         accepts: ['world_seed']"                       options
+ToolUseGame world_seed   ``[1]``: ``unhashable type: 'list'``; a 1 MB   InvalidArgumentError of
+                         string: a 1,000,085-character message; 10**    < 200 characters, before
+                         5000: ValueError from the cache key            any cache
+=======================  =============================================  ========================
+
+Probed and already contained (kept out of this file): hostile model output to every registered
+env (calculator ``1e999999``, ``9**9**9``, ``0x``, ``1_000``, Arabic-Indic digits, ``--5``,
+``1<<99999999``, 200,000 unary minuses; tool names with spaces, case or full-width letters;
+duplicate keys; arguments as arrays or strings; 5,000 calls in one turn; NUL, RTL and lone
+surrogates), SQLite's other ``printf`` conversions with huge widths and precisions, the
+``llm-gym`` CLI's other counts and env ids with path characters.
 """
 
 from __future__ import annotations
