@@ -25,19 +25,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from llm_gym.errors import LlmGymError
-    from trainers.pipeline import run_pipeline
+    from llm_gym.errors import InvalidArgumentError, LlmGymError
+    from trainers.pipeline import check_pipeline, run_pipeline
     from trainers.pipeline_config import load_config, yaml_load
 
     args = parse_args(argv)
     overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            sys.exit(f"train.py: --set expects KEY=VALUE, got {item!r}")
-        overrides[key] = yaml_load(value)
+    # A mistake in the config or on the command line is one clear line, not a traceback: the
+    # file, the --set values, and what the pipeline checks before any model work (the env, its
+    # tasks, the GRPO fields).
     try:
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or not all(key.split(".")):
+                raise InvalidArgumentError(
+                    f"--set expects KEY=VALUE with KEY a dotted name (grpo.num_steps=2), got "
+                    f"{item!r:.80}."
+                )
+            try:
+                overrides[key] = yaml_load(value)
+            except LlmGymError as exc:
+                raise InvalidArgumentError(f"--set {key}: {exc}") from None
         config = load_config(args.config, overrides)
+        check_pipeline(config)
     except LlmGymError as exc:
         sys.exit(f"train.py: {exc}")
     return run_pipeline(config)

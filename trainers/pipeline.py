@@ -27,6 +27,7 @@ from trainers.pipeline_eval import evaluate_model, paired_gain, plot_reward_curv
 
 __all__ = [
     "build_grpo_config",
+    "check_pipeline",
     "repeat_by_kind",
     "run_pipeline",
     # re-exported: the config (trainers.pipeline_config) and the comparison (pipeline_eval)
@@ -40,27 +41,42 @@ __all__ = [
 ]
 
 
+def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
+    """What :func:`run_pipeline` checks before any model work: the env, GRPO's tasks (a
+    ``task_options`` or ``task_repeats`` that fits none fails here) and the GRPO config (built
+    only as a check: again later, with the model's path). ``train.py`` calls it where a mistake
+    is one line rather than a traceback.
+
+    Returns:
+        The env's registry entry (resolved once: every step asks it), GRPO's tasks, the turn
+        limit.
+
+    Raises:
+        LlmGymError: what the config gets wrong, named.
+    """
+    from llm_gym.core.registry import env_entry
+
+    entry = env_entry(config.env)
+    grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
+    max_turns = config.grpo.get("max_turns") or entry.max_turns
+    build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())
+    return entry, grpo_tasks, max_turns
+
+
 def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Build or load the model, warm-start it, train it with GRPO, evaluate before and after."""
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from llm_gym.core.factories import resolve
-    from llm_gym.core.registry import env_entry
     from trainers import train_multi_turn
 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    entry = env_entry(config.env)  # resolved once: every step below asks this entry
+    entry, grpo_tasks, max_turns = check_pipeline(config)
     summary: dict[str, Any] = {"env": config.env, "env_version": entry.version}
     started = time.perf_counter()
-    # GRPO's tasks, read first: a task_repeats that names no kind fails before any training
-    grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
     grpo_fields = dict(config.grpo)
-    max_turns = grpo_fields.get("max_turns") or entry.max_turns
-    # The GRPO config built now only as a check (again below, with the model's path): a wrong
-    # grpo key or value fails before any model work
-    build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())
 
     # 1. the model
     if config.model == "tiny":

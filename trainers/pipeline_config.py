@@ -264,6 +264,37 @@ def yaml_load(text: str) -> Any:
     return data
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read (the shipped ones are under 4 KB): a path to a device or a huge
+file is refused rather than read into memory (``/dev/zero`` was read until MemoryError)."""
+
+
+def read_config_text(path: Path) -> str:
+    """The text of the config file at ``path``, read with bounds and checked.
+
+    Raises:
+        InvalidArgumentError: ``path`` is missing, not a regular file, over
+            :data:`MAX_CONFIG_BYTES`, or not UTF-8 (each named, with the byte for UTF-8).
+    """
+    if not path.exists():
+        raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise InvalidArgumentError(f"The config {str(path)!r} is {kind}; give a YAML file.")
+    with path.open("rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise InvalidArgumentError(
+            f"{path}: the config is larger than {MAX_CONFIG_BYTES:,} bytes; is it the right file?"
+        )
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})."
+        ) from None
+
+
 MAX_YAML_NODES = 100_000
 """Values a YAML document may hold once its aliases are expanded. An alias shares one object,
 so loading stays linear, but a consumer that walks the values (printing, copying, writing JSON)
@@ -330,10 +361,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
     """Read a YAML config; ``overrides`` (``{"grpo.num_steps": 2}``) replace single keys."""
 
     path = Path(path)
-    if not path.exists():
-        raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
+    text = read_config_text(path)
     try:
-        data = yaml_load(path.read_text()) or {}
+        data = yaml_load(text) or {}
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{path}: {exc}") from None
     if not isinstance(data, dict):

@@ -26,6 +26,8 @@ def load_tasks(tasks: Any) -> list[Task]:
         path = Path(tasks)
         if not path.exists():
             raise InvalidArgumentError(f"No such task file: {str(path)!r}.")
+        if path.is_dir():
+            raise InvalidArgumentError(f"The task file {str(path)!r} is a directory.")
         tasks = []
         with path.open("rb") as f:
             for number, raw in enumerate(f, start=1):

@@ -224,8 +224,9 @@ def with_task_options(source: TaskSource, options: Mapping[str, Any], where: str
             accepted = [p for p in inspect.signature(source).parameters][1:]
         except (TypeError, ValueError):
             accepted = []
+        refused = sorted(set(options) - set(accepted)) or sorted(options)  # name only those
         raise InvalidArgumentError(
-            f"The task source of {where} takes no option(s) {sorted(options)}; it accepts: "
+            f"The task source of {where} takes no option(s) {refused}; it accepts: "
             f"{accepted or 'none'}."
         ) from None
     return functools.partial(source, **options)

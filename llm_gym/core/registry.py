@@ -104,7 +104,10 @@ class EnvEntry:
         if not options:
             return list(self._once(f"tasks/{split}", lambda: tuple(self.task_source()(split))))
         source = with_task_options(self.task_source(), options, where=self.id)
-        key = f"tasks/{split}/{sorted(options.items())!r}"
+        try:
+            key = f"tasks/{split}/{sorted(options.items())!r}"
+        except ValueError:  # a value that cannot be written (an int of 5,000 digits): not cached
+            return list(source(split))
         return list(self._once(key, lambda: tuple(source(split))))
 
     def __getstate__(self) -> dict[str, Any]:

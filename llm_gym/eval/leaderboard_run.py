@@ -370,6 +370,10 @@ def main(args: Args, runner: Runner | None = None) -> Outcome:
         )
     if args.split not in SPLITS:
         raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {args.split!r}.")
+    if args.max_turns is not None and args.max_turns < 1:  # 0 read as "the registered limit"
+        raise InvalidArgumentError(
+            f"max_turns must be None (each env's own) or >= 1, actual value: {args.max_turns}."
+        )
     entries = registered_envs()
     now = Registry({e.id: e.version for e in entries}, {e.id: e.max_turns for e in entries})
     json_path = args.out_dir / "leaderboard.json"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import random
 import time
@@ -26,7 +27,7 @@ from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups
 
-__all__ = ["EvalReport", "run_and_report", "select_tasks", "machine_name"]
+__all__ = ["EvalReport", "check_output_path", "run_and_report", "select_tasks", "machine_name"]
 
 
 def machine_name() -> str:
@@ -130,6 +131,32 @@ class EvalReport:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+def check_output_path(path: str | Path) -> Path:
+    """``path`` as :meth:`EvalReport.save` will write it, checked before any episode runs (a
+    directory, or a folder that cannot be written, failed only once the whole evaluation was done).
+
+    Raises:
+        InvalidArgumentError: ``path`` is a directory, or its folder is a file or not writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidArgumentError(
+            f"output must be a file path, got the directory {str(path)!r}; add a file name "
+            f"(e.g. {str(path / 'report.json')!r})."
+        )
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # save() makes the missing ones
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise InvalidArgumentError(
+            f"output {str(path)!r} cannot be written: {str(folder)!r} is "
+            f"{'not a directory' if not folder.is_dir() else 'not writable'}."
+        )
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InvalidArgumentError(f"output {str(path)!r} exists and is not writable.")
+    return path
+
+
 def select_tasks(tasks: Sequence[Task], count: int | None, seed: int) -> list[Task]:
     """``count`` tasks: all of them in order when ``count`` is None or covers the split, else a
     seeded sample (the same seed always picks the same tasks)."""
@@ -187,10 +214,18 @@ def run_and_report(
         oracle: The scripted expert for ``policy="oracle"`` (default: the registered one).
         progress: Show a progress bar.
         print_report: Print the table when done.
-        output: Write the JSON record here.
+        output: Write the JSON record here (checked before the first episode).
     """
-    if not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InvalidArgumentError(f"k must be an int >= 1, actual value: {k!r}.")
+    if episodes is not None and (
+        isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1
+    ):
+        raise InvalidArgumentError(
+            f"episodes must be None (every task) or an int >= 1, actual value: {episodes!r}."
+        )
+    if output is not None:
+        check_output_path(output)
     entry = as_env_entry(env)
     all_tasks = list(tasks) if tasks is not None else entry.tasks(split)
     if isinstance(policy, str):
@@ -198,7 +233,7 @@ def run_and_report(
     count = None if episodes is None else max(1, episodes // k)
     chosen = select_tasks(all_tasks, count, seed)
     settings = {
-        "max_turns": max_turns or entry.max_turns,
+        "max_turns": entry.max_turns if max_turns is None else max_turns,  # 0 is refused
         "action_format": action_format or entry.action_format,
         "max_model_length": max_model_length,
         "max_new_tokens": max_new_tokens,

@@ -16,9 +16,12 @@ bounded here:
   ``chat_template_kwargs`` may only set the names in the server's allow-list
   (:data:`DEFAULT_CHAT_TEMPLATE_KWARGS` unless the server was given another), each to a boolean, a
   number or a string of at most :data:`MAX_TEMPLATE_STRING` characters.
-* Unknown fields are ignored. Known OpenAI fields this server cannot honour are refused rather
-  than silently dropped: ``n`` other than 1, ``tool_choice`` ``"required"`` or a named function,
-  a ``response_format`` other than text, non-zero ``presence_penalty`` / ``frequency_penalty``.
+* Unknown fields are ignored. Known fields this server cannot honour are refused rather than
+  silently dropped: ``n`` other than 1, ``tool_choice`` ``"required"`` or a named function, a
+  ``response_format`` other than text, and any value but a neutral one of the sampling fields
+  of :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS` (``logit_bias``, the penalties,
+  ``parallel_tool_calls: false``, vLLM's ``top_k``, ``min_p``, ...) or of vLLM's chat
+  ``echo`` / ``prompt_logprobs``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from llm_gym.serving.protocol import (
     flag_field,
     int_field,
     number_field,
+    refuse_unhonoured,
 )
 
 __all__ = [
@@ -288,9 +292,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "generation to JSON)",
             "response_format",
         )
-    for key in ("presence_penalty", "frequency_penalty"):
-        if number_field(body, key, 0.0, -2.0, 2.0) != 0:
-            raise bad_request(f"'{key}' is not supported by this server; send 0 or omit it", key)
+    refuse_unhonoured(body, {"echo": (False,), "prompt_logprobs": ()})  # vLLM's, on chat
 
 
 def parse_chat_request(

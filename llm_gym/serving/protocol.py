@@ -4,7 +4,8 @@
 The field checks here (:func:`number_field`, :func:`int_field`, :func:`flag_field`, ...) are the
 ones every endpoint shares; each refuses a value with a 400 that names the field, says what is
 allowed and what came. :func:`check_common` checks what every generation request carries
-(``model``, ``n``, ``stream``, ``stream_options``, ``seed``); :func:`parse_completion_request`
+(``model``, ``n``, ``stream``, ``stream_options``, ``seed``, and the known sampling fields this
+server cannot honour, :data:`UNHONOURED_FIELDS`); :func:`parse_completion_request`
 turns a ``/v1/completions`` body into a :class:`CompletionRequest`. The chat endpoint's request is
 in :mod:`llm_gym.serving.chat_protocol`. Bodies reach these functions already decoded and checked
 for depth and lone surrogates (:mod:`llm_gym.serving.body`). What needs the model (token ids in
@@ -13,6 +14,7 @@ its vocabulary, the context length) is checked by the engine.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -22,6 +24,7 @@ __all__ = [
     "MAX_LOGPROBS",
     "MAX_SEED",
     "MIN_SEED",
+    "UNHONOURED_FIELDS",
     "APIError",
     "Common",
     "CompletionRequest",
@@ -31,6 +34,7 @@ __all__ = [
     "int_field",
     "number_field",
     "parse_completion_request",
+    "refuse_unhonoured",
 ]
 
 MAX_LOGPROBS = 5
@@ -39,6 +43,37 @@ MIN_SEED = -(2**63)
 """The smallest ``seed`` (an int64, as OpenAI's API types it)."""
 MAX_SEED = 2**64 - 1
 """The largest ``seed`` (what the sampler's generator takes)."""
+
+UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
+    # OpenAI's
+    "logit_bias": ({},),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "parallel_tool_calls": (True,),
+    "best_of": (1,),
+    "suffix": ("",),
+    # vLLM's sampling extras
+    "top_k": (0, -1),
+    "min_p": (0,),
+    "repetition_penalty": (1,),
+    "length_penalty": (1,),
+    "min_tokens": (0,),
+    "ignore_eos": (False,),
+    "use_beam_search": (False,),
+    "skip_special_tokens": (True,),
+    "bad_words": ([],),
+    "stop_token_ids": ([],),
+    "allowed_token_ids": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+}
+"""Known request fields (OpenAI's, vLLM's) that would change the answer and that this server
+does not implement, with the values that change nothing (null always does). Any other value is
+refused with a 400 rather than dropped: a client that bans a token with ``logit_bias`` must not
+get it back silently."""
 
 
 class APIError(Exception):
@@ -151,6 +186,40 @@ def flag_field(body: dict[str, Any], key: str, default: bool = False) -> bool:
     return value
 
 
+def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is one of ``allowed`` (``True`` is not ``1``, nor ``0`` ``False``)."""
+    return any(
+        isinstance(value, bool) == isinstance(item, bool)
+        and isinstance(value, int | float) == isinstance(item, int | float)
+        and value == item
+        for item in allowed
+    )
+
+
+def refuse_unhonoured(body: dict[str, Any], fields: dict[str, tuple[Any, ...]]) -> None:
+    """Refuse each of ``fields`` (name: the values that change nothing) set to anything else.
+
+    Raises:
+        APIError: 400 naming the field and the values accepted.
+
+    Example:
+        >>> refuse_unhonoured({"top_k": -1, "logit_bias": {}}, UNHONOURED_FIELDS)
+        >>> refuse_unhonoured({"logit_bias": {"50256": -100}}, UNHONOURED_FIELDS)
+        Traceback (most recent call last):
+        ...
+        llm_gym.serving.protocol.APIError: 'logit_bias' is not supported by this server (it would be ignored); omit it or send null or {}; got {'50256': -100}
+    """  # noqa: E501
+    for key, allowed in fields.items():
+        value = body.get(key)
+        if value is not None and not _neutral(value, allowed):
+            accepted = " or ".join(["null", *(json.dumps(v) for v in allowed)])
+            raise bad_request(
+                f"'{key}' is not supported by this server (it would be ignored); omit it or send "
+                f"{accepted}; got {_show(value)}",
+                key,
+            )
+
+
 @dataclass(frozen=True)
 class Common:
     """What every generation request carries, checked."""
@@ -167,7 +236,7 @@ class Common:
 
 def check_common(body: dict[str, Any], model_name: str) -> Common:
     """The checks every generation endpoint shares: this server's model, ``n`` = 1, the
-    streaming options, the seed.
+    streaming options, the seed, no field of :data:`UNHONOURED_FIELDS` that would be ignored.
 
     Raises:
         APIError: 400 naming the field, or 404 (``model_not_found``) for another model.
@@ -215,6 +284,7 @@ def check_common(body: dict[str, Any], model_name: str) -> Common:
             "'return_token_ids' is only supported with stream=false", "return_token_ids"
         )
     seed = int_field(body, "seed", MIN_SEED, MAX_SEED)
+    refuse_unhonoured(body, UNHONOURED_FIELDS)
     return Common(stream, include_usage, seed, return_token_ids)
 
 

@@ -323,8 +323,8 @@ class ReadOnlyDatabase:
             )
         if "user-defined function" in message:  # a checked built-in: its own error
             message = self._functions.error or (
-                "LIKE, GLOB, instr, replace or trim could not read its arguments (text that is "
-                "not valid UTF-8?)"
+                "LIKE, GLOB, instr, replace, trim or printf could not read its arguments (text "
+                "that is not valid UTF-8?)"
             )
         if refused is not None and refused.startswith("function "):
             return ToolArgumentError(

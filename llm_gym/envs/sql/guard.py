@@ -14,7 +14,9 @@ instruction). So:
 * **Quadratic built-ins are checked per call** (:class:`CheckedFunctions`): ``LIKE``, ``GLOB``,
   ``instr``, ``replace`` and ``trim`` with a set of characters cost the product of two lengths
   (up to ~60 ms at the limits); each call first checks the deadline. ``json_patch`` (quadratic in
-  keys) is not allowed.
+  keys) is not allowed. ``printf``/``format`` are checked too: ``%c`` with a repeat count loops
+  past the length limit (28 s for one call), so counts above it are lowered first
+  (:mod:`llm_gym.envs.sql.printf`).
 * **Compilation** is bounded by the limits and, for common table expressions, by
   :mod:`llm_gym.envs.sql.expansion`.
 * **Reach.** The authorizer (:class:`Authorizer`) is default-deny: ``SELECT`` and recursive CTEs,
@@ -28,6 +30,7 @@ instruction). So:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -38,10 +41,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from llm_gym.envs.sql.expansion import fold_name
+from llm_gym.envs.sql.printf import bound_printf_arguments
 
 __all__ = [
     "ALLOWED_FUNCTIONS",
     "CHECKED_FUNCTIONS",
+    "FORMAT_FUNCTIONS",
     "MAX_LIKE_PATTERN_BYTES",
     "MAX_SQL_CHARS",
     "MAX_VALUE_BYTES",
@@ -268,11 +273,15 @@ CHECKED_FUNCTIONS: dict[str, tuple[int, ...]] = {
 lengths: up to 14 ms for ``GLOB`` and 63 ms for ``ltrim(x, characters)`` at the limits. SQLite
 checks its progress handler only at jumps between instructions, so a row of 150 such calls ran
 8 to 16 s at a 1 s limit. :class:`CheckedFunctions` puts a deadline check in front of each call."""
+FORMAT_FUNCTIONS = ("printf", "format")
+"""``printf`` and its newer name: checked like :data:`CHECKED_FUNCTIONS`, and each call's ``%c``
+repeat counts bounded (:func:`~llm_gym.envs.sql.printf.bound_printf_arguments`)."""
 
 
 @functools.cache
 def _checked_calls() -> tuple[tuple[str, int, str], ...]:
-    """(name, argument count, SQL) of each checked function this SQLite has (unhex: 3.41+)."""
+    """(name, argument count, SQL) of each checked function this SQLite has (unhex: 3.41+); a
+    format function's SQL is its name, its argument count -1 (any)."""
     probe = sqlite3.connect(":memory:")
     found = []
     try:
@@ -284,15 +293,20 @@ def _checked_calls() -> tuple[tuple[str, int, str], ...]:
                 except sqlite3.Error:
                     continue
                 found.append((name, arity, sql))
+        for name in FORMAT_FUNCTIONS:  # any number of arguments (format: SQLite 3.38+)
+            with contextlib.suppress(sqlite3.Error):
+                probe.execute(f"SELECT {name}('')")
+                found.append((name, -1, name))
     finally:
         probe.close()
     return tuple(found)
 
 
 class CheckedFunctions:
-    """Replaces :data:`CHECKED_FUNCTIONS` on ``connection`` by Python functions that call
-    ``check`` (which raises to stop the statement), then have SQLite compute the built-in on a
-    helper connection with the same limits: the same results, and a deadline check per call.
+    """Replaces :data:`CHECKED_FUNCTIONS` and :data:`FORMAT_FUNCTIONS` on ``connection`` by
+    Python functions that call ``check`` (which raises to stop the statement), then have SQLite
+    compute the built-in on a helper connection with the same limits: the same results, and a
+    deadline check per call.
 
     Args:
         connection: The connection whose queries are checked.
@@ -310,15 +324,26 @@ class CheckedFunctions:
     def _connect(self) -> sqlite3.Connection:
         helper = sqlite3.connect(":memory:", check_same_thread=False)
         apply_limits(helper)
-        helper.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 3)
+        most = SQLITE_LIMITS[sqlite3.SQLITE_LIMIT_FUNCTION_ARG]  # a printf call's arguments
+        helper.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, most)
         self._helper = helper
         return helper
 
     def _delegate(self, sql: str, check: Callable[[], None]) -> Callable[..., Any]:
+        """``sql`` is the call's SQL with ``?`` for the arguments, or a function's bare name
+        (a format function: any number of arguments)."""
+        formats = sql in FORMAT_FUNCTIONS
+        most = SQLITE_LIMITS[sqlite3.SQLITE_LIMIT_FUNCTION_ARG] if formats else -1
+        arities = [f"SELECT {sql}({', '.join('?' * n)})" for n in range(most + 1)]
+
         def call(*args: Any) -> Any:
             check()
+            query = sql
+            if formats:
+                args = bound_printf_arguments(args, MAX_VALUE_BYTES)
+                query = arities[len(args)]
             try:
-                return (self._helper or self._connect()).execute(sql, args).fetchone()[0]
+                return (self._helper or self._connect()).execute(query, args).fetchone()[0]
             except sqlite3.Error as exc:
                 self.error = str(exc)
                 raise

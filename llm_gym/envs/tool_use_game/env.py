@@ -100,6 +100,18 @@ NEW_WORLD_SEED = 1
 """A held-out world: no ``"varied"`` training task is ever drawn from it."""
 TRAINING_WORLD_SEEDS = range(1000, 2**31)
 """The worlds ``world_seed="varied"`` draws from (disjoint from seeds below 1,000)."""
+MAX_WORLD_SEED = 2**64 - 1
+"""The largest world seed (task ids name their world in digits)."""
+
+
+def check_world_seed(world_seed: object, varied: bool = False) -> None:
+    """Raise unless ``world_seed`` is an int in [0, MAX_WORLD_SEED] (or ``"varied"``)."""
+    ok = type(world_seed) is int and 0 <= world_seed <= MAX_WORLD_SEED
+    if not (ok or (varied and world_seed == "varied")):
+        big = isinstance(world_seed, int) and world_seed.bit_length() > 200  # no 5,000 digits
+        shown = f"an int of {world_seed.bit_length()} bits" if big else repr(world_seed)[:60]
+        allowed = "an int in [0, 2**64) (or 'varied' where tasks are drawn)"
+        raise InvalidArgumentError(f"world_seed must be {allowed}, actual value: {shown}.")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -110,11 +122,7 @@ def world_facts(world_seed: int) -> dict[str, int]:
     tie); every other world draws distinct values per attribute, so no comparison ties. Treat
     the returned dict as read-only (it is cached).
     """
-    if isinstance(world_seed, bool) or not isinstance(world_seed, int) or world_seed < 0:
-        raise InvalidArgumentError(
-            f"world_seed must be an int >= 0 (or 'varied' where tasks are drawn), actual "
-            f"value: {world_seed!r}."
-        )
+    check_world_seed(world_seed)
     rng = random.Random(world_seed)
     if world_seed == DEFAULT_WORLD_SEED:
         return {
@@ -292,6 +300,7 @@ def get_tasks(split: str = "train", world_seed: WorldSeed = DEFAULT_WORLD_SEED) 
     worlds); ``world_seed`` changes the facts and so the answers. ``world_seed="varied"`` gives
     each task its own training world; :data:`NEW_WORLD_SEED` is a world training never draws.
     """
+    check_world_seed(world_seed, varied=True)
     return pick_split(_splits(world_seed), split)
 
 
