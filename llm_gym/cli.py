@@ -44,7 +44,8 @@ def _cmd_show_task(args: argparse.Namespace, out: TextIO) -> int:
     tasks = env.unwrapped.tasks(args.split)
     if not -len(tasks) <= args.index < len(tasks):
         raise LlmGymError(
-            f"--index must be in [0, {len(tasks)}) for the {args.split!r} split, got {args.index}."
+            f"--index must be in [-{len(tasks)}, {len(tasks)}) for the {args.split!r} split "
+            f"(negative counts from the end), got {args.index}."
         )
     print(json.dumps(tasks[args.index].to_dict(), indent=2, ensure_ascii=False), file=out)
     return 0

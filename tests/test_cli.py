@@ -60,3 +60,10 @@ def test_console_script_runs() -> None:
         [sys.executable, "-m", "llm_gym.cli", "list"], capture_output=True, text=True, check=True
     )
     assert "ToolUseGame-v0" in out.stdout
+
+
+def test_show_task_index_range_names_negative_indexes(capsys) -> None:
+    code, text = run("show-task", "ToolUseGame-v0", "--split", "val", "--index", "-1")
+    assert code == 0 and json.loads(text)["id"]  # the last task, as Python indexes
+    code, _ = run("show-task", "ToolUseGame-v0", "--split", "val", "--index", "100000")
+    assert code == 2 and "must be in [-" in capsys.readouterr().err  # said [0, n) before

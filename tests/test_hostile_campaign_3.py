@@ -165,6 +165,18 @@ def test_serve_accepts_the_neutral_values_of_those_fields() -> None:
         parse_chat_request({**CHAT, "prompt_logprobs": 1}, "m")  # not on chat
 
 
+def test_serve_refuses_continuous_usage_stats_it_would_ignore() -> None:
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.protocol import APIError
+
+    stream = {**CHAT, "stream": True}
+    with pytest.raises(APIError, match="continuous_usage_stats' is not supported") as info:
+        parse_chat_request({**stream, "stream_options": {"continuous_usage_stats": True}}, "m")
+    assert info.value.param == "stream_options.continuous_usage_stats"  # was accepted, ignored
+    options = {"include_usage": True, "continuous_usage_stats": False}
+    assert parse_chat_request({**stream, "stream_options": options}, "m").include_usage
+
+
 # --- run_and_report / llm-gym eval / leaderboard: odd counts and output paths --------------------
 
 

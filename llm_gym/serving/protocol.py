@@ -278,6 +278,12 @@ def check_common(body: dict[str, Any], model_name: str) -> Common:
                 "stream_options.include_usage",
             )
         include_usage = bool(include_usage)
+        if options.get("continuous_usage_stats") not in (None, False):  # vLLM's: not honoured
+            raise bad_request(
+                "'stream_options.continuous_usage_stats' is not supported by this server (it "
+                "would be ignored); omit it or send false",
+                "stream_options.continuous_usage_stats",
+            )
     return_token_ids = flag_field(body, "return_token_ids")
     if return_token_ids and stream:
         raise bad_request(
