@@ -213,8 +213,10 @@ def _freeze_within(value: Any, depth: int) -> Any:
         raise _TooDeep
     depth -= 1
     if kind is dict or (kind is not str and isinstance(value, Mapping)):
-        return FrozenMessage({
-            key if type(key) is str else _freeze_within(key, depth): _freeze_within(item, depth)
+        return FrozenMessage({  # strings (most keys and values) without a call
+            key if type(key) is str else _freeze_within(key, depth): item
+            if type(item) is str
+            else _freeze_within(item, depth)
             for key, item in value.items()
         })  # fmt: skip
     if kind is list or kind is tuple or (not isinstance(value, str) and _is_container(value)):
