@@ -484,6 +484,14 @@ def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_m
     assert len(episode.turns) == 1 and episode.samples[0].num_policy_tokens == 2
     assert read["characters"] < 1_000_000  # 17 s to tokenize the 10 MB whole, before
     assert time.perf_counter() - start < 10
+    assert episode.overflow_tokens > 4096 - 64  # what the reply needed, at least: the soft
+    trainers = pytest.importorskip("trainers.advantages")  # overlong penalty sees it in full
+    outcome = trainers.EpisodeOutcome.of(episode)
+    assert outcome.total_tokens == episode.overflow_tokens
+    assert trainers.shaped_reward(
+        outcome, max_model_length=4096, max_turns=3, overlong_buffer=512,
+        overlong_penalty_factor=1.0, max_new_tokens=64,
+    ) == -1.0  # fmt: skip
     [[fits]] = collect_groups(  # a reply that fits joins the stream as before
         odd_env(reply={"role": "user", "content": "short"}), [Task("x")], Counting(),
         max_turns=2, tokenizer=tokenizer, max_model_length=4096, max_new_tokens=64,

@@ -79,10 +79,10 @@ class EpisodeOutcome:
 
     @classmethod
     def of(cls, episode: Any) -> EpisodeOutcome:
-        """The outcome of a finished :class:`llm_gym.rollout.Episode` (its total tokens are
-        those of its longest token sample)."""
-        samples = episode.samples
-        total = max((len(s.prompt_ids) + len(s.completion_ids) for s in samples), default=0)
+        """The outcome of a finished :class:`llm_gym.rollout.Episode` (its total tokens: its
+        longest token sample's, or an overflowing reply's need, ``episode.overflow_tokens``)."""
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in episode.samples]
+        total = max([*lengths, getattr(episode, "overflow_tokens", 0) or 0])
         return cls(
             reward=episode.reward,
             truncation_cause=episode.truncation_cause,

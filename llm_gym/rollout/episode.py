@@ -83,6 +83,10 @@ class Episode:
     """Seconds from reset to close."""
     samples: list[Any] = field(default_factory=list)
     """Token samples built by the loop (token-in/token-out policies)."""
+    overflow_tokens: int = 0
+    """When an environment reply too long for the context ended it (``CONTEXT_OVERFLOW``) and
+    was read only in part: the tokens the context would have held at least, which the soft
+    overlong penalty measures (the samples stop before that reply); else 0."""
 
     @property
     def num_turns(self) -> int:

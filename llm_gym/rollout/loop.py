@@ -172,8 +172,9 @@ async def _run_episode(
             if (
                 tracker is not None
                 and limit is not None
-                and (tracker.overflowed or tracker.context_length > limit)
+                and (tracker.overflow_tokens is not None or tracker.context_length > limit)
             ):
+                episode.overflow_tokens = tracker.overflow_tokens or 0
                 ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
                 break
             request = PolicyRequest(

@@ -146,8 +146,10 @@ class TokenTracker:
         self.samples: list[TokenSample] = []
         self._text = ""
         self._raw: list[Message] = []
-        self.overflowed = False
-        """An environment reply was too long for the limit given to :meth:`add_environment`."""
+        self.overflow_tokens: int | None = None
+        """When an environment reply was too long for the limit given to
+        :meth:`add_environment`: the tokens the context would have held at least (its tokens
+        so far and those of the reply's prefix that was read); else None."""
 
     def _render(self, messages: Sequence[Message]) -> str:
         return render_chat(
@@ -225,17 +227,20 @@ class TokenTracker:
         """Append the environment's reply. Returns True when it started a new sample.
 
         With a ``limit`` (tokens of context), a reply that a prefix of its text already shows
-        too long for it is not tokenized further: :attr:`overflowed` is set and the stream
+        too long for it is not tokenized further: :attr:`overflow_tokens` is set and the stream
         stays as it was (10 MB from an env took 17 s of the rollout's event loop to tokenize
         before the context check cut the episode)."""
         self._raw.extend(messages)
         full = self._render(self._raw)
         if full.startswith(self._text):
             room = None if limit is None else limit - self.context_length
-            if room is not None and prefix_past_limit(
-                self.tokenizer, full[len(self._text) :], room
-            ):
-                self.overflowed = True
+            past = (
+                None
+                if room is None
+                else prefix_past_limit(self.tokenizer, full[len(self._text) :], room)
+            )
+            if past is not None:
+                self.overflow_tokens = self.context_length + past[1]
                 return False
             delta = _encode(self.tokenizer, full[len(self._text) :])
             sample = self.current
@@ -246,8 +251,9 @@ class TokenTracker:
             sample.policy_versions.extend([-1] * len(delta))
             self._text = full
             return False
-        if limit is not None and prefix_past_limit(self.tokenizer, full, limit):
-            self.overflowed = True
+        past = None if limit is None else prefix_past_limit(self.tokenizer, full, limit)
+        if past is not None:
+            self.overflow_tokens = past[1]
             return False
         self._text = full
         self.samples.append(TokenSample(prompt_ids=_encode(self.tokenizer, full)))
