@@ -212,14 +212,14 @@ def _freeze_within(value: Any, depth: int) -> Any:
     if not depth:
         raise _TooDeep
     depth -= 1
-    if kind is dict or (kind is not str and isinstance(value, Mapping)):
+    if kind is dict or isinstance(value, Mapping):  # (a str returned above)
         return FrozenMessage({  # strings (most keys and values) without a call
             key if type(key) is str else _freeze_within(key, depth): item
             if type(item) is str
             else _freeze_within(item, depth)
             for key, item in value.items()
         })  # fmt: skip
-    if kind is list or kind is tuple or (not isinstance(value, str) and _is_container(value)):
+    if kind is list or kind is tuple or _is_container(value):
         return tuple([_freeze_within(item, depth) for item in value])
     return copy.deepcopy(value)
 
