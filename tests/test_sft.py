@@ -140,6 +140,7 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
     gradients and logged metrics as one padded batch."""
     from unittest import mock
 
+    from trainers.labelled_head import labelled_head_forward
     from trainers.length_chunks import LengthChunkedLM
 
     dataset = short_context_dataset(oracle_sft_dataset("ToolUseGame-v0", _tasks()))
@@ -152,10 +153,14 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
         count = (batch["labels"][:, 1:] != -100).sum()
         trainer.model.train()
-        with mock.patch.object(LengthChunkedLM, "__call__", autospec=True,
-                               side_effect=LengthChunkedLM.__call__) as called:  # fmt: skip
+        with (
+            mock.patch.object(LengthChunkedLM, "__call__", autospec=True,
+                              side_effect=LengthChunkedLM.__call__) as called,
+            mock.patch("trainers.sft.labelled_head_forward",
+                       side_effect=labelled_head_forward) as head,
+        ):  # fmt: skip
             loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=count)
-        assert called.called == chunked
+        assert called.called == chunked and head.called == chunked  # and the labelled head
         loss.backward()
         grads = [p.grad.clone() for p in trainer.model.parameters()]
         metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}

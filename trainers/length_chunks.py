@@ -73,7 +73,9 @@ class LengthChunkedLM:
     loss, TRL's entropy, accuracy and token counts) are the batch's. Use it where the caller
     calls ``model(input_ids=..., attention_mask=..., labels=..., fused_lm_head=True)`` and
     reduces the per-token fields (TRL's ``SFTTrainer.compute_loss``); :meth:`applies` says
-    whether a batch suits it.
+    whether a batch suits it. ``head(model, **inputs, **kwargs)``, when given, stands in for that
+    call on each chunk (:func:`trainers.labelled_head.labelled_head_forward`); where it returns
+    None the model's own fused head runs.
     """
 
     FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
@@ -83,10 +85,12 @@ class LengthChunkedLM:
         model: Any,
         prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         overhead: int = 64,
+        head: Callable[..., Any] | None = None,
     ) -> None:
         self.model = model
         self.prepare = prepare
         self.overhead = overhead
+        self.head = head
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
@@ -126,7 +130,8 @@ class LengthChunkedLM:
             }
             if self.prepare is not None:
                 inputs = self.prepare(inputs)
-            parts.append((index, self.model(**inputs, **kwargs)))
+            out = None if self.head is None else self.head(self.model, **inputs, **kwargs)
+            parts.append((index, self.model(**inputs, **kwargs) if out is None else out))
         width = max(out.log_probs.size(1) for _, out in parts)
         fields: dict[str, Any] = {}
         for name in self.FIELDS:

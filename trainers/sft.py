@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from llm_gym.errors import InvalidArgumentError
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
+from trainers.labelled_head import labelled_head_forward, unsupported_reason
 from trainers.length_chunks import LengthChunkedLM
 from trainers.sft_data import (
     disjoint_tasks,
@@ -252,7 +253,8 @@ def build_sft_trainer(
                 prepare = None
                 if prefix is not None:
                     prepare = functools.partial(shared_prefix_inputs, model, min_length=prefix)
-                model = LengthChunkedLM(model, prepare=prepare)
+                head = labelled_head_forward if unsupported_reason(model) is None else None
+                model = LengthChunkedLM(model, prepare=prepare, head=head)
             elif prefix is not None and model.training:
                 inputs = shared_prefix_inputs(model, inputs, prefix)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -344,7 +346,8 @@ def sft_warm_start(
         length_chunked: Run a batch as chunks of rows of similar length, each only as wide as its
             longest row and with its own shared prefix
             (:class:`trainers.length_chunks.LengthChunkedLM`): the same loss and gradients (to
-            float rounding), without the padding's FLOPs.
+            float rounding), without the padding's FLOPs; the LM head then scores only the
+            labelled positions (:mod:`trainers.labelled_head`, where the model allows it).
         progress: Show transformers' progress bar.
         **config_kwargs: More ``SFTConfig`` fields.
 
