@@ -28,6 +28,7 @@ MODULES = [
     "llm_gym.environments.records",
     "llm_gym.environments.replay",
     "llm_gym.envs.guess_number.env",
+    "llm_gym.envs.tool_use_game.demonstrators",
     "llm_gym.envs.wordle.env",
     "llm_gym.envs.wordle.rules",
     "llm_gym.envs.wordle.solver",

@@ -1,6 +1,6 @@
 """ToolUseGame-v0: the seeds' reference tool-use environment."""
 
-from llm_gym.envs.tool_use_game.demonstrators import HastyOracle, hasty_oracle_action
+from llm_gym.envs.tool_use_game.demonstrators import HastyOracle, hasty_oracle_action, oracle_action
 from llm_gym.envs.tool_use_game.env import (
     DEFAULT_WORLD_SEED,
     FACTS,
@@ -13,7 +13,6 @@ from llm_gym.envs.tool_use_game.env import (
     get_tasks,
     list_fact_keys,
     lookup,
-    oracle_action,
     task_world,
     world_facts,
 )

@@ -1,26 +1,66 @@
-"""Imperfect demonstrators for ToolUseGame: warm starts with habits that RL then corrects."""
+"""ToolUseGame's demonstrators: the oracle, and imperfect ones for warm starts that RL corrects."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from llm_gym.core.task import Task
-from llm_gym.core.types import Message
-from llm_gym.envs.tool_use_game.env import (
-    ATTRIBUTES,
-    oracle_action,
-    task_world,
-)
+from llm_gym.core.types import Message, ToolCall
+from llm_gym.envs.tool_use_game.env import ATTRIBUTES, task_world
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.tools.arithmetic import format_number, safe_eval
 
-__all__ = ["HASTY_GUESS_RATE", "HASTY_MENTAL_RATE", "HastyOracle", "hasty_oracle_action"]
+__all__ = [
+    "HASTY_GUESS_RATE",
+    "HASTY_MENTAL_RATE",
+    "HastyOracle",
+    "hasty_oracle_action",
+    "oracle_action",
+]
 
 HASTY_GUESS_RATE = 0.3
 """The default share of tasks on which :class:`HastyOracle` answers without looking anything up."""
 HASTY_MENTAL_RATE = 0.4
 """The default share of the other tasks needing arithmetic on which it skips the calculator."""
+
+
+def _call(index: int, name: str, arguments: dict[str, Any]) -> ToolCall:
+    return {
+        "id": f"oracle_{index}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def oracle_action(task: Task, messages: Sequence[Message]) -> Message:
+    """The expert's next assistant message: look up every fact, compute, answer.
+
+    Reads the values from the tool results in ``messages`` (never from the task's target).
+    """
+    keys: list[str] = list(task.metadata["keys"])
+    expression: str | None = task.metadata.get("expression")
+    looked_up = [
+        m["content"] for m in messages if m.get("role") == "tool" and m.get("name") == "lookup"
+    ]
+    computed = [
+        m["content"] for m in messages if m.get("role") == "tool" and m.get("name") == "calculator"
+    ]
+    if len(looked_up) < len(keys):
+        calls = [_call(i, "lookup", {"key": key}) for i, key in enumerate(keys)]
+        return Message(role="assistant", content="", tool_calls=calls)
+    values = [int(v) for v in looked_up[-len(keys) :]]
+    if task.metadata["type"] == "compare":
+        a_town, b_town = (k.split(".")[0] for k in keys)
+        answer = a_town if values[0] > values[1] else b_town
+        return Message(role="assistant", content=answer)
+    if expression is not None and not computed:
+        calls = [_call(0, "calculator", {"expression": expression.format(*values)})]
+        return Message(role="assistant", content="", tool_calls=calls)
+    answer = computed[-1] if computed else format_number(values[0])
+    return Message(role="assistant", content=answer)
 
 
 class HastyOracle:
@@ -34,6 +74,7 @@ class HastyOracle:
     the same demonstrations.
 
     Example:
+        >>> from llm_gym.envs.tool_use_game import get_tasks
         >>> demonstrator = HastyOracle(guess_rate=1.0)
         >>> task = get_tasks("val")[0]
         >>> demonstrator(task, []).get("tool_calls") is None  # it answers without a lookup

@@ -23,16 +23,16 @@ from typing import Any, Literal
 from llm_gym.core.task import Task, cut_splits, distinct_tasks, pick_split
 from llm_gym.core.tool import ToolResult, tool
 from llm_gym.core.tool_env import ToolEnv
-from llm_gym.core.types import Message, ToolCall
+from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError, ToolArgumentError
-from llm_gym.tools.arithmetic import format_number, safe_eval
+from llm_gym.tools.arithmetic import safe_eval
 from llm_gym.tools.calculator import CalculatorTool
 
 # fmt: off
 __all__ = ["ATTRIBUTES", "DEFAULT_WORLD_SEED", "FACTS", "NEW_WORLD_SEED", "SPLIT_SIZES",
            "SYSTEM_PROMPT", "TOOL_USE_GAME_TASKS", "TOWNS", "TRAINING_WORLD_SEEDS", "VERSION",
            "ToolUseGameEnv", "WorldLookup", "WorldSeed", "generate_tasks", "get_tasks",
-           "list_fact_keys", "look_up", "lookup", "oracle_action", "task_world", "world_facts"]
+           "list_fact_keys", "look_up", "lookup", "task_world", "world_facts"]
 # fmt: on
 
 # --- constants -----------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ _KEYS_BY_LOWER_KEY = {key.lower(): key for key in FACTS}
 def task_world(task: Task) -> int:
     """The world seed of ``task`` (``metadata["world_seed"]``; absent: the default world)."""
     world = task.metadata.get("world_seed", DEFAULT_WORLD_SEED)
-    world_facts(world)  # validates it: a clear error names a bad one
+    check_world_seed(world)  # a clear error names a bad one
     return int(world)
 
 
@@ -241,7 +241,7 @@ def _world_draw(seed: int, world_seed: WorldSeed) -> Callable[[], int]:
     if world_seed == "varied":
         worlds = random.Random(f"worlds-{seed}")  # apart from the question stream
         return lambda: worlds.randrange(TRAINING_WORLD_SEEDS.start, TRAINING_WORLD_SEEDS.stop)
-    world_facts(world_seed)  # type: ignore[arg-type]  # validates it
+    check_world_seed(world_seed)
     return lambda: world_seed  # type: ignore[return-value]
 
 
@@ -350,7 +350,8 @@ def lookup(key: str) -> str:
 
 class WorldLookup:
     """The ``lookup`` tool of one env instance: the same name, schema and errors as
-    :func:`lookup`, reading the world of the current episode's task (set on reset)."""
+    :func:`lookup`, reading the world of the current episode's task (:meth:`enter`, on reset:
+    its table is built once an episode, however many worlds a collection cycles through)."""
 
     synchronous = True
 
@@ -358,11 +359,15 @@ class WorldLookup:
         self.name = lookup.name
         self.description = lookup.description
         self.parameters_schema = lookup.parameters_schema
-        self.world_seed = DEFAULT_WORLD_SEED
+        self.enter(DEFAULT_WORLD_SEED)
+
+    def enter(self, world_seed: int) -> None:
+        """Read ``world_seed``'s facts from now on."""
+        self.world_seed, self.facts = world_seed, world_facts(world_seed)
 
     async def execute(self, arguments: str) -> ToolResult:
         key = lookup.bind_arguments(arguments)["key"]
-        return ToolResult(content=look_up(world_facts(self.world_seed), key))
+        return ToolResult(content=look_up(self.facts, key))
 
 
 # --- the environment ------------------------------------------------------------------------------
@@ -400,49 +405,8 @@ class ToolUseGameEnv(ToolEnv):
         world = task_world(task)  # a bad world_seed fails here, before the episode starts
         for t in self._tools.values():
             if isinstance(t, WorldLookup):
-                t.world_seed = world
+                t.enter(world)
         return await super().reset(task)
 
     def metrics(self, answer: str | None, task: Task) -> dict[str, Any]:
         return {"answered": answer is not None}
-
-
-# --- the oracle ---------------------------------------------------------------------------------
-
-
-def _call(index: int, name: str, arguments: dict[str, Any]) -> ToolCall:
-    import json
-
-    return {
-        "id": f"oracle_{index}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments)},
-    }
-
-
-def oracle_action(task: Task, messages: Sequence[Message]) -> Message:
-    """The expert's next assistant message: look up every fact, compute, answer.
-
-    Reads the values from the tool results in ``messages`` (never from the task's target).
-    """
-    keys: list[str] = list(task.metadata["keys"])
-    expression: str | None = task.metadata.get("expression")
-    looked_up = [
-        m["content"] for m in messages if m.get("role") == "tool" and m.get("name") == "lookup"
-    ]
-    computed = [
-        m["content"] for m in messages if m.get("role") == "tool" and m.get("name") == "calculator"
-    ]
-    if len(looked_up) < len(keys):
-        calls = [_call(i, "lookup", {"key": key}) for i, key in enumerate(keys)]
-        return Message(role="assistant", content="", tool_calls=calls)
-    values = [int(v) for v in looked_up[-len(keys) :]]
-    if task.metadata["type"] == "compare":
-        a_town, b_town = (k.split(".")[0] for k in keys)
-        answer = a_town if values[0] > values[1] else b_town
-        return Message(role="assistant", content=answer)
-    if expression is not None and not computed:
-        calls = [_call(0, "calculator", {"expression": expression.format(*values)})]
-        return Message(role="assistant", content="", tool_calls=calls)
-    answer = computed[-1] if computed else format_number(values[0])
-    return Message(role="assistant", content=answer)
