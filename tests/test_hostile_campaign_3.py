@@ -18,7 +18,9 @@ run_and_report counts    ``episodes=0``/``-5``: one task ran;           InvalidA
                          ``max_turns=0``: the registered limit ran;     naming the value, before
                          leaderboard ``--max-turns 0`` filed under 0    any episode
 run_and_report output    a directory (or a path under a file):          refused before the first
-                         IsADirectoryError after the whole evaluation   episode
+                         IsADirectoryError after the whole evaluation;  episode (a device or FIFO
+                         ``/dev/full``: ENOSPC after it                 too; a probe file proves
+                                                                        the folder takes one)
 train.py config          a directory: IsADirectoryError; ``/dev/zero``  one ``train.py: ...`` line
                          read to MemoryError; latin-1: UnicodeDecode-   naming the file, the byte
                          Error; all tracebacks                          or the 1 MiB limit
@@ -42,10 +44,13 @@ surrogates), SQLite's other ``printf`` conversions with huge widths and precisio
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -230,6 +235,51 @@ def test_run_and_report_checks_its_output_before_the_first_episode(tmp_path, mon
         "Math-v0", "oracle", episodes=2, progress=False, print_report=False, output=written
     )
     assert written.is_file()
+
+
+def test_an_output_that_is_no_regular_file_or_whose_folder_is_full_is_refused_up_front(
+    tmp_path, monkeypatch
+) -> None:
+    """``--output /dev/full`` passed every permission check and failed with ENOSPC after the
+    whole evaluation, as would any write into a full folder. A report is now a regular file
+    written as a new file renamed over the old one: a device or FIFO is refused, and the folder
+    must take a new file (a probe file), before the first episode runs."""
+    import llm_gym.eval.report as report_module
+    from llm_gym import InvalidArgumentError
+    from llm_gym.eval import run_and_report
+
+    monkeypatch.setattr(report_module, "collect_groups", lambda *a, **k: pytest.fail("ran"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "to_null"
+    link.symlink_to(os.devnull)
+    for output, kind in [(os.devnull, "a device"), (fifo, "a FIFO"), (link, "a device")]:
+        with pytest.raises(InvalidArgumentError, match=f"regular file or a new path; .* {kind}"):
+            run_and_report("Math-v0", "oracle", print_report=False, output=output)
+    if Path("/dev/full").exists():
+        with pytest.raises(InvalidArgumentError, match="is a device"):
+            run_and_report("Math-v0", "oracle", print_report=False, output="/dev/full")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    real_mkstemp = report_module.tempfile.mkstemp
+    monkeypatch.setattr(report_module.tempfile, "mkstemp", full_disk)
+    with pytest.raises(InvalidArgumentError, match="takes no new file .No space left on device"):
+        run_and_report("Math-v0", "oracle", print_report=False, output=tmp_path / "r.json")
+    monkeypatch.setattr(report_module.tempfile, "mkstemp", real_mkstemp)
+    monkeypatch.undo()
+    # A link's target is replaced (the link stays), an old report is replaced whole, and no
+    # probe or temporary file is left behind.
+    fifo.unlink()
+    link.unlink()
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    run_and_report("Math-v0", "oracle", episodes=1, progress=False, print_report=False,
+                   output=link)  # fmt: skip
+    assert link.is_symlink() and json.loads(target.read_text())["env_id"] == "Math-v0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "target.json"]
 
 
 def test_leaderboard_refuses_a_turn_limit_of_zero(tmp_path) -> None:

@@ -306,7 +306,16 @@ def load_records(path: Path) -> list[Record]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename: readers see the old file or the new one."""
+    """Write through a temporary file and a rename: readers see the old file or the new one.
+
+    A symbolic link's target is what gets replaced; a path that exists and is not a regular
+    file (``/dev/null``, a FIFO) is written in place, never renamed over.
+    """
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        with path.open("w") as f:
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import random
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 from llm_gym.core.registry import EnvEntry, as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.eval.leaderboard import write_atomic
 from llm_gym.eval.metrics import is_success, mean_pass_at_k, success_by_type, summarize_episodes
 from llm_gym.policies.base import Policy
 from llm_gym.policies.registry import policy_from_spec
@@ -90,8 +92,7 @@ class EvalReport:
     def save(self, path: str | Path) -> Path:
         """Write the JSON record; returns the path."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        write_atomic(path, json.dumps(self.to_dict(), indent=2, default=str) + "\n")
         return path
 
     def format_table(self) -> str:
@@ -132,11 +133,17 @@ class EvalReport:
 
 
 def check_output_path(path: str | Path) -> Path:
-    """``path`` as :meth:`EvalReport.save` will write it, checked before any episode runs (a
-    directory, or a folder that cannot be written, failed only once the whole evaluation was done).
+    """``path`` as :meth:`EvalReport.save` will write it, checked before any episode runs (each
+    of these failed only once the whole evaluation was done).
+
+    The report is a regular file, written as a new file in the folder of ``path`` (of its target,
+    for a link) and renamed over it: ``path`` must be a new path or a regular file, and its
+    folder must take a new file, which a probe file proves (``/dev/full`` passes every permission
+    check and fails each write; a folder can be writable and full).
 
     Raises:
-        InvalidArgumentError: ``path`` is a directory, or its folder is a file or not writable.
+        InvalidArgumentError: ``path`` is a directory or another non-regular file (a device, a
+            FIFO, a socket), or its folder is a file, not writable or takes no new file.
     """
     path = Path(path)
     if path.is_dir():
@@ -144,7 +151,14 @@ def check_output_path(path: str | Path) -> Path:
             f"output must be a file path, got the directory {str(path)!r}; add a file name "
             f"(e.g. {str(path / 'report.json')!r})."
         )
-    folder = path.parent
+    target = Path(os.path.realpath(path))  # save() replaces a link's target
+    if target.exists() and not target.is_file():
+        kind = "a device" if target.is_char_device() or target.is_block_device() else (
+            "a FIFO" if target.is_fifo() else "not a regular file")  # fmt: skip
+        raise InvalidArgumentError(
+            f"output must be a regular file or a new path; {str(path)!r} is {kind}."
+        )
+    folder = target.parent
     while not folder.exists() and folder != folder.parent:  # save() makes the missing ones
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
@@ -152,8 +166,17 @@ def check_output_path(path: str | Path) -> Path:
             f"output {str(path)!r} cannot be written: {str(folder)!r} is "
             f"{'not a directory' if not folder.is_dir() else 'not writable'}."
         )
-    if path.exists() and not os.access(path, os.W_OK):
+    if target.exists() and not os.access(target, os.W_OK):
         raise InvalidArgumentError(f"output {str(path)!r} exists and is not writable.")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".llm_gym-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise InvalidArgumentError(
+            f"output {str(path)!r} cannot be written: {str(folder)!r} takes no new file "
+            f"({e.strerror or e})."
+        ) from None
     return path
 
 
