@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError
+from llm_gym.models.loading import TORCH_DTYPES
 
 __all__ = ["build_parser", "main"]
 
@@ -364,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     p.add_argument("--model-name", default=None, help="the id clients send (default: the path)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    p.add_argument("--dtype", default="float32", help="torch dtype of the weights")
+    p.add_argument("--dtype", default="float32", choices=TORCH_DTYPES,
+                   help="torch dtype of the weights")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
     p.add_argument("--quiet", action="store_true", help="no log line per request")
     p.add_argument(

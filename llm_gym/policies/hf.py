@@ -117,15 +117,11 @@ class HFPolicy(Policy):
     def from_pretrained(
         cls, path: str, *, device: str | None = None, dtype: str = "float32", **kwargs: Any
     ) -> HFPolicy:
-        """Load a model and tokenizer with ``from_pretrained`` (a local directory or hub id)."""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Load a model and tokenizer with ``from_pretrained`` (a local directory or hub id;
+        :func:`llm_gym.models.loading.load_for_generation`)."""
+        from llm_gym.models.loading import load_for_generation
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        model.to(device).eval()
+        model, tokenizer = load_for_generation(path, dtype=dtype, device=device)
         return cls(model, tokenizer, name_or_path=path, **kwargs)
 
     @classmethod

@@ -48,7 +48,6 @@ import socket
 from collections.abc import Collection
 from typing import Any
 
-from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.app import MAX_BODY_BYTES, build_app
 from llm_gym.serving.body import decode_json_body
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_chat_request
@@ -310,16 +309,9 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ImportError(_SERVE_EXTRA) from exc
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from llm_gym.models.loading import load_for_generation
 
-    if not hasattr(torch, dtype):
-        raise InvalidArgumentError(f"dtype must name a torch dtype, actual value: {dtype!r}.")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device).eval()
+    model, tokenizer = load_for_generation(model_path, dtype=dtype, device=device)
     return ChatCompletionServer(
         model,
         tokenizer,

@@ -1,0 +1,56 @@
+"""Load a causal LM and its tokenizer for generation: ``hf:PATH`` policies and ``llm-gym serve``.
+
+The one place a user's model path and dtype name are read: the dtype is checked against the
+dtypes a model can be loaded in before any file is read (``getattr(torch, name)`` took any torch
+attribute: ``--dtype manual_seed`` got as far as transformers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["TORCH_DTYPES", "load_for_generation", "torch_dtype"]
+
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+"""The dtype names a model is loaded in."""
+
+
+def torch_dtype(name: object) -> Any:
+    """The torch dtype called ``name``, one of :data:`TORCH_DTYPES`.
+
+    Example:
+        >>> torch_dtype("bfloat16")
+        torch.bfloat16
+        >>> torch_dtype("manual_seed")
+        Traceback (most recent call last):
+        ...
+        llm_gym.errors.InvalidArgumentError: dtype must be one of ['float32', 'bfloat16', \
+'float16'], actual value: 'manual_seed'.
+    """
+    if not isinstance(name, str) or name not in TORCH_DTYPES:
+        shown = repr(name) if len(repr(name)) <= 60 else f"{repr(name)[:60]}..."
+        raise InvalidArgumentError(
+            f"dtype must be one of {list(TORCH_DTYPES)}, actual value: {shown}."
+        )
+    import torch
+
+    return getattr(torch, name)
+
+
+def load_for_generation(
+    path: str, *, dtype: str = "float32", device: str | None = None
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from ``from_pretrained`` on ``path`` (a local folder or hub id),
+    the model in ``dtype`` on ``device`` (default: CUDA when available, else the CPU), in eval
+    mode. Remote code is never run (``trust_remote_code`` stays off)."""
+    torch_type = torch_dtype(dtype)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_type)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model.to(device).eval(), tokenizer
