@@ -15,7 +15,7 @@ val) and each ``evaluation.variants`` entry (a new world: the same questions ove
 no training task has seen). Writes ``main_job.md``, ``main_job.json`` (``test_split`` and
 ``new_world`` sections, per seed) and ``main_job_reward_curve.png``.
 
-    python -m benchmarks.main_job                       # 24 to 34 min on 2 cores
+    python -m benchmarks.main_job                       # 16 to 34 min on 2 cores
     python -m benchmarks.main_job --quick --model PATH  # smoke run, writes nothing
 """
 
