@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.models.loading import TORCH_DTYPES
+from llm_gym.policies.loading import TORCH_DTYPES
 
 __all__ = ["build_parser", "main"]
 

@@ -62,6 +62,7 @@ def test_docstring_examples(name: str) -> None:
         "trainers.pipeline_config",
         "trainers.pipeline",
         "trainers.pipeline_eval",
+        "llm_gym.policies.loading",
     ],
 )
 def test_trainer_examples(name: str) -> None:

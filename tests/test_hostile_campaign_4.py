@@ -139,8 +139,8 @@ def test_a_client_that_never_reads_its_stream_blocks_nobody(served, monkeypatch)
 def test_a_dtype_that_is_not_a_model_dtype_is_refused_before_loading(dtype, monkeypatch) -> None:
     import transformers
 
-    from llm_gym.models.loading import load_for_generation
     from llm_gym.policies.hf import HFPolicy
+    from llm_gym.policies.loading import load_for_generation
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", pytest.fail)
     for load in (load_for_generation, HFPolicy.from_pretrained):

@@ -118,8 +118,8 @@ class HFPolicy(Policy):
         cls, path: str, *, device: str | None = None, dtype: str = "float32", **kwargs: Any
     ) -> HFPolicy:
         """Load a model and tokenizer with ``from_pretrained`` (a local directory or hub id;
-        :func:`llm_gym.models.loading.load_for_generation`)."""
-        from llm_gym.models.loading import load_for_generation
+        :func:`llm_gym.policies.loading.load_for_generation`)."""
+        from llm_gym.policies.loading import load_for_generation
 
         model, tokenizer = load_for_generation(path, dtype=dtype, device=device)
         return cls(model, tokenizer, name_or_path=path, **kwargs)

@@ -309,7 +309,7 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ImportError(_SERVE_EXTRA) from exc
-    from llm_gym.models.loading import load_for_generation
+    from llm_gym.policies.loading import load_for_generation
 
     model, tokenizer = load_for_generation(model_path, dtype=dtype, device=device)
     return ChatCompletionServer(

@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer for generation: ``hf:PATH`` policies and ``llm-gym serve``.
+"""Load a causal LM and its tokenizer to generate with: ``hf:PATH`` policies, ``llm-gym serve``.
 
 The one place a user's model path and dtype name are read: the dtype is checked against the
 dtypes a model can be loaded in before any file is read (``getattr(torch, name)`` took any torch
