@@ -254,7 +254,7 @@ def test_an_output_that_is_no_regular_file_or_whose_folder_is_full_is_refused_up
     link = tmp_path / "to_null"
     link.symlink_to(os.devnull)
     for output, kind in [(os.devnull, "a device"), (fifo, "a FIFO"), (link, "a device")]:
-        with pytest.raises(InvalidArgumentError, match=f"regular file or a new path; .* {kind}"):
+        with pytest.raises(InvalidArgumentError, match=f"regular file or a new path: .* is {kind}"):
             run_and_report("Math-v0", "oracle", print_report=False, output=output)
     if Path("/dev/full").exists():
         with pytest.raises(InvalidArgumentError, match="is a device"):

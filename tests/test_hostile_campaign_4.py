@@ -1,8 +1,9 @@
 """The fourth hostile-input campaign: what the third did not reach, and a new output path.
 
 ``llm-gym serve`` under many streaming clients at once that leave mid-answer, and a client that
-never reads its stream; model loading given a dtype name that is not a dtype. (An eval report
-written to ``/proc/self/mem`` is in the third campaign's file, beside the other output paths.)
+never reads its stream; model loading given a dtype name that is not a dtype; result files
+written through another user's link. (Eval reports to ``/dev/full``, a FIFO or a full folder
+are in the third campaign's file, beside the other output paths.)
 
 =========================  ==========================================  ========================
 class                      before                                      now
@@ -15,6 +16,11 @@ its stream                 queue for it alone                          at once
 ``serve --dtype`` and      any torch attribute: ``manual_seed`` got    refused before any file
 ``hf:PATH?dtype=``         as far as transformers; ``hf:`` had no      is read, naming the three
                            check at all                                dtypes (argparse choices)
+result files through a     an eval report followed another user's      refused (a rename skips
+link in a shared folder    link as a write would not                   the kernel's link rule);
+                           (``protected_symlinks``), and came out      a rewrite keeps the old
+                           0644 whatever the file's mode or umask      file's mode, a new file
+                                                                       the umask's
 =========================  ==========================================  ========================
 """
 
@@ -115,6 +121,7 @@ def test_many_streams_whose_clients_leave_cost_a_few_tokens_each(served, monkeyp
     assert survivor.choices[0].finish_reason == "length"
     assert time.monotonic() - start < 10
     assert _settled(counts) < 40 + 12 * 60  # each that left: its generation stopped at once
+    assert counts["started"] <= 13  # the queued ones reached the engine or were skipped
 
 
 def test_a_client_that_never_reads_its_stream_blocks_nobody(served, monkeypatch) -> None:
@@ -123,7 +130,9 @@ def test_a_client_that_never_reads_its_stream_blocks_nobody(served, monkeypatch)
     counts = _scripted(monkeypatch, served, delay=0.0, words=3000)
     body = {"model": "tiny", "messages": USER, "stream": True, "max_tokens": 3000}
     with _raw_request(served, body, receive_buffer=1024) as sleeper:
-        time.sleep(1.0)
+        deadline = time.monotonic() + 15
+        while counts["emitted"] <= 2000 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert counts["emitted"] > 2000  # generated: the sends wait, not the model
         client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=30)
         start = time.monotonic()
@@ -157,3 +166,34 @@ def test_cli_serve_lists_the_dtypes(capsys) -> None:
         main(["serve", "/nonexistent-model", "--dtype", "manual_seed"])
     assert exit_info.value.code == 2
     assert "choose from 'float32', 'bfloat16', 'float16'" in capsys.readouterr().err
+
+
+def test_result_files_keep_their_mode_and_never_follow_another_users_link(tmp_path) -> None:
+    import os
+
+    from llm_gym.eval import run_and_report
+    from llm_gym.eval.files import write_atomic
+
+    private = tmp_path / "private.json"
+    private.write_text("old")
+    private.chmod(0o600)
+    run_and_report("Math-v0", "oracle", episodes=1, progress=False, print_report=False,
+                   output=private)  # fmt: skip
+    assert private.stat().st_mode & 0o777 == 0o600 and json.loads(private.read_text())
+    old_umask = os.umask(0o077)
+    try:
+        assert write_atomic(tmp_path / "new.md", "x").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old_umask)
+    if os.geteuid() != 0:
+        pytest.skip("making a link another user owns needs root")
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "planted.json"
+    link.symlink_to(victim)
+    os.lchown(link, 12345, -1)
+    with pytest.raises(InvalidArgumentError, match="symbolic link that another user owns"):
+        run_and_report("Math-v0", "oracle", print_report=False, output=link)
+    with pytest.raises(PermissionError, match="another user owns"):
+        write_atomic(link, "overwritten")
+    assert victim.read_text() == "keep"

@@ -90,6 +90,10 @@ def test_models_it_cannot_stand_in_for(fused_model) -> None:
     capped.config.final_logit_softcapping = None
     capped.config.output_router_logits = True
     assert "router" in unsupported_reason(capped)
+    from accelerate import Accelerator
+
+    mixed = Accelerator(mixed_precision="bf16", cpu=True).prepare(copy.deepcopy(fused_model))
+    assert "mixed precision" in unsupported_reason(mixed)
     headless = copy.deepcopy(fused_model)
     headless.lm_head = torch.nn.Identity()
     assert "nn.Linear" in unsupported_reason(headless)

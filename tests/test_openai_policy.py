@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -35,7 +37,7 @@ from llm_gym.policies.openai import (
     build_messages,
 )
 from llm_gym.rollout import collect_groups
-from tests.conftest import free_port
+from tests.conftest import free_port, subprocess_env
 
 HERMES = get_action_format("hermes")
 TOOLS: list[ToolSpec] = [
@@ -604,33 +606,40 @@ def test_cli_serve(small_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     assert status == 200 and answer["usage"]["completion_tokens"] <= 3
 
 
-def test_transformers_serve(small_model_dir) -> None:
-    """``transformers serve`` (needs ``transformers[serving]``: fastapi, uvicorn, openai)."""
+def test_transformers_serve(small_model_dir, tmp_path) -> None:
+    """``transformers serve`` (needs ``transformers[serving]``: fastapi, uvicorn, openai), run as
+    its CLI in a process of its own (its Python entry point changed: 5.25 dropped
+    ``Serve(non_blocking=True)`` and blocks in the constructor)."""
     from transformers.utils.import_utils import is_serve_available
 
     if not is_serve_available():
         pytest.skip("transformers serve needs transformers[serving] (fastapi, uvicorn, openai)")
-    from transformers.cli.serve import Serve
-
     port = free_port()
-    server = Serve(
-        str(small_model_dir), host="127.0.0.1", port=port, device="cpu", non_blocking=True
-    )
+    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(small_model_dir),
+               "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(command, env=subprocess_env(tmp_path), stdout=log, stderr=log)
     try:
         base_url = f"http://127.0.0.1:{port}/v1"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while True:
             try:
                 urllib.request.urlopen(base_url + "/models", timeout=2).close()
                 break
             except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError((tmp_path / "serve.log").read_text()[-2000:]) from None
+                time.sleep(0.2)
         policy = RecordingPolicy(model=str(small_model_dir), base_url=base_url, max_new_tokens=8)
         groups = collect_groups(ToolUseGameEnv, get_tasks("val")[:2], policy, max_turns=2)
         assert all(episode.error is None for group in groups for episode in group)
         assert all(isinstance(g.text, str) for g in policy.generations)
         assert all(g.metadata["usage"]["completion_tokens"] >= 1 for g in policy.generations)
     finally:
-        server.kill_server()
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()

@@ -34,12 +34,17 @@ def unsupported_reason(model: Any) -> str | None:
 
     It needs a plain ``nn.Linear`` LM head on an unsharded weight, a ``base_model`` backbone, and
     logits that are that product alone (no soft-capping or scaling, as TRL applies for Gemma,
-    Granite, Falcon-H1...); a PEFT wrapper or an MoE model's router loss is left to TRL.
+    Granite, Falcon-H1...); a PEFT wrapper, an MoE model's router loss and a forward wrapped for
+    mixed precision (``bf16=True``: TRL's head runs under its autocast) are left to TRL.
     """
     import torch
 
     if hasattr(model, "peft_config"):
         return "a PEFT model"
+    if getattr(model, "_original_forward", None) is not None:
+        # accelerate's mixed precision wraps ``forward`` in autocast; this head calls the
+        # backbone itself and would run it unwrapped, in float32
+        return "its forward is wrapped (accelerate's mixed precision)"
     head = getattr(model, "get_output_embeddings", lambda: None)()
     if not isinstance(head, torch.nn.Linear) or type(head.weight.data) is not torch.Tensor:
         return "its LM head is not a plain nn.Linear"

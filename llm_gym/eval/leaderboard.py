@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.eval.files import write_atomic
 from llm_gym.eval.metrics import is_success, mean_pass_at_k
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
     "load_records",
     "save_records",
     "weights_hash",
-    "write_atomic",
 ]
 
 UNRANKED = ("oracle",)
@@ -303,29 +301,6 @@ def load_records(path: Path) -> list[Record]:
     if not path.exists():
         return []
     return [Record.from_dict(r) for r in json.loads(path.read_text()).get("records", [])]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename: readers see the old file or the new one.
-
-    A symbolic link's target is what gets replaced; a path that exists and is not a regular
-    file (``/dev/null``, a FIFO) is written in place, never renamed over.
-    """
-    path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
-        with path.open("w") as f:
-            f.write(text)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_records(path: Path, records: Sequence[Record]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from llm_gym.core.registry import env_entry, registered_envs
 from llm_gym.errors import InvalidArgumentError, UnknownNameError
+from llm_gym.eval.files import write_atomic
 from llm_gym.eval.leaderboard import (
     Cell,
     Job,
@@ -37,7 +38,6 @@ from llm_gym.eval.leaderboard import (
     save_records,
     stale_reasons,
     weights_hash,
-    write_atomic,
 )
 from llm_gym.eval.leaderboard_render import format_cell, plot, render_markdown
 from llm_gym.eval.report import run_and_report

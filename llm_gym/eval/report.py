@@ -21,7 +21,7 @@ from typing import Any
 from llm_gym.core.registry import EnvEntry, as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.eval.leaderboard import write_atomic
+from llm_gym.eval.files import write_atomic, write_target
 from llm_gym.eval.metrics import is_success, mean_pass_at_k, success_by_type, summarize_episodes
 from llm_gym.policies.base import Policy
 from llm_gym.policies.registry import policy_from_spec
@@ -137,13 +137,16 @@ def check_output_path(path: str | Path) -> Path:
     of these failed only once the whole evaluation was done).
 
     The report is a regular file, written as a new file in the folder of ``path`` (of its target,
-    for a link) and renamed over it: ``path`` must be a new path or a regular file, and its
-    folder must take a new file, which a probe file proves (``/dev/full`` passes every permission
-    check and fails each write; a folder can be writable and full).
+    for a link of one's own) and renamed over it (:func:`llm_gym.eval.files.write_atomic`):
+    ``path`` must be a new path or a regular file, and its folder must take a new file, which a
+    probe file shows (``/dev/full`` passes every permission check and fails each write; a folder
+    can refuse new files, a read-only mount for one). A disk that fills during the run can
+    still fail the write at the end.
 
     Raises:
         InvalidArgumentError: ``path`` is a directory or another non-regular file (a device, a
-            FIFO, a socket), or its folder is a file, not writable or takes no new file.
+            FIFO), another user's symbolic link, or its folder is a file, not writable or takes
+            no new file.
     """
     path = Path(path)
     if path.is_dir():
@@ -151,13 +154,10 @@ def check_output_path(path: str | Path) -> Path:
             f"output must be a file path, got the directory {str(path)!r}; add a file name "
             f"(e.g. {str(path / 'report.json')!r})."
         )
-    target = Path(os.path.realpath(path))  # save() replaces a link's target
-    if target.exists() and not target.is_file():
-        kind = "a device" if target.is_char_device() or target.is_block_device() else (
-            "a FIFO" if target.is_fifo() else "not a regular file")  # fmt: skip
-        raise InvalidArgumentError(
-            f"output must be a regular file or a new path; {str(path)!r} is {kind}."
-        )
+    try:
+        target = write_target(path)
+    except OSError as e:
+        raise InvalidArgumentError(f"output must be a regular file or a new path: {e}.") from None
     folder = target.parent
     while not folder.exists() and folder != folder.parent:  # save() makes the missing ones
         folder = folder.parent

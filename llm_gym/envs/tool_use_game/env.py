@@ -363,7 +363,12 @@ class WorldLookup:
 
     def enter(self, world_seed: int) -> None:
         """Read ``world_seed``'s facts from now on."""
-        self.world_seed, self.facts = world_seed, world_facts(world_seed)
+        self._world_seed, self.facts = world_seed, world_facts(world_seed)
+
+    @property
+    def world_seed(self) -> int:
+        """The world it reads (set by :meth:`enter`)."""
+        return self._world_seed
 
     async def execute(self, arguments: str) -> ToolResult:
         key = lookup.bind_arguments(arguments)["key"]
