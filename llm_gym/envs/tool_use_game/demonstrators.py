@@ -9,9 +9,9 @@ from typing import Any
 
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolCall
-from llm_gym.envs.tool_use_game.env import ATTRIBUTES, task_world
+from llm_gym.envs.tool_use_game.env import ATTRIBUTES, evaluate_plan, task_world
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.tools.arithmetic import format_number, safe_eval
+from llm_gym.tools.arithmetic import format_number
 
 __all__ = [
     "HASTY_GUESS_RATE",
@@ -106,7 +106,7 @@ class HastyOracle:
         mental = habit < self.guess_rate + (1 - self.guess_rate) * self.mental_rate
         if mental and expression is not None and len(looked_up) >= len(keys):
             values = [int(m["content"]) for m in looked_up[-len(keys) :]]
-            answer = format_number(_evaluate(expression, values))
+            answer = format_number(evaluate_plan(expression, values))
             return Message(role="assistant", content=answer)
         return oracle_action(task, messages)
 
@@ -117,12 +117,8 @@ def _guess(task: Task, keys: list[str], draw: random.Random) -> str:
         return draw.choice([k.split(".")[0] for k in keys])
     guesses = [draw.randint(*ATTRIBUTES[k.split(".")[1]][1:]) for k in keys]
     expression = task.metadata.get("expression")
-    return format_number(_evaluate(expression, guesses) if expression else guesses[0])
+    return format_number(evaluate_plan(expression, guesses) if expression else guesses[0])
 
 
 hasty_oracle_action = HastyOracle()
 """The :class:`HastyOracle` at the default rates."""
-
-
-def _evaluate(expression: str, values: Sequence[int]) -> int:
-    return int(safe_eval(expression.format(*values)))

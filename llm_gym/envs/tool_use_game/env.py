@@ -2,7 +2,8 @@
 
 The reference environment of the seeds (``ToolUseGameEnv`` with ``list_fact_keys``, ``lookup``
 and ``calculator``). The module reads top to bottom: constants, the fact tables (worlds), the
-seeded task generator, the tools, the environment and its oracle.
+seeded task generator, the tools and the environment (its oracle and imperfect demonstrators are
+in :mod:`.demonstrators`).
 
 Worlds: the facts come from a seeded table, ``world_facts(world_seed)``. The splits read the
 default world (:data:`DEFAULT_WORLD_SEED`); ``get_tasks(split, world_seed=s)`` asks the same
@@ -220,7 +221,7 @@ def _one_task(rng: random.Random, world_seed: int) -> Task:
                 expression = f"({{0}} + {{1}}) * {n}"
                 prompt = f"What is {_phrase(a, attribute)} plus {_phrase(b, other)}, times {n}?"
         values = [facts[k] for k in keys]
-        target = _evaluate_plan(expression, values)
+        target = evaluate_plan(expression, values)
         kind = f"chain_{variant}"
     metadata: dict[str, Any] = {"type": kind, "keys": keys, "expression": expression}
     if world_seed != DEFAULT_WORLD_SEED:
@@ -228,9 +229,9 @@ def _one_task(rng: random.Random, world_seed: int) -> Task:
     return Task(prompt=prompt, target=target, metadata=metadata)
 
 
-def _evaluate_plan(expression: str, values: Sequence[int]) -> int:
-    result = safe_eval(expression.format(*values))
-    return int(result)
+def evaluate_plan(expression: str, values: Sequence[int]) -> int:
+    """A task's arithmetic (``metadata["expression"]``, e.g. ``"{} + {}"``) on ``values``."""
+    return int(safe_eval(expression.format(*values)))
 
 
 WorldSeed = int | Literal["varied"]
