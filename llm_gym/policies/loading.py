@@ -42,13 +42,19 @@ def torch_dtype(name: object) -> Any:
 def load_for_generation(
     path: str, *, dtype: str = "float32", device: str | None = None
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from ``from_pretrained`` on ``path`` (a local folder or hub id),
-    the model in ``dtype`` on ``device`` (default: CUDA when available, else the CPU), in eval
-    mode. Remote code is never run (``trust_remote_code`` stays off)."""
+    """``(model, tokenizer)`` from ``from_pretrained`` on ``path``, in eval mode.
+
+    ``path`` is a local folder, a ``.gguf`` file, a packaged model's name or a hub id
+    (:func:`~llm_gym.policies.pretrained.resolve_model_path`); the model is loaded in ``dtype``
+    on ``device`` (default: CUDA when available, else the CPU). Remote code is never run
+    (``trust_remote_code`` stays off)."""
     torch_type = torch_dtype(dtype)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from llm_gym.policies.pretrained import resolve_model_path
+
+    path = resolve_model_path(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_type)
     if device is None:
