@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies.loading import TORCH_DTYPES
 
 __all__ = ["build_parser", "main"]
 
@@ -203,28 +202,6 @@ def _add_fetch_model(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_fetch_model)
 
 
-def _cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    from llm_gym.serving import serve
-
-    server = serve(
-        args.model_path,
-        host=args.host,
-        port=args.port,
-        model_name=args.model_name,
-        device=args.device,
-        dtype=args.dtype,
-        default_max_tokens=args.max_tokens,
-        log=not args.quiet,
-        tool_parser=args.tool_parser,
-        **(
-            {}
-            if args.template_kwargs is None
-            else {"chat_template_kwargs": [n for n in args.template_kwargs.split(",") if n]}
-        ),
-    )
-    return _serve_until_stopped(server, f"serving {server.model_name!r} at {server.url}", out)
-
-
 def _serve_until_stopped(server: Any, line: str, out: TextIO) -> int:
     """Announce ``server`` (scripts read its URL from this line), serve until Ctrl-C, close."""
     print(f"{line} (Ctrl-C stops)", file=out, flush=True)
@@ -391,34 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_build_tiny_model)
     _add_fetch_model(sub)
 
-    p = sub.add_parser(
-        "serve",
-        help="serve a local model over an OpenAI-compatible API (/v1/chat/completions, "
-        "/v1/completions)",
-    )
-    p.add_argument(
-        "model_path", help="a model folder, a .gguf file, a packaged model's name or a hub id"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
-    p.add_argument("--model-name", default=None, help="the id clients send (default: the path)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    p.add_argument("--dtype", default="float32", choices=TORCH_DTYPES,
-                   help="torch dtype of the weights")  # fmt: skip
-    p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
-    p.add_argument("--quiet", action="store_true", help="no log line per request")
-    p.add_argument(
-        "--tool-parser",
-        default="hermes",
-        help="the action format that parses tool calls out of replies to requests with tools",
-    )
-    p.add_argument(
-        "--template-kwargs",
-        default=None,
-        help="comma-separated chat_template_kwargs names clients may set (default: "
-        "enable_thinking,thinking,reasoning_effort; client templates are always refused)",
-    )
-    p.set_defaults(func=_cmd_serve)
+    from llm_gym.serving import cli as serve_cli
+
+    p = sub.add_parser("serve", help=serve_cli.HELP, description=serve_cli.DESCRIPTION)
+    serve_cli.add_arguments(p)
+    p.set_defaults(func=lambda args, out: serve_cli.run(args, out, _serve_until_stopped))
 
     _add_serve_env(sub)
     _add_new_env(sub)

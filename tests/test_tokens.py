@@ -276,6 +276,7 @@ class _CountingTokenizer:
 
 def test_an_opening_is_rendered_and_encoded_once_per_content(small_model) -> None:
     from llm_gym.aio import run_sync
+    from llm_gym.policies.template_tools import template_support
     from llm_gym.rollout.tokens import OpeningCache, TokenTracker
 
     _, tokenizer = small_model
@@ -287,6 +288,8 @@ def test_an_opening_is_rendered_and_encoded_once_per_content(small_model) -> Non
     text = render_chat(tokenizer, opening, specs, add_generation_prompt=True)
     expected = tokenizer.encode(text, add_special_tokens=False)
 
+    template_support(counting)  # the template's probe renders: once per template
+    counting.renders = 0
     first, second = TokenTracker(counting, specs), TokenTracker(counting, specs)
     first.start(opening)
     second.start(opening)
@@ -300,6 +303,8 @@ def test_an_opening_is_rendered_and_encoded_once_per_content(small_model) -> Non
     TokenTracker(counting, specs).start(other)  # other content: rendered anew
     assert (counting.renders, counting.encodes) == (2, 2)
     counting.chat_template = tokenizer.chat_template + " "  # another template: anew as well
+    template_support(counting)
+    counting.renders = 2
     TokenTracker(counting, specs).start(opening)
     assert counting.renders == 3
     key = OpeningCache.key(counting, opening, specs, {})

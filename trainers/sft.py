@@ -30,12 +30,12 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.pretrained import resolve_model_path
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
 from trainers.labelled_head import labelled_head_forward, unsupported_reason
 from trainers.length_chunks import LengthChunkedLM
@@ -43,8 +43,10 @@ from trainers.sft_data import (
     disjoint_tasks,
     episode_to_messages,
     oracle_sft_dataset,
+    rl_token_dataset,
     sft_dataset_from_multi_turn,
     short_context_dataset,
+    text_layout_dataset,
 )
 from trainers.shared_prefix import shared_prefix_inputs
 
@@ -157,6 +159,7 @@ def build_sft_trainer(
     shared_prefix: bool = True,
     length_chunked: bool = True,
     progress: bool = True,
+    action_format: str = "hermes",
     **config_kwargs: Any,
 ) -> SFTTrainer:
     """The ``SFTTrainer`` :func:`sft_warm_start` runs (arguments as there); its
@@ -174,27 +177,26 @@ def build_sft_trainer(
     if loss_mask not in ("rl", "trl"):
         raise InvalidArgumentError(f"loss_mask must be 'rl' or 'trl', actual value: {loss_mask!r}.")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    model_path = resolve_model_path(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     original_template = tokenizer.chat_template
+    tokenized = False
     if loss_mask == "rl":
         probe = [dataset[i] for i in range(min(4, len(dataset)))]
         aligned = rl_aligned_chat_template(tokenizer, probe)
-        if aligned is None:
-            warnings.warn(
-                "loss_mask='rl': the tokenizer's chat template is not TRL's Qwen2.5 template, so "
-                "TRL's training template is used; its assistant mask may differ from the RL "
-                "env_mask (e.g. also train the newlines around each turn).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        if aligned is None:  # any other template: the rows as the rollout tokenizes them
+            dataset = rl_token_dataset(tokenizer, dataset, action_format=action_format)
+            tokenized = True
         else:
             tokenizer.chat_template = aligned
+    else:
+        dataset = text_layout_dataset(tokenizer, dataset, action_format=action_format)
     if use_cpu is None:
         use_cpu = not torch.cuda.is_available()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     config = SFTConfig(
         output_dir=str(output_dir),
-        assistant_only_loss=True,
+        assistant_only_loss=not tokenized,  # tokenized rows carry their assistant_masks
         learning_rate=learning_rate,
         num_train_epochs=num_train_epochs,
         max_steps=-1 if max_steps is None else max_steps,
@@ -259,7 +261,8 @@ def build_sft_trainer(
                 inputs = shared_prefix_inputs(model, inputs, prefix)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-    keep = [c for c in ("messages", "tools") if c in dataset.column_names]
+    columns = ("input_ids", "assistant_masks") if tokenized else ("messages", "tools")
+    keep = [c for c in columns if c in dataset.column_names]
     trainer = _Trainer(
         model=model,
         args=config,
@@ -297,6 +300,7 @@ def sft_warm_start(
     shared_prefix: bool = True,
     length_chunked: bool = True,
     progress: bool = True,
+    action_format: str = "hermes",
     **config_kwargs: Any,
 ) -> Path:
     """Supervised warm start of a causal LM on a conversational dataset, assistant turns only.
@@ -332,8 +336,10 @@ def sft_warm_start(
         time_budget_s: Stop after this many seconds of the training loop (dataset preparation
             not counted); ``None``: no limit.
         loss_mask: ``"rl"``: train exactly the tokens RL trains (assistant content and its
-            ``<|im_end|>``; see :mod:`trainers.chat_template`); ``"trl"``: TRL's training
-            template (also the newline before and after each assistant turn).
+            end-of-turn token): for TRL's Qwen2.5 template through
+            :mod:`trainers.chat_template`, for any other the rows as the rollout tokenizes them
+            (:func:`trainers.sft_data.rl_token_rows`); ``"trl"``: TRL's training template (also
+            the newline before and after each assistant turn).
         use_cpu: Train on the CPU (default: when CUDA is not available).
         bf16: bf16 autocast (the weights stay fp32 and are saved fp32). Off by default; on a
             CPU with AMX it speeds up steps without ``shared_prefix``, not those with it.
@@ -349,6 +355,9 @@ def sft_warm_start(
             float rounding), without the padding's FLOPs; the LM head then scores only the
             labelled positions (:mod:`trainers.labelled_head`, where the model allows it).
         progress: Show transformers' progress bar.
+        action_format: The action format of the conversations' tool calls: it writes the tools
+            as text for a chat template that cannot render them
+            (:mod:`llm_gym.policies.template_tools`).
         **config_kwargs: More ``SFTConfig`` fields.
 
     Returns:
@@ -378,6 +387,7 @@ def sft_warm_start(
         shared_prefix=shared_prefix,
         length_chunked=length_chunked,
         progress=progress,
+        action_format=action_format,
         **config_kwargs,
     )
     result = trainer.train()
@@ -403,6 +413,7 @@ def sft_warm_start(
     info = {
         "model_path": str(model_path),
         "examples": len(dataset),
+        "action_format": action_format,
         "steps": trainer.state.global_step,
         "epochs": trainer.state.epoch,
         "train_seconds": result.metrics.get("train_runtime"),

@@ -33,10 +33,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "disjoint_tasks",
+    "rl_token_dataset",
+    "rl_token_rows",
     "episode_to_messages",
     "oracle_sft_dataset",
     "sft_dataset_from_multi_turn",
     "short_context_dataset",
+    "text_layout_dataset",
 ]
 
 
@@ -68,6 +71,111 @@ def episode_to_messages(episode: Episode) -> list[dict[str, Any]]:
         messages.append({"role": "assistant", "content": turn.text})
         messages.extend(_sft_message(m) for m in turn.env_messages)
     return messages
+
+
+def rl_token_rows(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tool_specs: Sequence[dict[str, Any]] | None,
+    *,
+    action_format: str = "hermes",
+    template_tools: str = "fallback",
+) -> list[dict[str, list[int]]]:
+    """A conversation as the token rows RL trains on, for any chat template.
+
+    The conversation is replayed through the rollout's :class:`~llm_gym.rollout.TokenTracker`:
+    the messages before the first assistant turn are the prompt, each assistant turn is its
+    text's tokens and the tokenizer's end-of-turn (eos) token (mask 1, as the model samples
+    them), and each environment reply the template's delta (mask 0). So the rows are exactly
+    the ids and ``env_mask`` of an RL sample of the same conversation, whatever the template
+    (one without tools gets them as text, :mod:`llm_gym.policies.template_tools`; one that
+    rewrites history gives a row per sample).
+
+    Returns:
+        ``[{"input_ids": [...], "assistant_masks": [...]}]`` (TRL's ``SFTTrainer`` builds its
+        labels from ``assistant_masks``).
+    """
+    from llm_gym.rollout import TokenTracker
+
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if first is None:
+        raise InvalidArgumentError("An SFT conversation needs an assistant message to train on.")
+    tracker = TokenTracker(
+        tokenizer, tool_specs, action_format=action_format, template_tools=template_tools
+    )
+    tracker.start(list(messages[:first]))
+    eos = tokenizer.eos_token_id
+    end = [int(eos)] if eos is not None else []
+    turn, index = 0, first
+    while index < len(messages):
+        message = messages[index]
+        if message.get("role") == "assistant":
+            text = str(message.get("content") or "")
+            ids = list(tokenizer.encode(text, add_special_tokens=False)) + end
+            tracker.add_generation(ids, None, text, turn)
+            turn, index = turn + 1, index + 1
+            continue
+        reply = []
+        while index < len(messages) and messages[index].get("role") != "assistant":
+            reply.append(dict(messages[index]))
+            index += 1
+        tracker.add_environment(reply)
+    return [
+        {
+            "input_ids": sample.prompt_ids + sample.completion_ids,
+            "assistant_masks": [0] * len(sample.prompt_ids) + sample.env_mask,
+        }
+        for sample in tracker.finish(0.0, None)
+    ]
+
+
+def rl_token_dataset(
+    tokenizer: Any,
+    dataset: Dataset,
+    *,
+    action_format: str = "hermes",
+    template_tools: str = "fallback",
+) -> Dataset:
+    """:func:`rl_token_rows` of every row of a conversational dataset (``messages`` and
+    ``tools``, a JSON string or a list), as a tokenized dataset."""
+    from datasets import Dataset
+
+    rows: list[dict[str, list[int]]] = []
+    for row in dataset:
+        tools = row.get("tools")
+        specs = json.loads(tools) if isinstance(tools, str) else tools
+        rows.extend(
+            rl_token_rows(
+                tokenizer,
+                row["messages"],
+                specs,
+                action_format=action_format,
+                template_tools=template_tools,
+            )
+        )
+    return Dataset.from_list(rows)
+
+
+def text_layout_dataset(
+    tokenizer: Any, dataset: Dataset, *, action_format: str = "hermes"
+) -> Dataset:
+    """The rows as conversations the chat template renders whole: as they are for a template
+    that renders tools, else in the text layout with no ``tools``
+    (:mod:`llm_gym.policies.template_tools`), for TRL's own tokenization of the rows."""
+    from llm_gym.policies.template_tools import layout_for, text_layout
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        tools = row.get("tools")
+        specs = json.loads(tools) if isinstance(tools, str) else list(tools or [])
+        if not layout_for(tokenizer, specs, action_format=action_format):
+            return row
+        return {
+            **row,
+            "messages": text_layout(row["messages"], specs, action_format),
+            "tools": "[]",
+        }
+
+    return dataset.map(convert)
 
 
 def _rows_to_dataset(rows: list[dict[str, Any]]) -> Dataset:

@@ -258,10 +258,16 @@ def env_reward(completions: Sequence[Any], environments: Sequence[Any], **kwargs
     return rewards
 
 
-def our_rendering(tokenizer: Any, tool_specs: Sequence[Mapping[str, Any]]) -> Any:
+def our_rendering(
+    tokenizer: Any, tool_specs: Sequence[Mapping[str, Any]], action_format: str = "hermes"
+) -> Any:
     """``tokenizer`` with its ``apply_chat_template`` rendering ``tool_specs`` (ours), in their
     order, wherever TRL passes tool callables with the same names, so TRL's prompts are token for
-    token the prompts our loop renders. Returns the tokenizer (patched in place)."""
+    token the prompts our loop renders; a template that cannot render tools gets them as text,
+    written by ``action_format``, as in our loop (:mod:`llm_gym.policies.template_tools`).
+    Returns the tokenizer (patched in place)."""
+    from llm_gym.policies.template_tools import layout_for, text_layout
+
     specs = {spec["function"]["name"]: dict(spec) for spec in tool_specs}
     original = tokenizer.apply_chat_template
 
@@ -271,6 +277,8 @@ def our_rendering(tokenizer: Any, tool_specs: Sequence[Mapping[str, Any]]) -> An
             names = {getattr(t, "__name__", None) for t in tools}
             if names <= specs.keys():
                 tools = [spec for name, spec in specs.items() if name in names]
+                if layout_for(tokenizer, tools, action_format=action_format):
+                    conversation, tools = text_layout(conversation, tools, action_format), None
         return original(conversation, *args, tools=tools, **kwargs)
 
     tokenizer.apply_chat_template = apply_chat_template

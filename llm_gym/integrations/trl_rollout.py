@@ -156,6 +156,7 @@ def trl_rollout_output(
                 episode.tool_specs,
                 add_generation_prompt=True,
                 chat_template_kwargs=template_kwargs,
+                action_format=episode.action_format,
             )
             prompt_ids = list(tokenizer.encode(text, add_special_tokens=False)) or [eos]
             completion_ids, env_mask, logprobs = [eos], [0], [0.0]

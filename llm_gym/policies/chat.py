@@ -2,8 +2,9 @@
 
 Assistant turns are rendered with their raw sampled text as ``content`` (no structured
 ``tool_calls``), so the template reproduces exactly what the model wrote; tool results keep their
-``name`` and ``tool_call_id``. The rollout's token tracker, the HF policy and the SFT data all
-render through :func:`render_chat`, so they agree token for token.
+``name`` and ``tool_call_id``. The rollout's token tracker, the HF policy, the SFT data, the
+server and the TRL bridge all render through :func:`render_chat`, so they agree token for token.
+A template that cannot render tools gets them as text (:mod:`llm_gym.policies.template_tools`).
 
 Text the model did not write (system, user and tool messages: environment replies, tool errors,
 a program's output) cannot forge the template's control tokens: a tokenizer's special-token
@@ -19,7 +20,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from llm_gym.actions import ActionFormat
 from llm_gym.core.types import Message, ToolSpec
+from llm_gym.policies.template_tools import layout_for, text_layout
 
 __all__ = [
     "control_token_strings",
@@ -104,16 +107,32 @@ def render_chat(
     *,
     add_generation_prompt: bool,
     chat_template_kwargs: dict[str, Any] | None = None,
+    action_format: str | ActionFormat = "hermes",
+    template_tools: str = "fallback",
 ) -> str:
     """The chat template's text for ``messages`` (assistant turns as raw text; control tokens
-    in the other turns neutralised)."""
-    plain = untrusted_messages(tokenizer, [plain_message(m) for m in messages])
+    in the other turns neutralised).
+
+    A template that cannot render the tools gets them as text in the system message, written by
+    ``action_format`` (:mod:`llm_gym.policies.template_tools`; ``template_tools="require"``
+    refuses it instead)."""
+    kwargs = chat_template_kwargs or {}
+    if layout_for(
+        tokenizer,
+        tool_specs,
+        template_tools=template_tools,
+        chat_template_kwargs=kwargs,
+        action_format=action_format,
+    ):
+        chat, tools = text_layout(messages, tool_specs, action_format), None
+    else:
+        chat, tools = [plain_message(m) for m in messages], tool_specs
     return tokenizer.apply_chat_template(
-        plain,
-        tools=list(tool_specs) if tool_specs else None,
+        untrusted_messages(tokenizer, chat),
+        tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
-        **(chat_template_kwargs or {}),
+        **kwargs,
     )
 
 

@@ -184,6 +184,7 @@ class HFPolicy(Policy):
             request.tool_specs,
             add_generation_prompt=True,
             chat_template_kwargs=self.chat_template_kwargs,
+            action_format=request.action_format,
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

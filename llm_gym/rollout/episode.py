@@ -83,6 +83,9 @@ class Episode:
     """Seconds from reset to close."""
     samples: list[Any] = field(default_factory=list)
     """Token samples built by the loop (token-in/token-out policies)."""
+    action_format: str = "hermes"
+    """The name of the action format the episode's replies were parsed with (it also writes the
+    tools into the prompt of a template that cannot render them)."""
     overflow_tokens: int = 0
     """When an environment reply too long for the context ended it (``CONTEXT_OVERFLOW``) and
     was read only in part: the tokens the context would have held at least, which the soft

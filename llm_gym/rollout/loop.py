@@ -36,6 +36,7 @@ from llm_gym.core.task import Task
 from llm_gym.core.text import clean_text
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.rollout.batching import Streamed, Waves
 from llm_gym.rollout.driver import (
     DEFAULT_FAILED_PARSE_REWARD,
@@ -71,6 +72,9 @@ class RolloutSettings:
     """Reward of an episode that ends on an unparseable action."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra arguments for the chat template (``enable_thinking``, ...)."""
+    template_tools: str = "fallback"
+    """A chat template that cannot render tools: ``"fallback"`` writes them as text into the
+    system message (:mod:`llm_gym.policies.template_tools`), ``"require"`` refuses it."""
     generation_deadline_s: tuple[float, float] | None = None
     """``(shortest, longest)`` seconds a policy may take for one turn, growing with the
     context (:func:`generation_deadline`); a missed deadline aborts the turn and retries it once,
@@ -82,6 +86,7 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         require_turn_limit(self.max_turns)
+        check_template_tools(self.template_tools)
         if self.max_model_length is not None and self.max_model_length < 1:
             raise InvalidArgumentError(
                 f"max_model_length must be None or >= 1, actual value: {self.max_model_length!r}."
@@ -164,8 +169,15 @@ async def _run_episode(
         episode.num_opening_messages = len(messages)
         tool_specs = driver.tool_specs
         episode.tool_specs = tool_specs
+        episode.action_format = driver.action_format.name
         if tokenizer is not None:
-            tracker = TokenTracker(tokenizer, tool_specs, settings.chat_template_kwargs)
+            tracker = TokenTracker(
+                tokenizer,
+                tool_specs,
+                settings.chat_template_kwargs,
+                action_format=driver.action_format,
+                template_tools=settings.template_tools,
+            )
             tracker.start(messages)
             episode.prompt_tokens = tracker.context_length
         while ending is None:
@@ -264,6 +276,7 @@ async def collect_groups_async(
     oracle: Oracle | None = None,
     tokenizer: Any = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    template_tools: str = "fallback",
     progress: bool | str = False,
     stats: list[RolloutStats] | None = None,
     stream: PolicyStream | None = None,
@@ -288,6 +301,8 @@ async def collect_groups_async(
         oracle: The environment's scripted expert, for ``OraclePolicy``.
         tokenizer: Builds token samples (token-in/token-out); defaults to ``policy.tokenizer``.
         chat_template_kwargs: Extra chat template arguments.
+        template_tools: A chat template that cannot render tools: ``"fallback"`` (the tools as
+            text in the system message) or ``"require"`` (refused).
         progress: Show a progress bar (a string sets its description).
         stats: When given, a :class:`RolloutStats` is appended to it.
         stream: A stream of ``policy`` that outlives this collection (async training's rollout
@@ -317,6 +332,7 @@ async def collect_groups_async(
         max_new_tokens=max_new_tokens,
         failed_parse_reward=failed_parse_reward,
         chat_template_kwargs=chat_template_kwargs,
+        template_tools=template_tools,
         generation_deadline_s=generation_deadline_s,
         env_timeout_s=env_timeout_s,
     )

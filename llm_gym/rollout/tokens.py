@@ -26,8 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_gym.actions import ActionFormat, get_action_format
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.policies.chat import prefix_past_limit, render_chat
+from llm_gym.policies.template_tools import check_template_tools
 
 __all__ = ["OpeningCache", "TokenSample", "TokenTracker", "episode_to_samples"]
 
@@ -70,12 +72,12 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 class OpeningCache:
     """Rendered text and ids of recent openings, per tokenizer (held weakly), keyed by the
-    content that decides them: the messages, tool specs and template arguments as JSON, the
-    chat template itself and the vocabulary's size (tokens added later change the ids).
-    Content that is not plain JSON is never cached, nor a rendering longer than ``max_chars``
-    (memory stays bounded whatever an environment opens with). Thread-safe. A template that
-    reads the clock (``strftime_now``) keeps its first render's date while the opening is
-    cached."""
+    content that decides them: the messages, tool specs, template arguments and action format
+    (it writes the tools of a template that cannot) as JSON, the chat template itself and the
+    vocabulary's size (tokens added later change the ids). Content that is not plain JSON is
+    never cached, nor a rendering longer than ``max_chars`` (memory stays bounded whatever an
+    environment opens with). Thread-safe. A template that reads the clock (``strftime_now``)
+    keeps its first render's date while the opening is cached."""
 
     def __init__(self, size: int = 256, max_chars: int = 16_384) -> None:
         self.size = size
@@ -90,11 +92,12 @@ class OpeningCache:
         messages: Sequence[Message],
         tool_specs: Sequence[ToolSpec],
         kwargs: dict[str, Any],
+        action_format: str = "hermes",
     ) -> str | None:
         """The cache key, or None when any part is not plain JSON."""
         template = getattr(tokenizer, "chat_template", None)
         try:
-            content = json.dumps([messages, tool_specs, kwargs], sort_keys=True)
+            content = json.dumps([messages, tool_specs, kwargs, action_format], sort_keys=True)
             if not isinstance(template, str):  # None, or a dict of named templates
                 template = json.dumps(template, sort_keys=True)
             vocabulary = len(tokenizer)
@@ -139,10 +142,16 @@ class TokenTracker:
         tokenizer: Any,
         tool_specs: Sequence[ToolSpec] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        action_format: str | ActionFormat = "hermes",
+        template_tools: str = "fallback",
     ) -> None:
         self.tokenizer = tokenizer
         self.tool_specs = list(tool_specs or [])
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.action_format = get_action_format(action_format)
+        """Writes the tools as text for a template that cannot render them."""
+        self.template_tools = check_template_tools(template_tools)
         self.samples: list[TokenSample] = []
         self._text = ""
         self._raw: list[Message] = []
@@ -158,12 +167,20 @@ class TokenTracker:
             self.tool_specs,
             add_generation_prompt=True,
             chat_template_kwargs=self.chat_template_kwargs,
+            action_format=self.action_format,
+            template_tools=self.template_tools,
         )
 
     def start(self, messages: Sequence[Message]) -> None:
         """Begin with the opening messages."""
         self._raw = list(messages)
-        key = OPENINGS.key(self.tokenizer, self._raw, self.tool_specs, self.chat_template_kwargs)
+        key = OPENINGS.key(
+            self.tokenizer,
+            self._raw,
+            self.tool_specs,
+            self.chat_template_kwargs,
+            self.action_format.name,
+        )
         found = OPENINGS.get(self.tokenizer, key) if key is not None else None
         if found is None:
             text = self._render(self._raw)
@@ -274,6 +291,7 @@ def episode_to_samples(
     *,
     tool_specs: Sequence[ToolSpec] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    template_tools: str = "fallback",
 ) -> list[TokenSample]:
     """Training samples of a finished :class:`~llm_gym.rollout.Episode`.
 
@@ -285,7 +303,13 @@ def episode_to_samples(
     if episode.samples:
         return list(episode.samples)
     specs = tool_specs if tool_specs is not None else episode.tool_specs
-    tracker = TokenTracker(tokenizer, specs, chat_template_kwargs)
+    tracker = TokenTracker(
+        tokenizer,
+        specs,
+        chat_template_kwargs,
+        action_format=episode.action_format,
+        template_tools=template_tools,
+    )
     opening = episode.messages[: episode.num_opening_messages]
     tracker.start(opening)
     for index, turn in enumerate(episode.turns):

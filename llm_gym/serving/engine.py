@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.chat import untrusted_messages
+from llm_gym.policies.template_tools import PROBE_SPEC, layout_for, text_layout
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
 from llm_gym.serving.completions import encode_within, text_completion
 from llm_gym.serving.generation import (
@@ -62,8 +63,12 @@ class Engine:
         model_name: The model id clients send.
         default_max_tokens: Tokens per completion when a request sets none.
         tool_parser: The action format (:func:`llm_gym.actions.get_action_format`) that parses
-            tool calls out of replies to requests with ``tools``.
+            tool calls out of replies to requests with ``tools``; it also writes the tools
+            into the system message when the chat template cannot render them
+            (:mod:`llm_gym.policies.template_tools`).
         chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
+        template_tools: ``"fallback"`` (a template that cannot render tools gets them as text)
+            or ``"require"`` (such a template is refused here).
     """
 
     def __init__(
@@ -75,6 +80,7 @@ class Engine:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         tool_parser: str = "hermes",
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
+        template_tools: str = "fallback",
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidArgumentError(
@@ -90,6 +96,9 @@ class Engine:
         self.model_name = model_name
         self.default_max_tokens = int(default_max_tokens)
         self.action_format = get_action_format(tool_parser)
+        layout_for(  # refused here under "require"; the text layout warns once here
+            tokenizer, [PROBE_SPEC], template_tools=template_tools, action_format=self.action_format
+        )
         self.chat_template_kwargs = frozenset(chat_template_kwargs)
         self.created = int(time.time())
         self.max_tokens_limit = DEFAULT_MAX_TOKENS_LIMIT
@@ -157,10 +166,13 @@ class Engine:
                 "at least)",
                 "messages",
             )
+        messages, tools = request.messages, request.tools or None
+        if layout_for(self.tokenizer, tools, action_format=self.action_format):
+            messages, tools = text_layout(messages, tools, self.action_format), None
         try:
             prompt = self.tokenizer.apply_chat_template(
-                untrusted_messages(self.tokenizer, request.messages),
-                tools=request.tools or None,
+                untrusted_messages(self.tokenizer, messages),
+                tools=tools,
                 tokenize=False,
                 add_generation_prompt=True,
                 **request.chat_template_kwargs,

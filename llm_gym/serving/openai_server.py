@@ -147,6 +147,8 @@ class ChatCompletionServer:
         log: Log one line per request (uvicorn's access log).
         tool_parser: The action format that parses tool calls out of replies (``"hermes"``).
         chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
+        template_tools: A chat template that cannot render tools: ``"fallback"`` (the tools
+            as text in the system message) or ``"require"`` (refused).
         max_body_bytes: The largest request body.
         backlog: The listen backlog.
         max_connections: Connections and requests at once (503 past it).
@@ -166,6 +168,7 @@ class ChatCompletionServer:
         log: bool = False,
         tool_parser: str = "hermes",
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
+        template_tools: str = "fallback",
         max_body_bytes: int = MAX_BODY_BYTES,
         backlog: int = DEFAULT_BACKLOG,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -182,6 +185,7 @@ class ChatCompletionServer:
             default_max_tokens=default_max_tokens,
             tool_parser=tool_parser,
             chat_template_kwargs=chat_template_kwargs,
+            template_tools=template_tools,
         )
         self.model = model
         self.tokenizer = tokenizer
@@ -297,8 +301,8 @@ def serve(
         default_max_tokens: Tokens per completion when a request sets none.
         log: Log one line per request.
         options: More :class:`ChatCompletionServer` arguments (``tool_parser``,
-            ``chat_template_kwargs``, ``max_body_bytes``, ``backlog``, ``max_connections``,
-            ``request_timeout_s``).
+            ``template_tools``, ``chat_template_kwargs``, ``max_body_bytes``, ``backlog``,
+            ``max_connections``, ``request_timeout_s``).
 
     Returns:
         The running server: ``.url`` is the base URL (``http://HOST:PORT/v1``), ``.close()``

@@ -1,0 +1,78 @@
+"""``llm-gym serve MODEL``: the command's arguments and what it runs (:func:`.serve`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from llm_gym.policies.loading import TORCH_DTYPES
+from llm_gym.policies.template_tools import TEMPLATE_TOOLS_MODES
+
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+
+HELP = "serve a local model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions)"
+DESCRIPTION = (
+    "Serve MODEL (a model folder, a .gguf file, a packaged model's name or a hub id) to any "
+    "OpenAI-compatible client. A request's tools are rendered by the chat template, or, when "
+    "the template cannot render tools, written into the system message by the --tool-parser "
+    "action format (--template-tools require refuses such a model instead)."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``serve`` command's arguments."""
+    p.add_argument(
+        "model_path", help="a model folder, a .gguf file, a packaged model's name or a hub id"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="default: 8000 (0: any free port)")
+    p.add_argument("--model-name", default=None, help="the id clients send (default: the path)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument(
+        "--dtype", default="float32", choices=TORCH_DTYPES, help="torch dtype of the weights"
+    )
+    p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
+    p.add_argument("--quiet", action="store_true", help="no log line per request")
+    p.add_argument(
+        "--tool-parser",
+        default="hermes",
+        help="the action format that parses tool calls out of replies to requests with tools "
+        "(and writes the tools for a template that cannot render them)",
+    )
+    p.add_argument(
+        "--template-tools",
+        default="fallback",
+        choices=TEMPLATE_TOOLS_MODES,
+        help="a chat template that cannot render tools: fallback (default: the tools as text "
+        "in the system message) or require (refuse to serve it)",
+    )
+    p.add_argument(
+        "--template-kwargs",
+        default=None,
+        help="comma-separated chat_template_kwargs names clients may set (default: "
+        "enable_thinking,thinking,reasoning_effort; client templates are always refused)",
+    )
+
+
+def run(args: argparse.Namespace, out: TextIO, until_stopped: Callable[..., int]) -> int:
+    """Start the server of ``args`` and serve until ``until_stopped`` returns."""
+    from llm_gym.serving import serve
+
+    options: dict[str, Any] = {}
+    if args.template_kwargs is not None:
+        options["chat_template_kwargs"] = [n for n in args.template_kwargs.split(",") if n]
+    server = serve(
+        args.model_path,
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        default_max_tokens=args.max_tokens,
+        log=not args.quiet,
+        tool_parser=args.tool_parser,
+        template_tools=args.template_tools,
+        **options,
+    )
+    return until_stopped(server, f"serving {server.model_name!r} at {server.url}", out)
