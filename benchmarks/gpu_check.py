@@ -16,6 +16,10 @@ It checks, and writes as a markdown report:
 4. The rollout engine against its replay limit in bf16, with the decode roofline
    (:mod:`benchmarks.gpu_rollout`), on the main job's SFT model (``--model``; the tiny model when
    there is none) and on the larger model; the numbers also go to ``--out`` with ``.json``.
+5-7. With ``--smollm2 DIR`` (SmolLM2-135M-Instruct's config and tokenizer, as ``llm-gym
+   fetch-model smollm2-135m-instruct`` writes them; its weights are not read): checks 1, 2 and 4
+   on a randomly initialised model of its shape, with its real tokenizer and chat template
+   (which cannot render tools, so the tools go into the system message as text).
 
 The main job (SFT -> eval -> GRPO -> eval) is run separately with ``train.py`` on the GPU.
 On a lent device machine (no network, no model cache), copy the main job's SFT model to
@@ -43,7 +47,9 @@ from llm_gym.policies.hf import HFPolicy
 from llm_gym.rollout import collect_groups
 
 
-def check_policy(model_dir: str, lines: list[str], device: str = "cuda") -> None:
+def check_policy(
+    model_dir: str, lines: list[str], device: str = "cuda", title: str = "1. HFPolicy on CUDA"
+) -> None:
     policy = HFPolicy.from_pretrained(
         model_dir, device=device, temperature=1.0, max_new_tokens=48, seed=0
     )
@@ -70,7 +76,7 @@ def check_policy(model_dir: str, lines: list[str], device: str = "cuda") -> None
                     worst = max(worst, abs(recorded - teacher))
     turns = sum(e.num_turns for e in episodes) / len(episodes)
     lines += [
-        "## 1. HFPolicy on CUDA",
+        f"## {title}",
         f"- {len(episodes)} episodes in {seconds:.2f} s ({len(episodes) / seconds:.1f} "
         f"episodes/s, first call includes CUDA warm-up), {turns:.2f} turns per episode",
         f"- max |recorded - teacher-forced| logprob over policy tokens: {worst:.2e} "
@@ -79,8 +85,19 @@ def check_policy(model_dir: str, lines: list[str], device: str = "cuda") -> None
     ]
 
 
+def _shorter_is_better(prompts: list, completions: list, **kwargs: object) -> list[float]:
+    """A reward with variance for a model that never succeeds: the shorter reply scores
+    higher, so a random model's groups train (the check exercises the backward pass)."""
+    return [-min(len(str(c)), 4000) / 4000 for c in completions]
+
+
 def check_trainer(
-    model_dir: str, out_dir: Path, title: str, lines: list[str], steps: int = 3
+    model_dir: str,
+    out_dir: Path,
+    title: str,
+    lines: list[str],
+    steps: int = 3,
+    reward_funcs: list | None = None,
 ) -> None:
     from transformers import TrainerCallback
 
@@ -119,6 +136,7 @@ def check_trainer(
         env_factory=ToolUseGameEnv,
         val_tasks=list(get_tasks("val"))[:8],
         callbacks=[Clock()],
+        reward_funcs=reward_funcs,
     )
     history = [h for h in trainer.state.log_history if "loss" in h]
     losses = [h["loss"] for h in history]
@@ -166,6 +184,24 @@ def build_larger_model(tiny_dir: str, out_dir: Path, hidden: int = 768, layers: 
     return str(out_dir)
 
 
+def build_smollm2_shaped(source_dir: str, out_dir: Path, layers: int | None = None) -> str:
+    """A randomly initialised model of SmolLM2-135M-Instruct's architecture (``config.json`` of
+    ``source_dir``: Llama, 30 layers, grouped-query attention, 49k vocabulary) with its real
+    tokenizer and chat template (which cannot render tools: the text layout is exercised). The
+    weights are random: speed and memory are the real model's, answers are not."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source_dir)
+    config = AutoConfig.from_pretrained(source_dir)
+    if layers is not None:
+        config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return str(out_dir)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check.md")
@@ -173,6 +209,13 @@ def main() -> None:
     parser.add_argument("--dry-run-on-cpu", action="store_true", help="check the script itself")
     parser.add_argument(
         "--model", default=None, help="a tools-calling model for check 4 (default: main-job SFT)"
+    )
+    parser.add_argument(
+        "--smollm2",
+        default=None,
+        help="a folder with SmolLM2-135M-Instruct's config and tokenizer (llm-gym fetch-model "
+        "smollm2-135m-instruct; the weights are not read): checks 5-7 on a random model of "
+        "its shape",
     )
     args = parser.parse_args()
     device = "cpu" if args.dry_run_on_cpu else "cuda"
@@ -217,6 +260,35 @@ def main() -> None:
         ("rollout", lambda: rollout("rollout_sft", sft, **small)),
         ("rollout_large", lambda: rollout("rollout_large", str(large), **small)),
     ]
+    if args.smollm2:
+        smol = work / "smollm2_shaped"
+
+        def smol_dir() -> str:
+            if not (smol / "config.json").exists():
+                build_smollm2_shaped(args.smollm2, smol, 2 if device == "cpu" else None)
+            return str(smol)
+
+        steps += [
+            (
+                "smollm2_policy",
+                lambda: check_policy(
+                    smol_dir(), lines, device, "5. HFPolicy on CUDA, SmolLM2-135M's shape"
+                ),
+            ),
+            (
+                "smollm2_trainer",
+                lambda: check_trainer(
+                    smol_dir(),
+                    work / "grpo_smollm2",
+                    "6. MultiTurnGRPOTrainer on CUDA, SmolLM2-135M's shape (random weights; "
+                    "a shorter-reply reward gives its groups variance)",
+                    lines,
+                    steps=2,
+                    reward_funcs=[_shorter_is_better],
+                ),
+            ),
+            ("rollout_smollm2", lambda: rollout("rollout_smollm2", smol_dir(), **small)),
+        ]
     tiny = str(build_tiny_model())
     sft = args.model or main_job_model() or tiny
     for name, run in steps:
