@@ -165,7 +165,8 @@ def test_pipeline_trains_on_varied_worlds_and_reports_a_new_world(
     small_model_dir, tmp_path
 ) -> None:
     pytest.importorskip("trl")
-    from trainers.pipeline import _sft_tasks, run_pipeline
+    from trainers.pipeline import run_pipeline
+    from trainers.pipeline_sft import sft_tasks
 
     path = tmp_path / "job.yaml"
     path.write_text(
@@ -203,7 +204,7 @@ evaluation:
 """
     )
     config = load_config(path)
-    sft_tasks = _sft_tasks(env_entry("ToolUseGame-v0"), 16, 0, config.task_options)
+    sft_tasks = sft_tasks(env_entry("ToolUseGame-v0"), 16, 0, config.task_options)
     assert len({t.metadata["world_seed"] for t in sft_tasks}) == 16
     summary = run_pipeline(config)
     kinds = [t.metadata["type"] for t in env_entry("ToolUseGame-v0").tasks("train")]
@@ -222,19 +223,19 @@ evaluation:
 
 
 def test_sft_tasks_can_ask_each_question_in_several_worlds() -> None:
-    from trainers.pipeline import _sft_tasks
+    from trainers.pipeline_sft import sft_tasks
 
     entry = env_entry("ToolUseGame-v0")
-    tasks = _sft_tasks(entry, 16, 0, {"world_seed": "varied"}, {"worlds_per_question": 4})
+    tasks = sft_tasks(entry, 16, 0, {"world_seed": "varied"}, {"worlds_per_question": 4})
     assert len(tasks) == 16 and len({t.prompt for t in tasks}) == 4
     assert len({(t.prompt, t.metadata["world_seed"]) for t in tasks}) == 16
     held_out = {t.prompt for split in ("train", "val", "test") for t in entry.tasks(split)}
     assert not held_out & {t.prompt for t in tasks}
     with pytest.raises(InvalidArgumentError, match="needs a task generator"):
-        _sft_tasks(env_entry("RG-ChainSum-v0"), 4, 0, None, {"worlds_per_question": 4})
+        sft_tasks(env_entry("RG-ChainSum-v0"), 4, 0, None, {"worlds_per_question": 4})
 
 
-def test_config_refuses_bad_variants_and_an_unknown_demonstrator(tmp_path) -> None:
+def test_config_refuses_bad_variants_and_an_unknowndemonstrator(tmp_path) -> None:
     with pytest.raises(InvalidArgumentError, match="evaluation.variants must map"):
         EvalSettings(variants={"new_world": 1})
     with pytest.raises(InvalidArgumentError, match="task_options must be a mapping"):
@@ -243,14 +244,14 @@ def test_config_refuses_bad_variants_and_an_unknown_demonstrator(tmp_path) -> No
 
     with pytest.raises(InvalidArgumentError, match="has no attribute 'nope'"):
         resolve("llm_gym.envs.tool_use_game:nope")
-    from trainers.pipeline import _demonstrator
+    from trainers.pipeline_sft import demonstrator
 
     with pytest.raises(InvalidArgumentError, match="options need the demonstrator"):
-        _demonstrator(None, {"guess_rate": 0.5}, resolve)
-    hasty = _demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 0.5}, resolve)
+        demonstrator(None, {"guess_rate": 0.5}, resolve)
+    hasty = demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 0.5}, resolve)
     assert hasty.guess_rate == 0.5
     with pytest.raises(InvalidArgumentError, match="guess_rate must be a number in"):
-        _demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 2}, resolve)
+        demonstrator("llm_gym.envs.tool_use_game:HastyOracle", {"guess_rate": 2}, resolve)
 
 
 def test_repeat_by_kind_repeats_the_named_kinds_in_place() -> None:

@@ -9,13 +9,13 @@ printed) and ``reward_curve.png`` into ``output_dir``.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError, did_you_mean
+from llm_gym.policies.pretrained import resolve_model_path
 from trainers.pipeline_config import (
     EvalSettings,
     PipelineConfig,
@@ -24,6 +24,7 @@ from trainers.pipeline_config import (
     yaml_load,
 )
 from trainers.pipeline_eval import evaluate_model, paired_gain, plot_reward_curve, task_success
+from trainers.pipeline_sft import demonstrator, sft_stage, sft_tasks
 
 __all__ = [
     "build_grpo_config",
@@ -87,7 +88,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         tiny_args = {"envs": [config.env], **config.tiny_model}
         model_path = str(build_tiny_model(seed=config.seed, **tiny_args))
     else:
-        model_path = config.model
+        model_path = resolve_model_path(config.model)  # a packaged model, a .gguf file: fetched
     summary["base_model"] = model_path
 
     # 2. the SFT warm start
@@ -96,7 +97,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
         print(f"== 2/5 SFT warm start on {config.sft.episodes} demonstrations", flush=True)
         t = time.perf_counter()
-        sft_tasks = _sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
+        warm_tasks = sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
                                config.sft.task_options)  # fmt: skip
         made: dict[tuple[str | None, str], Any] = {}  # one dataset per distinct demonstrator
 
@@ -105,8 +106,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             if key not in made:
                 made[key] = oracle_sft_dataset(
                     entry,
-                    sft_tasks,
-                    oracle=_demonstrator(spec, options, resolve),
+                    warm_tasks,
+                    oracle=demonstrator(spec, options, resolve),
                     only_successful=config.sft.only_successful,
                 )
             return made[key]
@@ -116,7 +117,9 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         short = None
         if sft.short_context_steps > 0:
             short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
-        model_path = _sft(model_path, out, full, sft, config.seed, short=short)
+        model_path = sft_stage(
+            model_path, out, full, sft, config.seed, short=short, action_format=entry.action_format
+        )
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
@@ -327,115 +330,6 @@ def repeat_by_kind(tasks: Any, repeats: dict[str, int]) -> list[Any]:
         )
     counts = [repeats.get(kind, 1) if isinstance(kind, str) else 1 for kind in kinds]
     return [task for task, count in zip(tasks, counts, strict=True) for _ in range(count)]
-
-
-def _sft(
-    model_path: str, out: Path, dataset: Any, sft: SFTSettings, seed: int, short: Any = None
-) -> str:
-    """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then
-    the full transcripts of ``dataset``."""
-    from trainers.sft import sft_warm_start
-    from trainers.sft_data import short_context_dataset
-
-    budget = sft.time_budget_s
-    common = dict(
-        learning_rate=sft.learning_rate, per_device_train_batch_size=sft.batch_size, seed=seed
-    )
-    warmup = sft.warmup_steps
-    if sft.short_context_steps > 0:
-        t = time.perf_counter()
-        print(f"   phase 1: {sft.short_context_steps} steps without the system prompt", flush=True)
-        model_path = str(
-            sft_warm_start(
-                model_path,
-                out / "sft_short_context",
-                short_context_dataset(short if short is not None else dataset),
-                max_steps=sft.short_context_steps,
-                lr_scheduler_type="constant",
-                warmup_steps=warmup,
-                time_budget_s=budget * _short_share(sft) if budget is not None else None,
-                **common,
-            )
-        )
-        warmup = 0
-        if budget is not None:
-            budget = max(budget - (time.perf_counter() - t), 0.1 * budget)
-        print("   phase 2: the full transcripts", flush=True)
-    return str(
-        sft_warm_start(
-            model_path,
-            out / "sft",
-            dataset,
-            num_train_epochs=sft.epochs,
-            max_steps=sft.max_steps,
-            lr_scheduler_type=sft.lr_scheduler_type,  # type: ignore[arg-type]
-            warmup_steps=warmup,
-            time_budget_s=budget,
-            **common,
-        )
-    )
-
-
-def _demonstrator(spec: str | None, options: dict[str, Any] | None, resolve: Any) -> Any:
-    """A demonstrator: ``spec`` resolved (called with ``options`` when given); None: the
-    environment's registered oracle."""
-    if spec is None:
-        if options:
-            raise InvalidArgumentError("demonstrator options need the demonstrator (the factory).")
-        return None
-    found = resolve(spec)
-    return found(**options) if options else found
-
-
-def _short_share(sft: SFTSettings) -> float:
-    """The share of the SFT time budget the short-context phase may use: its share of the steps
-    (its steps are the cheaper ones, so the full phase keeps at least its share of the time), or
-    half when the full phase runs by epochs."""
-    if sft.max_steps is None:
-        return 0.5
-    return sft.short_context_steps / (sft.short_context_steps + sft.max_steps)
-
-
-def _sft_tasks(
-    entry: Any,
-    episodes: int,
-    seed: int,
-    options: dict[str, Any] | None = None,
-    generator_options: dict[str, Any] | None = None,
-) -> list[Any]:
-    """``episodes`` distinct tasks for the SFT warm start, none of them in any split.
-
-    GRPO then trains on the train split, on tasks the warm-started model has never seen: on
-    tasks it was fitted to, a success can come from recalling the memorised answer instead of
-    reading the tool results, and reinforcing that does not carry over to held-out tasks (we
-    measured GRPO on SFT-seen tasks lowering held-out success). The tasks come from the env's
-    seeded generator (``generate_tasks(seed, n)`` beside its task source); an env without one
-    uses its train split (cycled). ``options`` go to both (``{"world_seed": "varied"}``),
-    ``generator_options`` to the generator alone (``{"worlds_per_question": 8}``)."""
-    import importlib
-
-    from trainers.sft_data import disjoint_tasks
-
-    options = options or {}
-    train = entry.tasks("train", **options)
-    spec = entry.tasks_spec
-    module_name = spec.partition(":")[0] if isinstance(spec, str) else None
-    generate = (
-        getattr(importlib.import_module(module_name), "generate_tasks", None)
-        if module_name
-        else None
-    )
-    if generate is None:
-        if generator_options:
-            raise InvalidArgumentError(
-                f"sft.task_options={generator_options!r} needs a task generator, and "
-                f"{entry.id} has none (a generate_tasks beside its task source)."
-            )
-        return [train[i % len(train)] for i in range(episodes)]
-    if options or generator_options:
-        generate = functools.partial(generate, **options, **(generator_options or {}))
-    held_out = [*train, *entry.tasks("val"), *entry.tasks("test")]
-    return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
 
 
 def _has_gpu() -> bool:

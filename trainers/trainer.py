@@ -28,6 +28,7 @@ from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.metrics import summarize_episodes
 from llm_gym.policies import Policy, policy_from_spec
+from llm_gym.policies.pretrained import resolve_model_path
 from llm_gym.rollout.episode import Episode
 from trainers.advantages import (
     GroupPool,
@@ -136,6 +137,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         if args.max_turns is None:
             raise InvalidArgumentError("max_turns is required: set it in the config.")
         model = model if model is not None else args.model
+        if isinstance(model, str):  # a packaged model's name or a .gguf file: its HF folder
+            model = resolve_model_path(model)
         if model is None:
             raise InvalidArgumentError("No model: pass model= or set the config's model field.")
         tasks = list(tasks)

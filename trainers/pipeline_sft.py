@@ -1,0 +1,132 @@
+"""The pipeline's SFT warm start (``sft:`` in a ``train.py`` config): its tasks, its
+demonstrators and its two phases."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+from llm_gym.errors import InvalidArgumentError
+from trainers.pipeline_config import SFTSettings
+
+__all__ = ["demonstrator", "sft_stage", "sft_tasks", "short_share"]
+
+
+def sft_stage(
+    model_path: str,
+    out: Path,
+    dataset: Any,
+    sft: SFTSettings,
+    seed: int,
+    short: Any = None,
+    action_format: str = "hermes",
+) -> str:
+    """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then
+    the full transcripts of ``dataset``."""
+    from trainers.sft import sft_warm_start
+    from trainers.sft_data import short_context_dataset
+
+    budget = sft.time_budget_s
+    common = dict(
+        learning_rate=sft.learning_rate,
+        per_device_train_batch_size=sft.batch_size,
+        seed=seed,
+        action_format=action_format,
+    )
+    warmup = sft.warmup_steps
+    if sft.short_context_steps > 0:
+        t = time.perf_counter()
+        print(f"   phase 1: {sft.short_context_steps} steps without the system prompt", flush=True)
+        model_path = str(
+            sft_warm_start(
+                model_path,
+                out / "sft_short_context",
+                short_context_dataset(short if short is not None else dataset),
+                max_steps=sft.short_context_steps,
+                lr_scheduler_type="constant",
+                warmup_steps=warmup,
+                time_budget_s=budget * short_share(sft) if budget is not None else None,
+                **common,
+            )
+        )
+        warmup = 0
+        if budget is not None:
+            budget = max(budget - (time.perf_counter() - t), 0.1 * budget)
+        print("   phase 2: the full transcripts", flush=True)
+    return str(
+        sft_warm_start(
+            model_path,
+            out / "sft",
+            dataset,
+            num_train_epochs=sft.epochs,
+            max_steps=sft.max_steps,
+            lr_scheduler_type=sft.lr_scheduler_type,  # type: ignore[arg-type]
+            warmup_steps=warmup,
+            time_budget_s=budget,
+            **common,
+        )
+    )
+
+
+def demonstrator(spec: str | None, options: dict[str, Any] | None, resolve: Any) -> Any:
+    """A demonstrator: ``spec`` resolved (called with ``options`` when given); None: the
+    environment's registered oracle."""
+    if spec is None:
+        if options:
+            raise InvalidArgumentError("demonstrator options need the demonstrator (the factory).")
+        return None
+    found = resolve(spec)
+    return found(**options) if options else found
+
+
+def short_share(sft: SFTSettings) -> float:
+    """The share of the SFT time budget the short-context phase may use: its share of the steps
+    (its steps are the cheaper ones, so the full phase keeps at least its share of the time), or
+    half when the full phase runs by epochs."""
+    if sft.max_steps is None:
+        return 0.5
+    return sft.short_context_steps / (sft.short_context_steps + sft.max_steps)
+
+
+def sft_tasks(
+    entry: Any,
+    episodes: int,
+    seed: int,
+    options: dict[str, Any] | None = None,
+    generator_options: dict[str, Any] | None = None,
+) -> list[Any]:
+    """``episodes`` distinct tasks for the SFT warm start, none of them in any split.
+
+    GRPO then trains on the train split, on tasks the warm-started model has never seen: on
+    tasks it was fitted to, a success can come from recalling the memorised answer instead of
+    reading the tool results, and reinforcing that does not carry over to held-out tasks (we
+    measured GRPO on SFT-seen tasks lowering held-out success). The tasks come from the env's
+    seeded generator (``generate_tasks(seed, n)`` beside its task source); an env without one
+    uses its train split (cycled). ``options`` go to both (``{"world_seed": "varied"}``),
+    ``generator_options`` to the generator alone (``{"worlds_per_question": 8}``)."""
+    import importlib
+
+    from trainers.sft_data import disjoint_tasks
+
+    options = options or {}
+    train = entry.tasks("train", **options)
+    spec = entry.tasks_spec
+    module_name = spec.partition(":")[0] if isinstance(spec, str) else None
+    generate = (
+        getattr(importlib.import_module(module_name), "generate_tasks", None)
+        if module_name
+        else None
+    )
+    if generate is None:
+        if generator_options:
+            raise InvalidArgumentError(
+                f"sft.task_options={generator_options!r} needs a task generator, and "
+                f"{entry.id} has none (a generate_tasks beside its task source)."
+            )
+        return [train[i % len(train)] for i in range(episodes)]
+    if options or generator_options:
+        generate = functools.partial(generate, **options, **(generator_options or {}))
+    held_out = [*train, *entry.tasks("val"), *entry.tasks("test")]
+    return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
