@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -48,6 +45,7 @@ from trainers.sft_data import (
     short_context_dataset,
     text_layout_dataset,
 )
+from trainers.sft_schedule import TimeBudgetCallback, lr_schedule
 from trainers.shared_prefix import shared_prefix_inputs
 
 if TYPE_CHECKING:
@@ -72,66 +70,6 @@ __all__ = [
 
 LossMask = Literal["rl", "trl"]
 """``"rl"``: train exactly the tokens RL trains; ``"trl"``: TRL's training template."""
-
-
-def _transformers_callback_base() -> type:
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class TimeBudgetCallback(_transformers_callback_base()):  # type: ignore[misc]
-    """Stops training after ``budget_s`` seconds of the training loop (checked after each
-    optimizer step, so the last step may run past it)."""
-
-    def __init__(self, budget_s: float) -> None:
-        if budget_s <= 0:
-            raise InvalidArgumentError(f"time_budget_s must be > 0, actual value: {budget_s}.")
-        self.budget_s = float(budget_s)
-        self.start: float | None = None
-        self.stopped = False
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self.start = time.perf_counter()
-        return control
-
-    def elapsed(self) -> float:
-        return 0.0 if self.start is None else time.perf_counter() - self.start
-
-    def fraction(self) -> float:
-        """The spent share of the budget (0 before training starts)."""
-        return self.elapsed() / self.budget_s
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.elapsed() >= self.budget_s:
-            self.stopped = True
-            control.should_training_stop = True
-        return control
-
-
-def _schedule(
-    kind: str,
-    warmup_steps: int,
-    min_lr_ratio: float,
-    total_steps: int,
-    budget: TimeBudgetCallback | None,
-) -> Callable[[int], float]:
-    """The LR multiplier: linear warmup, then ``kind`` over the progress, which is the larger of
-    the step fraction and (with a time budget) the spent share of the budget."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if kind == "constant":
-            return 1.0
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        if budget is not None:
-            progress = max(progress, budget.fraction())
-        progress = min(1.0, max(0.0, progress))
-        shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
-        return min_lr_ratio + (1 - min_lr_ratio) * shape
-
-    return factor
 
 
 def build_sft_trainer(
@@ -160,6 +98,7 @@ def build_sft_trainer(
     length_chunked: bool = True,
     progress: bool = True,
     action_format: str = "hermes",
+    lora: dict[str, Any] | None = None,
     **config_kwargs: Any,
 ) -> SFTTrainer:
     """The ``SFTTrainer`` :func:`sft_warm_start` runs (arguments as there); its
@@ -227,7 +166,7 @@ def build_sft_trainer(
     class _Trainer(SFTTrainer):
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
             if self.lr_scheduler is None:
-                factor = _schedule(
+                factor = lr_schedule(
                     lr_scheduler_type, warmup_steps, min_lr_ratio, num_training_steps, budget
                 )
                 self.lr_scheduler = LambdaLR(optimizer or self.optimizer, factor)
@@ -263,12 +202,18 @@ def build_sft_trainer(
 
     columns = ("input_ids", "assistant_masks") if tokenized else ("messages", "tools")
     keep = [c for c in columns if c in dataset.column_names]
+    peft_config = None
+    if lora is not None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**{"target_modules": "all-linear", **lora}, task_type="CAUSAL_LM")
     trainer = _Trainer(
         model=model,
         args=config,
         train_dataset=dataset.select_columns(keep),
         processing_class=tokenizer,
         callbacks=[budget] if budget is not None else None,
+        peft_config=peft_config,
     )
     trainer.original_chat_template = original_template  # type: ignore[attr-defined]
     trainer.time_budget = budget  # type: ignore[attr-defined]
@@ -301,6 +246,7 @@ def sft_warm_start(
     length_chunked: bool = True,
     progress: bool = True,
     action_format: str = "hermes",
+    lora: dict[str, Any] | None = None,
     **config_kwargs: Any,
 ) -> Path:
     """Supervised warm start of a causal LM on a conversational dataset, assistant turns only.
@@ -358,6 +304,9 @@ def sft_warm_start(
         action_format: The action format of the conversations' tool calls: it writes the tools
             as text for a chat template that cannot render them
             (:mod:`llm_gym.policies.template_tools`).
+        lora: Train a LoRA adapter instead of every weight: ``peft.LoraConfig`` arguments
+            (``{"r": 16, "lora_alpha": 32}``; ``target_modules`` defaults to ``"all-linear"``).
+            The saved model has the adapter merged in.
         **config_kwargs: More ``SFTConfig`` fields.
 
     Returns:
@@ -388,6 +337,7 @@ def sft_warm_start(
         length_chunked=length_chunked,
         progress=progress,
         action_format=action_format,
+        lora=lora,
         **config_kwargs,
     )
     result = trainer.train()
@@ -395,7 +345,10 @@ def sft_warm_start(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = trainer.processing_class
     tokenizer.chat_template = trainer.original_chat_template  # type: ignore[attr-defined]
-    trainer.model.save_pretrained(out, safe_serialization=True)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if lora is not None:  # the adapter merged in: the output is an ordinary model folder
+        model = model.merge_and_unload()
+    model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
@@ -438,6 +391,7 @@ def sft_warm_start(
             "bf16": bf16,
             "shared_prefix": shared_prefix,
             "length_chunked": length_chunked,
+            "lora": lora,
             "seed": seed,
         },
     }

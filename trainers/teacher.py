@@ -87,6 +87,9 @@ class HFTeacher:
             kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
             if dtype is not None:
                 kwargs["dtype"] = dtype
+            from llm_gym.policies.pretrained import resolve_model_path
+
+            model_or_path = resolve_model_path(model_or_path)
             model = AutoModelForCausalLM.from_pretrained(model_or_path, **kwargs)
             if device is None:
                 device = "cuda" if torch.cuda.is_available() else "cpu"

