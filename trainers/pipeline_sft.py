@@ -34,6 +34,7 @@ def sft_stage(
         per_device_train_batch_size=sft.batch_size,
         seed=seed,
         action_format=action_format,
+        lora=sft.lora,
     )
     warmup = sft.warmup_steps
     if sft.short_context_steps > 0:
