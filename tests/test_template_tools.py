@@ -289,6 +289,40 @@ def test_served_requests_get_the_tools_as_text(small_model, smollm2_tokenizer) -
         Engine(model, smollm2_tokenizer, template_tools="require")
 
 
+@pytest.mark.parametrize("arguments", ["not json", "[1, 2]", '"a string"'])
+def test_a_served_tool_call_that_cannot_be_written_is_a_400(
+    small_model, smollm2_tokenizer, arguments
+) -> None:
+    """Hostile client history: a tool call whose arguments are no JSON object cannot be written
+    in the hermes format for a template without tools; the request is refused, not a 500."""
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.engine import Engine
+    from llm_gym.serving.protocol import APIError
+
+    model, _ = small_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = Engine(model, smollm2_tokenizer)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    body = {
+        "model": "model",
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "7"},
+        ],
+        "tools": [_spec("f")],
+    }
+    try:
+        request = parse_chat_request(body, "model", engine.chat_template_kwargs)
+    except APIError as exc:  # refused while parsing: as good
+        assert exc.status == 400
+        return
+    with pytest.raises(APIError) as caught:
+        engine.chat_prompt(request)
+    assert caught.value.status == 400 and "hermes" in str(caught.value)
+
+
 def test_trls_rendering_gets_the_tools_as_text(smollm2_tokenizer) -> None:
     from llm_gym.integrations.trl import our_rendering
 

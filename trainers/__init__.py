@@ -3,6 +3,7 @@
 ``trainers.GRPOConfig`` is the cookbook's name for :class:`MultiTurnGRPOConfig`.
 """
 
+import trainers.rejection_sampling  # noqa: F401  (registers credit_assignment: rejection_sampling)
 from trainers.config import MultiTurnGRPOConfig
 from trainers.distillation import DistillationConfig
 from trainers.train import load_tasks, train_multi_turn

@@ -71,8 +71,10 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     )
     model: str | None = field(
         default=None,
-        metadata={"help": "The policy: a local model folder, a .gguf file, a packaged model's name "
-            "(smollm2-135m-instruct, fetched on first use) or a hub id."},
+        metadata={
+            "help": "The policy: a local model folder, a .gguf file, a packaged model's name "
+            "(smollm2-135m-instruct, fetched on first use) or a hub id."
+        },
     )
     max_turns: int | None = field(
         default=None,
@@ -132,7 +134,10 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     )
     credit_assignment: str = field(
         default="per_episode",
-        metadata={"help": "per_episode (every turn shares the episode's advantage) or per_turn."},
+        metadata={
+            "help": "per_episode (the episode's advantage on every turn), per_turn, or "
+            "rejection_sampling (RFT: 1 for a successful episode, else 0)."
+        },
     )
     max_model_length: int = field(
         default=2048, metadata={"help": "Context budget of an episode in tokens."}

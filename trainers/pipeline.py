@@ -141,6 +141,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         )
         label = f"{when}_grpo{tag}"
         reports = {"greedy": evaluate_model(path, entry, config.evaluation, label=label, **common)}
+        per_task = summary.setdefault("task_success", {})  # to pair runs by task afterwards
+        per_task[label] = task_success(reports["greedy"].episodes)
         print(reports["greedy"].format_table(), flush=True)
         if samples > 0:
             reports["sampled"] = evaluate_model(
@@ -153,6 +155,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
                 samples=samples,
                 **common,
             )
+            per_task[f"{label}_sampled"] = task_success(reports["sampled"].episodes)
             print(
                 f"   sampled (temperature {temperature:g}, {samples} per task): success "
                 f"{reports['sampled'].metrics['success_rate']:.3f}",

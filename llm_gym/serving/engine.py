@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from llm_gym.actions import get_action_format
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.policies.chat import untrusted_messages
 from llm_gym.policies.template_tools import PROBE_SPEC, layout_for, text_layout
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
@@ -168,7 +168,14 @@ class Engine:
             )
         messages, tools = request.messages, request.tools or None
         if layout_for(self.tokenizer, tools, action_format=self.action_format):
-            messages, tools = text_layout(messages, tools, self.action_format), None
+            try:  # the template cannot render tools: they go into the system message as text
+                messages, tools = text_layout(messages, tools, self.action_format), None
+            except (LlmGymError, TypeError, ValueError) as exc:
+                raise bad_request(
+                    f"the conversation could not be written in the {self.action_format.name!r} "
+                    f"format for this model's chat template: {exc}"[:2000],
+                    "messages",
+                ) from None
         try:
             prompt = self.tokenizer.apply_chat_template(
                 untrusted_messages(self.tokenizer, messages),
