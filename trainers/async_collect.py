@@ -40,6 +40,7 @@ from llm_gym.rollout.loop import collect_groups_async
 from trainers.advantages import GroupPool
 from trainers.async_rollout import RolloutWorker
 from trainers.config import MultiTurnGRPOConfig
+from trainers.rejection_sampling import keeps_uniform_groups
 from trainers.weight_sync import CallbackPublisher, InProcessPublisher, WeightSyncType
 
 __all__ = ["AsyncBatch", "AsyncCollector"]
@@ -261,7 +262,7 @@ class AsyncCollector:
         args = self.args
         limit = args.max_steps_off_policy or 0
         out = AsyncBatch()
-        pool = GroupPool(wanted, keep_all=self.args.distillation is not None)
+        pool = GroupPool(wanted, keep_all=keeps_uniform_groups(self.args))
         budget = wanted * args.max_sampling_attempts
         usable = 0
         while True:

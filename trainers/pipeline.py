@@ -100,6 +100,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         warm_tasks = sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
                                config.sft.task_options)  # fmt: skip
         made: dict[tuple[str | None, str], Any] = {}  # one dataset per distinct demonstrator
+        action_format = grpo_fields.get("action_format") or entry.action_format  # RL's format
 
         def demonstrations(spec: str | None, options: dict[str, Any] | None) -> Any:
             key = (spec, repr(options))
@@ -108,6 +109,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
                     entry,
                     warm_tasks,
                     oracle=demonstrator(spec, options, resolve),
+                    action_format=action_format,
                     only_successful=config.sft.only_successful,
                 )
             return made[key]
@@ -118,7 +120,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         if sft.short_context_steps > 0:
             short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
         model_path = sft_stage(
-            model_path, out, full, sft, config.seed, short=short, action_format=entry.action_format
+            model_path, out, full, sft, config.seed, short=short, action_format=action_format
         )
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path

@@ -15,14 +15,23 @@ that shows what the group-relative signal adds beyond learning from one's own su
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from trainers.advantages import Advantages, ScaleRewards, register_advantage_estimator
 
-__all__ = ["SUCCESS_REWARD", "rejection_sampling_credit"]
+__all__ = ["SUCCESS_REWARD", "keeps_uniform_groups", "rejection_sampling_credit"]
 
 SUCCESS_REWARD = 1.0
-"""An episode whose shaped reward is at least this succeeded (the built-in envs give 1.0 for a
-solved task)."""
+"""An episode whose shaped reward is at least this succeeded: the built-in envs give 1.0 for a
+solved task, and the shaping's penalties (a failed parse, the overlong penalty of a truncated
+episode) fall only on episodes that did not solve it."""
+
+
+def keeps_uniform_groups(args: Any) -> bool:
+    """Whether a group whose episodes all got the same reward still trains: under RFT a group
+    that succeeded every time is its strongest signal (and under on-policy distillation every
+    group carries a per-token one), so dynamic sampling must not set it aside."""
+    return args.distillation is not None or args.credit_assignment == "rejection_sampling"
 
 
 def rejection_sampling_credit(

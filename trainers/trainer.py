@@ -41,6 +41,7 @@ from trainers.advantages import (
 from trainers.async_collect import AsyncCollector
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
+from trainers.rejection_sampling import keeps_uniform_groups
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
 from trainers.rollout_metrics import (
     RolloutPart,
@@ -309,7 +310,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         size = args.episodes_per_task
         task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
         tasks = [self.tasks[i] for i in task_indices]
-        pool = GroupPool(wanted, keep_all=args.distillation is not None)
+        pool = GroupPool(wanted, keep_all=keeps_uniform_groups(args))
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,

@@ -41,7 +41,7 @@ from llm_gym.eval.leaderboard import (
 )
 from llm_gym.eval.leaderboard_render import format_cell, plot, render_markdown
 from llm_gym.eval.report import run_and_report
-from llm_gym.policies.pretrained import PACKAGED_MODELS, fetch_model
+from llm_gym.policies.pretrained import PACKAGED_MODELS, fetch_model, resolve_model_path
 from llm_gym.policies.registry import (
     PolicyBackend,
     policy_backend,
@@ -180,7 +180,10 @@ def parse_policy(label: str) -> tuple[str, str | None]:
     if _label_backend(label).scripted:
         policy_from_spec(label)
         return label, None
-    argument = label.partition(":")[2]
+    kind, _, argument = label.partition(":")
+    if argument and (argument in PACKAGED_MODELS or argument.lower().endswith(".gguf")):
+        folder = resolve_model_path(argument)  # fetched or converted once; its weights hashed
+        return f"{kind}:{folder}", folder
     if argument and Path(argument).is_dir():
         return label, argument
     if argument.startswith((".", "/", "~")):

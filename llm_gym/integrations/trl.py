@@ -263,23 +263,35 @@ def our_rendering(
 ) -> Any:
     """``tokenizer`` with its ``apply_chat_template`` rendering ``tool_specs`` (ours), in their
     order, wherever TRL passes tool callables with the same names, so TRL's prompts are token for
-    token the prompts our loop renders; a template that cannot render tools gets them as text,
-    written by ``action_format``, as in our loop (:mod:`llm_gym.policies.template_tools`).
-    Returns the tokenizer (patched in place)."""
-    from llm_gym.policies.template_tools import layout_for, text_layout
+    token the prompts our loop renders: each conversation (TRL passes one or a batch) goes
+    through :func:`llm_gym.policies.chat.template_input`, so control tokens are neutralised as in
+    our loop and a template that cannot render tools gets them as text, written by
+    ``action_format``. Returns the tokenizer (patched in place)."""
+    from llm_gym.policies.chat import template_input
 
     specs = {spec["function"]["name"]: dict(spec) for spec in tool_specs}
     original = tokenizer.apply_chat_template
+    own = set(inspect.signature(original).parameters)  # the rest reach the template itself
 
     @functools.wraps(original)
     def apply_chat_template(conversation: Any, *args: Any, tools: Any = None, **kwargs: Any):
-        if tools:
-            names = {getattr(t, "__name__", None) for t in tools}
-            if names <= specs.keys():
-                tools = [spec for name, spec in specs.items() if name in names]
-                if layout_for(tokenizer, tools, action_format=action_format):
-                    conversation, tools = text_layout(conversation, tools, action_format), None
-        return original(conversation, *args, tools=tools, **kwargs)
+        if not tools:
+            return original(conversation, *args, tools=tools, **kwargs)
+        names = {getattr(t, "__name__", None) for t in tools}
+        if not names <= specs.keys():  # not our tools: as TRL asked
+            return original(conversation, *args, tools=tools, **kwargs)
+        ours = [spec for name, spec in specs.items() if name in names]
+        template_kwargs = {k: v for k, v in kwargs.items() if k not in own}
+        batched = bool(conversation) and isinstance(conversation[0], list | tuple)
+        rendered = []
+        for chat in conversation if batched else [conversation]:
+            messages, rendered_tools = template_input(
+                tokenizer, chat, ours, action_format=action_format,
+                chat_template_kwargs=template_kwargs, raw_assistant=False,
+            )  # fmt: skip
+            rendered.append(messages)
+        # every conversation of one call has the same tools: one layout for all of them
+        return original(rendered if batched else rendered[0], *args, tools=rendered_tools, **kwargs)
 
     tokenizer.apply_chat_template = apply_chat_template
     return tokenizer

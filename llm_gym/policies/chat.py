@@ -31,6 +31,7 @@ __all__ = [
     "plain_message",
     "prefix_past_limit",
     "render_chat",
+    "template_input",
     "untrusted_messages",
 ]
 
@@ -100,6 +101,40 @@ def untrusted_messages(tokenizer: Any, messages: Sequence[Any]) -> list[Any]:
     return out
 
 
+def template_input(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    tool_specs: Sequence[ToolSpec] | None,
+    *,
+    action_format: str | ActionFormat = "hermes",
+    template_tools: str = "fallback",
+    chat_template_kwargs: dict[str, Any] | None = None,
+    raw_assistant: bool = True,
+) -> tuple[list[Any], list[Any] | None]:
+    """What the chat template gets for a conversation: ``(messages, tools)``, the control tokens
+    of every non-assistant message neutralised.
+
+    A template that cannot render tools gets the text layout when the conversation has tools
+    (:mod:`llm_gym.policies.template_tools`: the specs and ``action_format``'s calling convention
+    in the system message; ``template_tools="require"`` refuses it instead). Otherwise the
+    messages are kept: with ``raw_assistant`` (the rollout's turns) as role and text
+    (:func:`plain_message`), without (a client's conversation) as they are, structured tool calls
+    included, for the template to render."""
+    if layout_for(
+        tokenizer,
+        tool_specs,
+        messages=messages,
+        template_tools=template_tools,
+        chat_template_kwargs=chat_template_kwargs,
+        action_format=action_format,
+    ):
+        chat, tools = text_layout(messages, tool_specs, action_format), None
+    else:
+        chat = [plain_message(m) for m in messages] if raw_assistant else list(messages)
+        tools = list(tool_specs) if tool_specs else None
+    return untrusted_messages(tokenizer, chat), tools
+
+
 def render_chat(
     tokenizer: Any,
     messages: Sequence[Message],
@@ -110,29 +145,19 @@ def render_chat(
     action_format: str | ActionFormat = "hermes",
     template_tools: str = "fallback",
 ) -> str:
-    """The chat template's text for ``messages`` (assistant turns as raw text; control tokens
-    in the other turns neutralised).
-
-    A template that cannot render the tools gets them as text in the system message, written by
-    ``action_format`` (:mod:`llm_gym.policies.template_tools`; ``template_tools="require"``
-    refuses it instead)."""
+    """The chat template's text for ``messages``: assistant turns as raw text, control tokens in
+    the other turns neutralised, tools as :func:`template_input` gives them."""
     kwargs = chat_template_kwargs or {}
-    if layout_for(
+    chat, tools = template_input(
         tokenizer,
+        messages,
         tool_specs,
+        action_format=action_format,
         template_tools=template_tools,
         chat_template_kwargs=kwargs,
-        action_format=action_format,
-    ):
-        chat, tools = text_layout(messages, tool_specs, action_format), None
-    else:
-        chat, tools = [plain_message(m) for m in messages], tool_specs
+    )
     return tokenizer.apply_chat_template(
-        untrusted_messages(tokenizer, chat),
-        tools=list(tools) if tools else None,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **kwargs,
+        chat, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
     )
 
 

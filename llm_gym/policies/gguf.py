@@ -16,6 +16,8 @@ never replaced.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,12 @@ from llm_gym.errors import InvalidArgumentError, LlmGymError
 
 __all__ = [
     "CONVERSION_VERSION",
+    "cache_lock",
     "cache_root",
     "convert_gguf",
     "ensure_converted",
     "is_complete",
+    "log",
     "replaceable",
     "require_gguf",
     "sha256_file",
@@ -115,15 +119,35 @@ def replaceable(folder: Path) -> bool:
 
 
 def _move_into_place(tmp_dir: Path, target: Path) -> None:
+    """Rename ``tmp_dir`` to ``target``; a folder already there is moved aside first and put
+    back when the rename fails."""
     old = None
     if target.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
         os.rename(target, old / "build")
     try:
         os.rename(tmp_dir, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old / "build", target)
+        raise
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cache_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``target``'s conversion (``.NAME.lock`` beside it): processes
+    that fetch or convert the same model at once (every rank of an ``accelerate launch``) take
+    turns, and the ones after the first find the folder complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 # --- conversion -----------------------------------------------------------------------------
@@ -168,13 +192,8 @@ def _convert_into(gguf_file: Path, out_dir: Path) -> None:
         log(f"warning: {gguf_file.name} carries no chat template; chats need one")
 
 
-def ensure_converted(
-    gguf_file: Path, target: Path, source: dict[str, Any], *, force: bool = False
-) -> Path:
-    """``target`` holding the conversion of ``gguf_file`` (recorded as ``source``): as it is when
-    complete (unless ``force``), else converted anew."""
-    if not force and is_complete(target, source):
-        return target
+def _convert_locked(gguf_file: Path, target: Path, source: dict[str, Any]) -> None:
+    """Convert into a temporary folder renamed over ``target`` (under :func:`cache_lock`)."""
     if not replaceable(target):
         raise InvalidArgumentError(
             f"{target} exists and is not a converted model (no build_info.json of ours); "
@@ -203,23 +222,42 @@ def ensure_converted(
         record = tmp_dir / BUILD_INFO
         record.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         record.chmod(0o666 & ~umask)
-        if not force and is_complete(target, source):  # another process finished it
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-            return target
         _move_into_place(tmp_dir, target)  # complete the moment it appears
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     log(f"converted in {info['convert_seconds']:.1f}s: {target}")
+
+
+def ensure_converted(
+    gguf_file: Path,
+    target: Path,
+    source: dict[str, Any],
+    *,
+    force: bool = False,
+    lock: bool = True,
+) -> Path:
+    """``target`` holding the conversion of ``gguf_file`` (recorded as ``source``): as it is when
+    complete (unless ``force``), else converted anew, under :func:`cache_lock` (``lock=False``:
+    the caller holds it)."""
+    if not force and is_complete(target, source):
+        return target
+    with cache_lock(target) if lock else contextlib.nullcontext():
+        if not force and is_complete(target, source):  # another process converted it meanwhile
+            return target
+        _convert_locked(gguf_file, target, source)
     return target
 
 
-def convert_gguf(gguf_file: str | os.PathLike[str], output_dir: str | None = None) -> Path:
+def convert_gguf(
+    gguf_file: str | os.PathLike[str], output_dir: str | None = None, *, force: bool = False
+) -> Path:
     """The HF folder of a local GGUF file, converted once.
 
     Args:
         gguf_file: A ``.gguf`` file (any architecture transformers reads from GGUF).
         output_dir: Where to convert (default: ``$LLM_GYM_CACHE/models/gguf-<sha256[:16]>``).
+        force: Convert again even when the folder holds a complete conversion.
 
     Returns:
         The folder (``from_pretrained`` loads it; ``build_info.json`` records the source).
@@ -232,7 +270,20 @@ def convert_gguf(gguf_file: str | os.PathLike[str], output_dir: str | None = Non
     path = Path(gguf_file).expanduser()
     if not path.is_file() or path.suffix.lower() != ".gguf":
         raise InvalidArgumentError(f"expected a regular .gguf file, got {str(gguf_file)!r}.")
-    digest = sha256_file(path)
+    digest = _file_digest(path)
     target = Path(output_dir) if output_dir else cache_root() / f"gguf-{digest[:16]}"
     source = {"gguf_sha256": digest}
-    return ensure_converted(path.absolute(), target.expanduser().absolute(), source)
+    return ensure_converted(path.absolute(), target.expanduser().absolute(), source, force=force)
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    """:func:`sha256_file`, remembered per file and its size and modification time: a loader
+    that resolves the same file again does not read it again."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]

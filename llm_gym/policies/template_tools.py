@@ -1,7 +1,7 @@
 """Tools shown to every model: a chat template that ignores ``tools`` gets them as text.
 
-Many chat templates have no tools block (SmolLM2, Gemma 2, Llama 2, Mistral v0.1, Phi-3, most
-base models): ``apply_chat_template(messages, tools=specs)`` renders exactly what it renders
+Many chat templates have no tools block (SmolLM2, Llama 2, Mistral v0.1, Phi-3, most base
+models): ``apply_chat_template(messages, tools=specs)`` renders exactly what it renders
 without them, and the model is never told that tools exist. :func:`template_support` finds out
 once per template, by rendering probe conversations:
 
@@ -9,7 +9,8 @@ once per template, by rendering probe conversations:
 * ``tool_role``: a ``role="tool"`` message's content appears in the rendering.
 
 A template that does both gets the conversation as it is (the *native* layout). Any other gets
-the *text* layout (:func:`text_layout`): the episode's action format writes the tool specs and
+the *text* layout (:func:`text_layout`) whenever the conversation has tools (specs, or tool calls
+and results in its history): the episode's action format writes the tool specs and
 its calling convention into the system message (``render_tool_specs``: for hermes the
 ``<tools>...</tools>`` block with its instructions; a system message holding only it is inserted
 when the conversation has none), earlier assistant turns as the text the model wrote
@@ -27,9 +28,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import threading
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,7 @@ __all__ = [
     "TEMPLATE_TOOLS_MODES",
     "TemplateSupport",
     "TemplateToolsError",
+    "carries_tools",
     "check_template_tools",
     "layout_for",
     "template_support",
@@ -92,6 +95,7 @@ class TemplateSupport:
 _SUPPORT: weakref.WeakKeyDictionary[Any, dict[str, TemplateSupport]]
 _SUPPORT = weakref.WeakKeyDictionary()
 _WARNED: set[str] = set()
+_LOCK = threading.Lock()
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict) -> str:
@@ -167,24 +171,36 @@ def _name(tokenizer: Any) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
 
 
+def carries_tools(messages: Sequence[Any]) -> bool:
+    """Whether a conversation holds tool calls or tool results (which a template without a
+    tool role would drop even when the request lists no tools)."""
+    return any(
+        isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls"))
+        for m in messages
+    )
+
+
 def layout_for(
     tokenizer: Any,
     tool_specs: Sequence[ToolSpec] | None,
     *,
+    messages: Sequence[Any] = (),
     template_tools: str = "fallback",
     chat_template_kwargs: dict[str, Any] | None = None,
     action_format: str | ActionFormat = "hermes",
 ) -> bool:
-    """Whether a conversation with ``tool_specs`` is rendered in the text layout (True) or as it
-    is (False). A conversation without tools is always rendered as it is.
+    """Whether a conversation is rendered in the text layout (True) or as it is (False): in the
+    text layout when the template cannot render tools and the conversation has some (tool specs,
+    or tool calls and results in ``messages``).
 
     Raises:
         TemplateToolsError: ``template_tools="require"`` and the template cannot render tools.
     """
     check_template_tools(template_tools)
-    if not tool_specs:
+    if not tool_specs and not carries_tools(messages):
         return False
-    support = template_support(tokenizer, chat_template_kwargs)
+    kwargs = dict(chat_template_kwargs or {})
+    support = template_support(tokenizer, kwargs)
     if support.native:
         return False
     missing = "the tools argument" if not support.tools else "role='tool' messages"
@@ -195,15 +211,17 @@ def layout_for(
             "template_tools='fallback' the tool specs and the calling convention of the "
             f"{fmt!r} action format go into the system message instead."
         )
-    key = f"{_template_key(tokenizer, dict(chat_template_kwargs or {}))}:{fmt}"
-    if key not in _WARNED:
+    key = f"{_template_key(tokenizer, kwargs)}:{fmt}"
+    with _LOCK:
+        first = key not in _WARNED
         _WARNED.add(key)
+    if first:
         warnings.warn(
             f"the chat template of {_name(tokenizer)} does not render {missing}: the tool specs "
             f"and the {fmt!r} action format's calling convention go into the system message, "
             "tool results into user messages (template_tools='require' refuses such a "
             "template instead).",
-            stacklevel=3,
+            stacklevel=2,
         )
     return True
 

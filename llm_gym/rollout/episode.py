@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_gym.actions import ParseKind
+from llm_gym.actions import ActionFormat, ParseKind, get_action_format
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
@@ -83,9 +83,10 @@ class Episode:
     """Seconds from reset to close."""
     samples: list[Any] = field(default_factory=list)
     """Token samples built by the loop (token-in/token-out policies)."""
-    action_format: str = "hermes"
-    """The name of the action format the episode's replies were parsed with (it also writes the
-    tools into the prompt of a template that cannot render them)."""
+    action_format: ActionFormat = field(default_factory=lambda: get_action_format("hermes"))
+    """The action format the episode's replies were parsed with (it also writes the tools into
+    the prompt of a template that cannot render them): the instance, so a custom format renders
+    again as it rendered."""
     overflow_tokens: int = 0
     """When an environment reply too long for the context ended it (``CONTEXT_OVERFLOW``) and
     was read only in part: the tokens the context would have held at least, which the soft

@@ -169,7 +169,7 @@ async def _run_episode(
         episode.num_opening_messages = len(messages)
         tool_specs = driver.tool_specs
         episode.tool_specs = tool_specs
-        episode.action_format = driver.action_format.name
+        episode.action_format = driver.action_format
         if tokenizer is not None:
             tracker = TokenTracker(
                 tokenizer,

@@ -29,7 +29,7 @@ from typing import Any
 from llm_gym.actions import ActionFormat, get_action_format
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.policies.chat import prefix_past_limit, render_chat
-from llm_gym.policies.template_tools import check_template_tools
+from llm_gym.policies.template_tools import check_template_tools, layout_for
 
 __all__ = ["OpeningCache", "TokenSample", "TokenTracker", "episode_to_samples"]
 
@@ -152,6 +152,13 @@ class TokenTracker:
         self.action_format = get_action_format(action_format)
         """Writes the tools as text for a template that cannot render them."""
         self.template_tools = check_template_tools(template_tools)
+        layout_for(  # refused here under "require", before any opening comes from the cache
+            tokenizer,
+            self.tool_specs,
+            template_tools=self.template_tools,
+            chat_template_kwargs=self.chat_template_kwargs,
+            action_format=self.action_format,
+        )
         self.samples: list[TokenSample] = []
         self._text = ""
         self._raw: list[Message] = []

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies.chat import untrusted_messages
-from llm_gym.policies.template_tools import PROBE_SPEC, layout_for, text_layout
+from llm_gym.policies.chat import template_input
+from llm_gym.policies.template_tools import PROBE_SPEC, layout_for
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
 from llm_gym.serving.completions import encode_within, text_completion
 from llm_gym.serving.generation import (
@@ -166,19 +166,24 @@ class Engine:
                 "at least)",
                 "messages",
             )
-        messages, tools = request.messages, request.tools or None
-        if layout_for(self.tokenizer, tools, action_format=self.action_format):
-            try:  # the template cannot render tools: they go into the system message as text
-                messages, tools = text_layout(messages, tools, self.action_format), None
-            except (LlmGymError, TypeError, ValueError) as exc:
-                raise bad_request(
-                    f"the conversation could not be written in the {self.action_format.name!r} "
-                    f"format for this model's chat template: {exc}"[:2000],
-                    "messages",
-                ) from None
+        try:  # a template that cannot render tools gets them as text in the system message
+            messages, tools = template_input(
+                self.tokenizer,
+                request.messages,
+                request.tools or None,
+                action_format=self.action_format,
+                chat_template_kwargs=request.chat_template_kwargs,
+                raw_assistant=False,
+            )
+        except (LlmGymError, TypeError, ValueError) as exc:
+            raise bad_request(
+                f"the conversation could not be written in the {self.action_format.name!r} "
+                f"format for this model's chat template: {exc}"[:2000],
+                "messages",
+            ) from None
         try:
             prompt = self.tokenizer.apply_chat_template(
-                untrusted_messages(self.tokenizer, messages),
+                messages,
                 tools=tools,
                 tokenize=False,
                 add_generation_prompt=True,
