@@ -16,9 +16,9 @@ then GRPO; ``configs/guess_number_smollm2.yaml``, GRPO straight from the instruc
 Settings were chosen on the val split (validation during training); everything here reports
 the test split (and, for ToolUseGame, the same questions in a re-seeded world).
 
-    python -m benchmarks.real_model                       # both recipes; writes results/real_model.*
+    python -m benchmarks.real_model                  # both recipes; writes results/real_model.*
     python -m benchmarks.real_model --recipes guess_number
-    python -m benchmarks.real_model --quick               # a smoke run of the code path
+    python -m benchmarks.real_model --quick          # a smoke run of the code path
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def paired(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     from llm_gym.eval import paired_difference_interval
 
     keys = sorted(set(before) & set(after))
-    diff, low, high = paired_difference_interval([before[k] for k in keys], [after[k] for k in keys])
+    diff, low, high = paired_difference_interval(
+        [before[k] for k in keys], [after[k] for k in keys]
+    )
     return {
         "tasks": len(keys),
         "rft": sum(before[k] for k in keys) / len(keys),
@@ -72,12 +74,9 @@ def run_recipe(name: str, config_path: str, out: Path, quick: bool) -> dict[str,
     from trainers.pipeline_config import load_config
 
     base = dict(QUICK) if quick else {}
-    if not (ROOT / config_path).exists():
-        raise SystemExit(f"{config_path} is missing")
-    grpo_config = load_config(ROOT / config_path, {**base, "output_dir": str(out / "grpo")})
-    if quick and grpo_config.sft is None:
+    if load_config(ROOT / config_path).sft is None:  # no SFT stage to shrink
         base = {k: v for k, v in base.items() if not k.startswith("sft.")}
-        grpo_config = load_config(ROOT / config_path, {**base, "output_dir": str(out / "grpo")})
+    grpo_config = load_config(ROOT / config_path, {**base, "output_dir": str(out / "grpo")})
     print(f"[{NAME}] {name}: GRPO", flush=True)
     grpo = run_pipeline(grpo_config)
     start = grpo["start_model"]
@@ -183,7 +182,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for axis, (name, result) in zip(axes[0], recipes.items(), strict=True):
         for run, style in (("grpo", "-"), ("rft", "--")):
             log = result[run].get("train_log", [])
-            axis.plot([r["step"] for r in log], [r["reward"] for r in log], style, label=run.upper())
+            steps, rewards = [r["step"] for r in log], [r["reward"] for r in log]
+            axis.plot(steps, rewards, style, label=run.upper())
         axis.set_title(f"SmolLM2-135M, {name}: train reward")
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("mean episode reward")
