@@ -17,7 +17,7 @@ Settings were chosen on the val split (validation during training); everything h
 the test split (and, for ToolUseGame, the same questions in a re-seeded world).
 
     python -m benchmarks.real_model                  # both recipes; writes results/real_model.*
-    python -m benchmarks.real_model --recipes guess_number
+    python -m benchmarks.real_model --recipes guess_number   # one; the others' earlier runs kept
     python -m benchmarks.real_model --quick          # a smoke run of the code path
 """
 
@@ -204,8 +204,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     threads = pin_threads(args.threads)
     conditions = Conditions.start(NAME, threads=threads, settings=vars(args), quick=args.quick)
     results: dict[str, Any] = {"recipes": {}}
+    earlier = args.work / f"{NAME}.json"  # recipes run before (--recipes runs one at a time)
+    if earlier.exists() and not args.quick:
+        results["recipes"].update(json.loads(earlier.read_text()).get("recipes", {}))
     for name in args.recipes:
         results["recipes"][name] = run_recipe(name, RECIPES[name], args.work / name, args.quick)
+        earlier.parent.mkdir(parents=True, exist_ok=True)
+        earlier.write_text(json.dumps(results, indent=2, default=str) + "\n")
     conditions.finish()
     report = render(results, conditions)
     print(report)
@@ -214,8 +219,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_markdown(NAME, report, out)
         write_json(NAME, {"conditions": conditions.as_json(), **results}, out)
         plot(results, out / f"{NAME}.png")
-    (args.work / f"{NAME}.json").parent.mkdir(parents=True, exist_ok=True)
-    (args.work / f"{NAME}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     return results
 
 
