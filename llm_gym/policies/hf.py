@@ -54,6 +54,9 @@ class HFPolicy(Policy):
             versions are swapped in between forward passes (see
             :mod:`llm_gym.policies.weights`), and every generation records the version that
             sampled each token (``Generation.policy_versions``).
+        kv_budget_bytes: Most bytes the continuous engine's keys and values may take; episodes
+            past it wait for a row (None: an eighth of the machine's memory on a CPU, a quarter
+            of the free memory on an accelerator: ``hf_engine.default_kv_budget``).
     """
 
     name = "hf"
@@ -72,6 +75,7 @@ class HFPolicy(Policy):
         name_or_path: str | None = None,
         batching: str = "continuous",
         weights: VersionedWeights | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> None:
         if temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, actual value: {temperature}.")
@@ -100,6 +104,7 @@ class HFPolicy(Policy):
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.name_or_path = name_or_path or getattr(model, "name_or_path", None)
         self.batching = batching
+        self.kv_budget_bytes = kv_budget_bytes
         self.generate_calls = 0
         """``generate`` calls (waves)."""
         self.forward_passes = 0

@@ -157,6 +157,17 @@ class KVCache:
         """The buffers' last column (call :meth:`ensure` first)."""
         return self.k_rows[0].shape[2] - 1
 
+    def bytes_for(self, rows: int, width: int) -> int:
+        """Bytes :meth:`ensure` would hold for ``rows`` rows of ``width`` columns (at least what
+        the buffers already hold; both sizes rounded up as it rounds them)."""
+        if self.k_rows:
+            have_rows, _, have_width = self.k_rows[0].shape[:3]
+            rows, width = max(rows, have_rows), max(width, have_width - 1)
+        rows = max(8, 1 << (rows - 1).bit_length())
+        width = max(MIN_WIDTH, 1 << (width - 1).bit_length()) + 1
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * rows * self.kv_heads * width * self.head_dim * element
+
     def ensure(self, rows: int, width: int) -> None:
         """Row buffers for ``rows`` rows of ``width`` columns plus one scratch column."""
         if self.k_rows:

@@ -19,6 +19,7 @@ function that reads the layout, :mod:`llm_gym.policies.hf_sampling` the sampling
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,26 @@ from llm_gym.policies.hf_attention import (
 )
 from llm_gym.policies.hf_sampling import sample
 
-__all__ = ["ATTENTION_NAME", "DecodeEngine", "FinishedTurn", "unsupported_reason"]
+__all__ = [
+    "ATTENTION_NAME",
+    "DecodeEngine",
+    "FinishedTurn",
+    "default_kv_budget",
+    "unsupported_reason",
+]
+
+
+def default_kv_budget(device: torch.device) -> int:
+    """The rows' key/value budget when none is given: an eighth of the machine's memory on a
+    CPU (the model, a trainer's optimizer and the episodes need the rest), a quarter of the free
+    memory on an accelerator."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 4
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+    except (OSError, ValueError, AttributeError):
+        return 2 << 30
 
 
 @dataclass
@@ -91,6 +111,10 @@ class DecodeEngine:
         top_p: Nucleus mass (transformers' ``TopPLogitsWarper`` rule).
         generator: The sampling generator (None: torch's global one).
         max_rows: Most episodes holding a row at once (None: no limit); others queue.
+        kv_budget_bytes: Most bytes the rows' keys and values may take (None:
+            :func:`default_kv_budget`): a new episode whose row would take the buffers past it
+            waits in the queue while another episode holds a row, so the cache is bounded
+            whatever the number of episodes (a 135M-parameter model holds ~46 KB a token).
     """
 
     def __init__(
@@ -103,6 +127,7 @@ class DecodeEngine:
         top_p: float,
         generator: torch.Generator | None = None,
         max_rows: int | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -117,6 +142,9 @@ class DecodeEngine:
         self.top_p = top_p
         self.generator = generator
         self.max_rows = max_rows
+        self.kv_budget_bytes = (
+            default_kv_budget(self.device) if kv_budget_bytes is None else int(kv_budget_bytes)
+        )
         self.prefix_ids: list[int] | None = None
         self.cache: KVCache = POOL.take(model, self.dtype, self.device)
         self.rows: dict[Hashable, _Row] = {}
@@ -170,7 +198,7 @@ class DecodeEngine:
             raise ValueError("Expected at least one prompt id, got none.")
         row = self.rows.get(key)
         if row is None:
-            if self.max_rows is not None and len(self.slots) >= self.max_rows:
+            if not self._room(ids, budget):
                 self.queue.append((key, ids, budget))
                 return
             row = _Row(key=key, slot=len(self.slots))
@@ -210,8 +238,20 @@ class DecodeEngine:
             self.cache.move_row(last.slot, row.slot, len(last.fed))
             last.slot = row.slot
             self.slots[row.slot] = last
-        while self.queue and (self.max_rows is None or len(self.slots) < self.max_rows):
+        while self.queue and self._room(*self.queue[0][1:]):
             self._admit(*self.queue.popleft())
+
+    def _room(self, ids: Sequence[int], budget: int) -> bool:
+        """Whether a new episode with this prompt and turn budget may take a row now: within
+        ``max_rows``, and within the cache's byte budget (its first turn counted; the first row
+        is always admitted)."""
+        rows = len(self.slots)
+        if self.max_rows is not None and rows >= self.max_rows:
+            return False
+        if rows == 0:
+            return True
+        width = len(ids) - self._prefix_len(ids) + budget + 1
+        return self.cache.bytes_for(rows + 1, width) <= self.kv_budget_bytes
 
     # --- the shared prefix -----------------------------------------------------------------
 

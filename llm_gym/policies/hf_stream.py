@@ -55,6 +55,7 @@ class HFStream(PolicyStream):
             top_p=policy.top_p,
             generator=generator,
             max_rows=policy.max_batch_size,
+            kv_budget_bytes=policy.kv_budget_bytes,
         )
         self.batch_sizes = self.engine.rows_per_pass
         self._admits: list[tuple[Hashable, list[int], int]] = []
