@@ -15,6 +15,9 @@ import pytest
 import llm_gym  # noqa: F401  (registers the environments)
 from llm_gym.gym import registered_envs
 
+# The suite turns W&B off (trainers log to W&B by default); a test of W&B sets its own mode.
+os.environ["WANDB_MODE"] = "disabled"
+
 
 def play_text_episode(
     env: gym.Env, act: Callable[[gym.Env, str, dict[str, Any]], str], **reset

@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "llm_gym.errors",
+    "trainers.wandb_setup",
     "llm_gym.compat",
     "benchmarks.before_after",
     "llm_gym.core.factories",

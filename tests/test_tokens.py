@@ -218,6 +218,72 @@ def test_context_overflow(small_model) -> None:
     assert 1 <= episode.num_turns < 10
 
 
+class Budgeted(Policy):
+    """Says ``text`` (then the end-of-turn token) within each request's ``max_new_tokens``,
+    ``finish_reason="length"`` when cut; records the budgets and contexts it was given."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        self.tokenizer, self.text = tokenizer, text
+        self.budgets: list[int] = []
+        self.contexts: list[int] = []
+
+    async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+        out = []
+        for r in requests:
+            full = [*self.tokenizer.encode(self.text, add_special_tokens=False)]
+            full.append(self.tokenizer.eos_token_id)
+            ids = full[: r.max_new_tokens]
+            self.budgets.append(r.max_new_tokens)
+            self.contexts.append(len(r.prompt_ids))
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            reason = "length" if len(ids) < len(full) else "stop"
+            out.append(Generation(text, ids, [-0.5] * len(ids), finish_reason=reason))
+        return out
+
+
+def overflow_episode(tokenizer, max_model_length: int, max_new_tokens: int = 8):
+    policy = Budgeted(tokenizer, "forty two")
+    (episode,) = collect_groups(
+        Chatty, [Task("hi")], policy, max_turns=50, tokenizer=tokenizer,
+        max_model_length=max_model_length, max_new_tokens=max_new_tokens,
+    )[0]  # fmt: skip
+    return episode, policy
+
+
+def test_the_last_turn_generates_what_still_fits(small_model) -> None:
+    _, tokenizer = small_model
+    _, probe = overflow_episode(tokenizer, 10_000)
+    opening = probe.contexts[0]
+    cut_by_the_context = 0
+    for room in range(1, 24):  # every boundary from one token of room on
+        episode, policy = overflow_episode(tokenizer, opening + room)
+        assert episode.truncation_cause is TruncationCause.CONTEXT_OVERFLOW
+        assert all(1 <= b <= 8 for b in policy.budgets)
+        pairs = zip(policy.contexts, policy.budgets, strict=True)
+        assert all(c + b <= opening + room for c, b in pairs)
+        assert policy.budgets[-1] == min(8, opening + room - policy.contexts[-1])
+        for sample in episode.samples:  # no sampled token past the context, ever
+            end = max(i for i, m in enumerate(sample.env_mask) if m) + 1
+            assert len(sample.prompt_ids) + end <= opening + room
+        assert len(episode.turns) == len(policy.budgets)  # every reply recorded
+        last = episode.turns[-1]
+        if last.finish_reason == "length" and policy.budgets[-1] < 8:  # the context cut it
+            cut_by_the_context += 1
+            assert last.env_messages == []  # ... so the environment never got it
+            assert episode.messages[-1] == last.message and episode.samples[-1].num_policy_tokens
+    assert cut_by_the_context > 0
+    with_one = overflow_episode(tokenizer, opening + 1)[1]
+    assert with_one.budgets == [1]  # one token of room: a one-token turn, then the end
+
+
+def test_a_full_context_ends_the_episode_before_any_turn(small_model) -> None:
+    _, tokenizer = small_model
+    opening = overflow_episode(tokenizer, 10_000)[1].contexts[0]
+    episode, policy = overflow_episode(tokenizer, opening)
+    assert episode.truncation_cause is TruncationCause.CONTEXT_OVERFLOW
+    assert policy.budgets == [] and episode.turns == []
+
+
 def test_oracle_transcripts_become_sft_samples(small_model) -> None:
     _, tokenizer = small_model
     task = _lookup_task()

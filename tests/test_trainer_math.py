@@ -297,7 +297,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
     assert len(full[3]) == len(fast[3])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[3], fast[3], strict=True))
     # A model with gradient checkpointing on (no KV cache in training) takes TRL's path.
-    trainer.model.gradient_checkpointing_enable()
+    trainer.model.activation_checkpointing_enable()
     trainer.model.train()
     try:
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
@@ -305,7 +305,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
         )
         assert torch.allclose(logps.detach(), full[0], atol=1e-5)
     finally:
-        trainer.model.gradient_checkpointing_disable()
+        trainer.model.activation_checkpointing_disable()
         trainer.model.eval()
     # Short prefixes take TRL's path.
     from trainers.shared_prefix import plan_shared_prefix

@@ -54,7 +54,7 @@ def test_the_seeds_example_runs_two_steps(small_model_dir, tmp_path, monkeypatch
     # --------------------------------------------------------------------------------------
     assert trainer.state.global_step == 2
     assert [r["step"] for r in trainer.validation_history] == [0, 2]  # before and after
-    logged = [r for r in trainer.state.log_history if "episodes/terminated_ratio" in r]
+    logged = [r for r in trainer.state.log_history if "terminated_ratio" in r]
     assert len(logged) >= 1 and "zero_variance_skip_ratio" in logged[0]
     assert (tmp_path / "wandb").exists()  # W&B ran offline
 

@@ -22,21 +22,21 @@ from typing import Any
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
-from llm_gym.actions import ACTION_FORMATS
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
-from trainers.advantages import ADVANTAGE_ESTIMATORS
 from trainers.config_checks import (
     check_async,
     check_backend,
     check_chat_template_kwargs,
+    check_counts,
     check_deadline,
     check_distillation,
     check_sampling,
 )
 from trainers.distillation import DistillationConfig
 from trainers.field_types import check_field_types
+from trainers.wandb_setup import DEFAULT_PROJECT, check_wandb_setup, report_to_with_wandb
 from trainers.weight_sync import WeightSyncType
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -63,8 +63,16 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "divide batch_size x episodes_per_task / processes x max_samples_per_episode."
         },
     )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in backward to save memory."}
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Recompute activations in backward to save memory (None: off, or what the "
+            "deprecated alias gradient_checkpointing says)."
+        },
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Transformers' deprecated alias of activation_checkpointing."},
     )
     bf16: bool | None = field(
         default=None, metadata={"help": "bf16 mixed precision (None: on when a GPU supports it)."}
@@ -164,9 +172,21 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "signal (trainers.DistillationConfig). None: GRPO only."
         },
     )
-    wandb_project: str | None = field(
+    report_to: str | list[str] | None = field(
         default=None,
-        metadata={"help": "W&B project (None: no W&B). WANDB_MODE=offline is honoured."},
+        metadata={
+            "help": "Where to log (transformers' report_to). None: W&B when wandb_project is "
+            "set, else nowhere; 'none' or a list without wandb turns W&B off."
+        },
+    )
+    wandb_project: str | None = field(
+        default=DEFAULT_PROJECT,
+        metadata={
+            "help": "W&B project the run logs to, as the cookbook does by default. Needs a W&B "
+            "set-up, checked before any model loads: export WANDB_API_KEY, set "
+            "WANDB_MODE=offline to log locally, or pass None to turn logging off (so do "
+            "report_to='none' and WANDB_MODE=disabled)."
+        },
     )
     action_format: str = field(
         default="hermes",
@@ -318,11 +338,11 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         self.max_completion_length = self.max_model_length
         if self.bf16 is None:
             self.bf16 = _gpu_supports_bf16() and not self.use_cpu
-        if self.wandb_project is not None:
-            os.environ.setdefault("WANDB_PROJECT", self.wandb_project)
-            self.report_to = ["wandb"]
-        elif self.report_to in (None, "all") or self.report_to == ["all"]:
-            self.report_to = "none"
+        self.report_to, wandb = report_to_with_wandb(self.report_to, self.wandb_project, os.environ)
+        if wandb:  # before any model loads: a run without a W&B set-up stops here
+            check_wandb_setup(self.wandb_project or os.environ.get("WANDB_PROJECT", "huggingface"))
+            if self.wandb_project is not None:
+                os.environ.setdefault("WANDB_PROJECT", self.wandb_project)
         super().__post_init__()
         self.num_generations = group_size
 
@@ -346,45 +366,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                 "cookbook uses 8), or train with distillation=... .",
                 stacklevel=4,
             )
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            refuse("batch_size", self.batch_size, "an int >= 1 (tasks per step)")
-        if not isinstance(self.num_steps, int) or self.num_steps < 1:
-            refuse("num_steps", self.num_steps, "an int >= 1")
-        if self.val_max_turns is not None and self.val_max_turns < 1:
-            refuse("val_max_turns", self.val_max_turns, "None or an int >= 1")
-        if self.validation_interval is not None and self.validation_interval < 1:
-            refuse("validation_interval", self.validation_interval, "None or an int >= 1")
-        if self.max_sampling_attempts < 1:
-            refuse("max_sampling_attempts", self.max_sampling_attempts, "an int >= 1")
-        if self.credit_assignment not in ADVANTAGE_ESTIMATORS:
-            refuse(
-                "credit_assignment",
-                self.credit_assignment,
-                f"one of the advantage estimators {sorted(ADVANTAGE_ESTIMATORS)}",
-            )
-        if self.max_model_length < 16:
-            refuse("max_model_length", self.max_model_length, "an int >= 16")
-        if not 1 <= self.max_tokens_per_turn < self.max_model_length:
-            refuse(
-                "max_tokens_per_turn",
-                self.max_tokens_per_turn,
-                f"an int in [1, max_model_length={self.max_model_length})",
-            )
-        if (
-            self.overlong_buffer is not None
-            and not 0 < self.overlong_buffer <= self.max_model_length
-        ):
-            refuse(
-                "overlong_buffer", self.overlong_buffer, "None or an int in (0, max_model_length]"
-            )
-        if self.action_format not in ACTION_FORMATS:
-            refuse("action_format", self.action_format, f"one of {sorted(ACTION_FORMATS)}")
-        samples = self.max_samples_per_episode
-        if samples is not None and (not isinstance(samples, int) or samples < 1):
-            refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")
-        if self.shared_prefix_min_length < 1:
-            refuse("shared_prefix_min_length", self.shared_prefix_min_length, "an int >= 1")
-        checks = (check_backend, check_async, check_deadline, check_sampling)
+        checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
         for check in (*checks, check_chat_template_kwargs):
             check(self, refuse)
         if self.val_temperature < 0:

@@ -1,4 +1,4 @@
-"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s backend, async, deadline,
+"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s counts, backend, async, deadline,
 distillation, sampling and chat-template fields.
 
 Each refuses a value with the field named and what is allowed (``refuse(name, value, allowed)``),
@@ -13,12 +13,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from llm_gym.actions import ACTION_FORMATS
 from llm_gym.policies.registry import registered_policies
+from trainers.advantages import ADVANTAGE_ESTIMATORS
 from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
 __all__ = [
     "check_async",
+    "check_counts",
     "check_backend",
     "check_chat_template_kwargs",
     "check_deadline",
@@ -205,3 +208,44 @@ def check_chat_template_kwargs(config: Any, refuse: Any) -> None:
             refuse("chat_template_kwargs", value, "a dict or a JSON object")
     if value is not None and not isinstance(value, dict):
         refuse("chat_template_kwargs", value, "None, a dict or a JSON object")
+
+
+def check_counts(config: Any, refuse: Any) -> None:
+    """The counts and budgets of a run: tasks per step, steps, turns, lengths, the advantage
+    estimator and the action format."""
+    if not isinstance(config.batch_size, int) or config.batch_size < 1:
+        refuse("batch_size", config.batch_size, "an int >= 1 (tasks per step)")
+    if not isinstance(config.num_steps, int) or config.num_steps < 1:
+        refuse("num_steps", config.num_steps, "an int >= 1")
+    if config.val_max_turns is not None and config.val_max_turns < 1:
+        refuse("val_max_turns", config.val_max_turns, "None or an int >= 1")
+    if config.validation_interval is not None and config.validation_interval < 1:
+        refuse("validation_interval", config.validation_interval, "None or an int >= 1")
+    if config.max_sampling_attempts < 1:
+        refuse("max_sampling_attempts", config.max_sampling_attempts, "an int >= 1")
+    if config.credit_assignment not in ADVANTAGE_ESTIMATORS:
+        refuse(
+            "credit_assignment",
+            config.credit_assignment,
+            f"one of the advantage estimators {sorted(ADVANTAGE_ESTIMATORS)}",
+        )
+    if config.max_model_length < 16:
+        refuse("max_model_length", config.max_model_length, "an int >= 16")
+    if not 1 <= config.max_tokens_per_turn < config.max_model_length:
+        refuse(
+            "max_tokens_per_turn",
+            config.max_tokens_per_turn,
+            f"an int in [1, max_model_length={config.max_model_length})",
+        )
+    if (
+        config.overlong_buffer is not None
+        and not 0 < config.overlong_buffer <= config.max_model_length
+    ):
+        refuse("overlong_buffer", config.overlong_buffer, "None or an int in (0, max_model_length]")
+    if config.action_format not in ACTION_FORMATS:
+        refuse("action_format", config.action_format, f"one of {sorted(ACTION_FORMATS)}")
+    samples = config.max_samples_per_episode
+    if samples is not None and (not isinstance(samples, int) or samples < 1):
+        refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")
+    if config.shared_prefix_min_length < 1:
+        refuse("shared_prefix_min_length", config.shared_prefix_min_length, "an int >= 1")

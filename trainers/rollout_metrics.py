@@ -1,8 +1,10 @@
 """The metrics the trainer logs for a GRPO step's rollouts and for a validation run.
 
-Pure assembly from episodes (:func:`llm_gym.eval.summarize_episodes`) into TRL's metric names:
-``reward`` and ``reward_std`` as TRL names them, the step's episodes under ``episodes/``, the
-wall-clock split under ``timing/``, validation under ``val/``.
+Pure assembly from episodes (:func:`llm_gym.eval.summarize_episodes`) into the logged names:
+``reward`` and ``reward_std`` as TRL names them; the seeds' episode ratios bare, as the seeds tell
+users to watch them (:data:`SEED_EPISODE_KEYS`, ``zero_variance_skip_ratio``); the step's other
+episode metrics under ``episodes/``, the wall-clock split under ``timing/``, validation under
+``val/``. ``docs/metrics.md`` lists every key.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ __all__ = [
     "completion_rows",
     "split_conversation",
     "extend_completion_logs",
+    "SEED_EPISODE_KEYS",
     "EPISODE_KEYS",
     "VALIDATION_KEYS",
     "RolloutPart",
@@ -24,11 +27,16 @@ __all__ = [
     "validation_metrics",
 ]
 
-EPISODE_KEYS = (
+SEED_EPISODE_KEYS = (
     "terminated_ratio",
     "truncated_ratio",
     "context_overflow_ratio",
     "parse_failure_ratio",
+)
+"""The keys of :func:`~llm_gym.eval.summarize_episodes` logged under their own names each step,
+as the seeds spell them."""
+
+EPISODE_KEYS = (
     "max_turns_ratio",
     "env_truncated_ratio",
     "deadline_ratio",
@@ -83,7 +91,8 @@ def rollout_metrics(
     episodes = [e for part in parts for e in part.episodes]
     shaped = [r for part in parts for r in part.shaped]
     summary = summarize_episodes(episodes)
-    metrics = {f"episodes/{key}": summary[key] for key in EPISODE_KEYS}
+    metrics = {key: summary[key] for key in SEED_EPISODE_KEYS}
+    metrics.update({f"episodes/{key}": summary[key] for key in EPISODE_KEYS})
     metrics["reward"] = summary["reward_mean"]
     metrics["reward_std"] = summary["reward_std"]
     metrics["episodes/shaped_reward_mean"] = sum(shaped) / max(1, len(shaped))

@@ -217,7 +217,7 @@ class ScoringMixin:
             wrapped=unwrapped is not model,
             sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled,
             gradient_checkpointing=args.gradient_checkpointing
-            or getattr(unwrapped, "is_gradient_checkpointing", False),
+            or getattr(unwrapped, "is_activation_checkpointing", False),
             extra_inputs=compute_aux_loss or any(v is not None for v in multimodal.values()),
         ):
             return trl_scoring()

@@ -21,12 +21,12 @@ import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 from trl import GRPOTrainer
-from trl.models import unwrap_model_for_generation
 
 from llm_gym.core.factories import Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.metrics import summarize_episodes
+from llm_gym.integrations.trl_rollout import generation_model
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.pretrained import resolve_model_path
 from llm_gym.rollout.episode import Episode
@@ -222,12 +222,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             finally:
                 policy.finish()
         with (
-            unwrap_model_for_generation(
-                self.model_wrapped,
-                self.accelerator,
-                gather_deepspeed3_params=args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            ) as unwrapped,
+            generation_model(self) as unwrapped,
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
             torch_threads(

@@ -27,6 +27,7 @@ __all__ = [
     "finite_reward",
     "require_turn_limit",
     "step_outcome",
+    "step_within_cap",
 ]
 
 
@@ -160,6 +161,24 @@ def turn_cap(env: Any) -> int | None:
     return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
 
 
+async def step_within_cap(env: Any, message: Message, turn: int) -> StepResult:
+    """``env.step(message)`` as assistant turn ``turn`` (counted from 1) for a caller that
+    steps the env itself (a bridge to another framework's tool loop), with the cap the env asks
+    the loop to enforce (:attr:`Env.max_turns`): when ``turn`` reaches the cap and the step did
+    not end the episode, the episode ends there as the episode driver ends it: the env's
+    ``conclude("max_turns")`` result when it scores cut episodes, else truncated with reward 0.
+    """
+    result = await env.step(message)
+    cap = turn_cap(env)
+    if result.terminated or result.truncated or cap is None or turn < cap:
+        return result
+    conclude = getattr(env, "conclude", None)
+    concluded = None if conclude is None else await conclude(str(TruncationCause.MAX_TURNS))
+    if concluded is not None:
+        return concluded
+    return StepResult(False, True, list(result.messages), 0.0, {})
+
+
 def finite_reward(value: Any, what: str = "reward") -> float:
     """``value`` as a float when it is a finite number (an int, a float, a numpy or torch
     scalar); else :class:`~llm_gym.errors.InvalidArgumentError` naming ``what``.
@@ -225,9 +244,12 @@ class Env(abc.ABC):
     the episode on a parse failure."""
 
     max_turns: int | None = None
-    """The env's own cap on assistant turns, when it has one (per task, say: set it in
-    ``reset``); the episode ends at the smaller of it and the run's ``max_turns``, either way
-    as ``MAX_TURNS``. None (default): the run's limit applies."""
+    """A cap on assistant turns that the loop enforces for this env, when it has one (per task,
+    say: set it in ``reset``; document 002's ``max_episode_turns``): the loop ends the episode
+    at the smaller of it and the run's ``max_turns``, either way as ``MAX_TURNS`` (and
+    ``conclude`` scores it, where the env has one). None (default): the run's limit applies.
+    An env that ends an episode itself returns ``truncated=True``: that is ``ENV``, at any
+    turn."""
 
     @abc.abstractmethod
     async def reset(self, task: Task) -> list[Message]:

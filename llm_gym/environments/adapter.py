@@ -10,13 +10,16 @@ document-002 environment runs in ``collect_groups``, ``run_and_report``, ``TextE
   ``step_episode``. Document 002 environments parse the raw assistant text themselves, so the
   adapter declares ``raw_text_actions = True`` and the loop and ``TextEnv`` hand it the sampled
   text unparsed. (A parsed message with ``tool_calls`` is rendered back to Hermes text.)
-* The episode ends on ``done`` (``terminated=True``) or after ``max_episode_turns`` actions
-  (``truncated=True``). Either way it is scored, as in document 002's loop: the ending
-  ``StepResult`` carries ``reward = score`` and metrics (``score``, ``success`` when the
-  :class:`RewardResult` has a threshold, ``per_turn_rewards`` from its metadata).
-* A runner that cuts the episode short itself (the run's turn limit, a context overflow, a
-  missed generation deadline) calls :meth:`~MultiTurnEnvAdapter.conclude`: the transcript so
-  far is scored like any other (document 002 scores every episode its loop ran).
+* The episode ends on ``done`` (``terminated=True``). ``max_episode_turns`` is the loop's
+  limit, as in document 002: the adapter declares it as :attr:`~MultiTurnEnvAdapter.max_turns`
+  and the runner ends the episode there (``MAX_TURNS``; a step past it is refused). The ending
+  is scored, as in document 002's loop: the ending ``StepResult`` carries ``reward = score``
+  and metrics (``score``, ``success`` when the :class:`RewardResult` has a threshold,
+  ``per_turn_rewards`` from its metadata).
+* A runner that ends the episode itself (its turn limit or ``max_episode_turns``, a context
+  overflow, a missed generation deadline) calls :meth:`~MultiTurnEnvAdapter.conclude`: the
+  transcript so far is scored like any other (document 002 scores every episode its loop ran).
+  A caller that steps the adapter itself uses :func:`llm_gym.core.env.step_within_cap`.
 * Group scoring: the rollout loop calls :meth:`~MultiTurnEnvAdapter.defer_scoring` on each
   episode of a GRPO group, and once every episode of the group has ended it scores them with one
   ``score_episodes(example, episodes)`` call (:meth:`~MultiTurnEnvAdapter.score_group`), as
@@ -171,6 +174,12 @@ class MultiTurnEnvAdapter(Env):
             raise InvalidArgumentError("Call reset(task) before step(message).")
         if self._done:
             raise InvalidArgumentError("The episode has ended; call reset(task) to start another.")
+        assert self._cap is not None
+        if self._actions >= self._cap:
+            raise InvalidArgumentError(
+                f"The episode has had its max_episode_turns={self._cap} actions: the loop ends "
+                "it there with conclude('max_turns') (see llm_gym.core.env.step_within_cap)."
+            )
         text = self._raw_text(message)
         env, example = self.environment, self._example
         name = type(env).__qualname__
@@ -196,10 +205,9 @@ class MultiTurnEnvAdapter(Env):
         else:
             self._response_text = text
         self._steps.append(dict(result.metadata or {}))
-        assert self._cap is not None
-        if not result.done and self._actions < self._cap:
+        if not result.done:
             return StepResult(terminated=False, truncated=False, messages=list(self._public))
-        return await self._finish(done=bool(result.done), cut=None)
+        return await self._finish(done=True, cut=None)
 
     @property
     def tool_specs(self) -> list[ToolSpec]:
@@ -235,7 +243,8 @@ class MultiTurnEnvAdapter(Env):
         had already ended or its scoring is deferred to the group."""
         if self._example is None or self._done:
             return None
-        return await self._finish(done=False, cut=cause)
+        at_cap = cause == "max_turns" and self._cap is not None and self._actions >= self._cap
+        return await self._finish(done=False, cut=None if at_cap else cause)
 
     async def score_group(
         self, members: Sequence[MultiTurnEnvAdapter]
@@ -279,7 +288,8 @@ class MultiTurnEnvAdapter(Env):
 
     @property
     def max_turns(self) -> int | None:
-        """``max_episode_turns`` of the current example (``None`` before ``reset``)."""
+        """``max_episode_turns`` of the current example (``None`` before ``reset``): the cap
+        the runner enforces (:attr:`llm_gym.core.Env.max_turns`)."""
         return self._cap
 
     @property

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llm_gym.aio import LoopRunner
+from llm_gym.core.env import step_within_cap
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task, task_key
 from llm_gym.core.types import Message
@@ -141,7 +142,7 @@ class _Episode:
             "function": {"name": name, "arguments": json.dumps(arguments)},
         }
         message = Message(role="assistant", content="", tool_calls=[call])
-        result = self._runner.run(self._env.step(message))
+        result = self._runner.run(step_within_cap(self._env, message, self._calls))
         self._messages = list(result.messages)
         if result.terminated or result.truncated:
             self.done, self.reward = True, float(result.reward)
@@ -154,7 +155,8 @@ class _Episode:
         if self._env is None and not self.done:
             raise InvalidArgumentError("A final reply before reset(): no episode is running.")
         if not self.done:
-            result = self._runner.run(self._env.step(Message(role="assistant", content=reply)))
+            final = Message(role="assistant", content=reply)
+            result = self._runner.run(step_within_cap(self._env, final, self._calls + 1))
             self.done = True
             self.reward = float(result.reward)  # terminated or truncated: the env's reward
             self._close()

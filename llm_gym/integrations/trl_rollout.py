@@ -296,18 +296,8 @@ class TRLRollout:
                 policy.finish()
             return
         import torch
-        from trl.models import unwrap_model_for_generation
 
-        args = trainer.args
-        with (
-            unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gather_deepspeed3_params=args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            ) as model,
-            torch.no_grad(),
-        ):
+        with generation_model(trainer) as model, torch.no_grad():
             was_training = model.training
             model.eval()
             policy = policy_from_spec(
@@ -386,3 +376,30 @@ def rollout_func(
         env_timeout_s=env_timeout_s,
         policy=policy,
     )
+
+
+@contextlib.contextmanager
+def generation_model(trainer: Any) -> Iterator[Any]:
+    """TRL's ``unwrap_model_for_generation`` over ``trainer``'s model, with its settings.
+
+    TRL calls the model's ``is_gradient_checkpointing`` and ``gradient_checkpointing_*``, which
+    transformers 5 deprecates for their ``activation_checkpointing`` names; those
+    FutureWarnings, about TRL's code rather than the user's, are not shown (every other warning
+    is).
+    """
+    from trl.models import unwrap_model_for_generation
+
+    args = trainer.args
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated",
+            category=FutureWarning,
+        )
+        with unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+        ) as model:
+            yield model

@@ -10,6 +10,8 @@ policy's message back in.
   calls in a plain run, the env's ``run`` stopped answering, a ``@vf.stop`` fired, the seat's
   ``max_turns`` was reached). The ending ``StepResult`` is ``truncated`` when verifiers counts
   the trace as truncated (``trace.is_truncated``: a turn or token cap), else ``terminated``.
+  A trace verifiers truncates itself (the seat's ``max_turns``, say) is the env's own
+  truncation: ``ENV`` for the loop, with verifiers' ``stop_condition`` in the metrics.
 * Reward: the trace's reward, verifiers' weighted sum ``sum(score * weight)`` over its
   ``@vf.reward`` s (after ``Env.finalize``, which may record more). Metrics: each reward's
   unweighted score and each ``@vf.metric`` by name (a metric named like a reward becomes

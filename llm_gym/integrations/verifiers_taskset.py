@@ -36,6 +36,7 @@ from typing import Annotated, Any
 
 from llm_gym.actions import get_action_format
 from llm_gym.aio import run_sync
+from llm_gym.core.env import step_within_cap
 from llm_gym.core.registry import env_entry
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
@@ -106,10 +107,10 @@ async def replay(data: LlmGymTaskData, messages: Sequence[Message]) -> Any:
     result = None
     try:
         await env.reset(task)
-        for message in messages:
+        for turn, message in enumerate(messages, 1):
             if getattr(env, "raw_text_actions", False):
                 message = {"role": "assistant", "content": render(message)}
-            result = await env.step(message)
+            result = await step_within_cap(env, message, turn)
             if result.terminated or result.truncated:
                 break
     finally:
@@ -200,7 +201,7 @@ class LlmGymToolset(vf.Toolset[vf.ToolsetConfig]):
         function = {"name": name, "arguments": json.dumps(arguments)}
         calls = [{"id": call_id, "type": "function", "function": function}]
         action = {"role": "assistant", "content": "", "tool_calls": calls}
-        result = await self.env.step(action)
+        result = await step_within_cap(self.env, action, self.calls)
         self.ended = bool(result.terminated or result.truncated)
         replies = [m for m in result.messages if m.get("tool_call_id") == call_id]
         return str(replies[-1].get("content") or "") if replies else ""

@@ -15,16 +15,15 @@ an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text vi
   ``content`` and parses it itself, so there is no parse failure (the parse is kept as a record
   when ``record_parse`` is set).
 * The episode ends when the environment's step says so: terminated (its reward and metrics), or
-  truncated (cause ``ENV``).
+  truncated (cause ``ENV``, at whatever turn: an environment's own limit is ``ENV``).
 * A step that raises or returns a malformed StepResult (an ending reward that is not a finite
   number, say) ends the episode: truncated, ``ENV``, reward 0, the traceback in ``error``.
   With ``env_timeout_s``, a ``reset``, ``step``, ``conclude`` or ``close`` of the async methods
   that has not returned by then is cancelled and counts as raising (``EnvTimeoutError``).
-* After the turn limit without an end: truncated, ``MAX_TURNS``, reward 0. The limit is the
-  smaller of the run's ``max_turns`` and the environment's own cap when it declares one
-  (``Env.max_turns``, for example document 002's ``max_episode_turns``). An environment that
-  truncates the episode itself at its own cap is ``MAX_TURNS`` too (keeping its reward), not
-  ``ENV``: both are length budgets.
+* After the loop's turn limit without an end: truncated, ``MAX_TURNS``, reward 0. The limit is
+  the smaller of the run's ``max_turns`` and the cap an environment asks the loop to enforce
+  (``Env.max_turns``, for example document 002's ``max_episode_turns``). Only this limit is
+  ``MAX_TURNS``: an environment that truncates the episode itself is ``ENV``, at its cap too.
 * The caller may end an episode itself (:meth:`~EpisodeDriver.end`): ``CONTEXT_OVERFLOW`` when
   the next turn would not fit the model's context, ``ENV`` when starting the episode failed.
 * An environment that scores whatever transcript it has (``conclude(cause)``, document 002's
@@ -307,12 +306,10 @@ class EpisodeDriver:
         self.messages = messages
         if result.terminated or result.truncated:  # positional arguments: it runs at every end
             cause = None if result.terminated else TruncationCause.ENV
-            if cause is not None and self.env_cap is not None and self.turn >= self.env_cap:
-                cause = TruncationCause.MAX_TURNS  # the env's own turn cap: a length budget
             reward, metrics = step_outcome(result, f"{type(self.env).__name__}.step")
             return self._finish(EpisodeEnd(reward, cause is None, cause, clean_json(metrics)))
         if self.turn >= self.limit:
-            self._cut = True  # the run's limit, not the env: the env may score what it has
+            self._cut = True  # the loop's limit, not the env: the env may score what it has
             return self._finish(EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS))
         return None
 

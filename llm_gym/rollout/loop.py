@@ -34,6 +34,7 @@ from llm_gym.core.env import TruncationCause
 from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_text
+from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 from llm_gym.policies.template_tools import check_template_tools
@@ -44,7 +45,14 @@ from llm_gym.rollout.driver import (
     require_turn_limit,
 )
 from llm_gym.rollout.episode import Episode, Turn
-from llm_gym.rollout.records import Ended, count_tokens, finalize, score_group, turn_record
+from llm_gym.rollout.records import (
+    Ended,
+    finalize,
+    score_group,
+    take_tokens,
+    turn_record,
+    unsent_turn,
+)
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
@@ -64,8 +72,11 @@ class RolloutSettings:
     max_turns: int
     """Assistant turns per episode before ``MAX_TURNS`` truncation."""
     max_model_length: int | None = None
-    """Context budget in tokens; ``CONTEXT_OVERFLOW`` when context + ``max_new_tokens`` would
-    pass it (checked when the policy has a tokenizer)."""
+    """Context budget in tokens, prompt and every turn (checked when the policy has a
+    tokenizer). A turn generates at most what still fits (``max_new_tokens`` or fewer, at least
+    one token); ``CONTEXT_OVERFLOW`` when the conversation fills it before the episode ends: no
+    token left for the next turn, or a turn cut short by the context rather than by
+    ``max_new_tokens`` (that reply never reaches the environment; its tokens are kept)."""
     max_new_tokens: int | None = None
     """Generation budget of one assistant turn (``None``: the policy's default)."""
     failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD
@@ -154,10 +165,11 @@ async def _run_episode(
         truncated=True,
     )
     tracker: TokenTracker | None = None
-    limit = None  # the most context tokens a prompt may have: max_new_tokens must still fit
+    limit = None  # the most context tokens a prompt may have: one generated token must fit
     if settings.max_model_length is not None:
-        limit = settings.max_model_length - (settings.max_new_tokens or 0)
+        limit = settings.max_model_length - 1
     ending = None
+    unsent: Message | None = None  # a reply the full context cut short: recorded, never sent
     env = None
     failure: PolicyError | None = None
     try:
@@ -189,12 +201,15 @@ async def _run_episode(
                 episode.overflow_tokens = tracker.overflow_tokens or 0
                 ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
                 break
+            budget = settings.max_new_tokens
+            if tracker is not None and limit is not None and budget is not None:
+                budget = min(budget, limit + 1 - tracker.context_length)  # what still fits
             request = PolicyRequest(
                 messages=list(driver.messages),
                 tool_specs=tool_specs,
                 task=task,
                 action_format=driver.action_format,
-                max_new_tokens=settings.max_new_tokens,
+                max_new_tokens=budget,
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
             )
@@ -210,20 +225,18 @@ async def _run_episode(
                 ending = await driver.cut(TruncationCause.DEADLINE)
                 break
             generation.text = clean_text(generation.text)  # records, tokens and env agree
+            if generation.finish_reason == "length" and budget != settings.max_new_tokens:
+                # The context, not max_new_tokens, cut this reply: the conversation filled
+                # max_model_length before the episode ended.
+                unsent = unsent_turn(driver, generation, turns, episode, tracker)
+                ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
+                break
             note_tokens = getattr(env, "note_tokens", None)
             if note_tokens is not None and tracker is not None:  # document 002's total_tokens
                 note_tokens(tracker.context_length + len(generation.token_ids or ()))
             ending = await driver.act(generation.text)
             turns.append(turn_record(driver, generation))
-            count_tokens(episode, generation, first=len(turns) == 1)
-            if tracker is not None and generation.token_ids is not None:
-                tracker.add_generation(
-                    generation.token_ids,
-                    generation.logprobs,
-                    generation.text,
-                    len(turns) - 1,
-                    generation.policy_versions,
-                )
+            take_tokens(episode, generation, turns, tracker)
             # The reply joins the token stream while the episode goes on, and when the turn cap
             # ended it (a reply the policy would have read next), not when the env ended it.
             capped = ending is None or ending.truncation_cause is TruncationCause.MAX_TURNS
@@ -241,6 +254,8 @@ async def _run_episode(
         ending = driver.end(TruncationCause.ENV, error=traceback.format_exc())
     finally:
         episode.messages = list(driver.messages)  # before close: the env may own that list
+        if unsent is not None:
+            episode.messages.append(unsent)
         try:
             await driver.close()
         except Exception:

@@ -25,7 +25,15 @@ from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.tokens import TokenTracker
 
-__all__ = ["Ended", "count_tokens", "finalize", "score_group", "turn_record"]
+__all__ = [
+    "Ended",
+    "count_tokens",
+    "finalize",
+    "score_group",
+    "take_tokens",
+    "turn_record",
+    "unsent_turn",
+]
 
 
 def _count_tool_errors(messages: Sequence[Message]) -> int:
@@ -128,6 +136,50 @@ def turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
         finish_reason=generation.finish_reason,
         policy_versions=generation.policy_versions,
     )
+
+
+def unsent_turn(
+    driver: EpisodeDriver,
+    generation: Generation,
+    turns: list[Turn],
+    episode: Episode,
+    tracker: TokenTracker | None,
+) -> Message:
+    """Record a reply the full context cut short, which the environment never gets: its
+    :class:`Turn` (parsed for the record, no environment messages), its tokens in the episode's
+    counts and token stream (so it is trained on, with the context's ending). Returns its
+    message, for the episode's transcript."""
+    parsed = driver.action_format.parse(generation.text, call_id_prefix=f"call_t{len(turns) + 1}")
+    turns.append(
+        Turn(
+            text=generation.text,
+            parse_kind=parsed.kind,
+            message=parsed.message,
+            parse_error=parsed.error,
+            tool_calls=len(parsed.tool_calls),
+            token_ids=generation.token_ids,
+            logprobs=generation.logprobs,
+            finish_reason=generation.finish_reason,
+            policy_versions=generation.policy_versions,
+        )
+    )
+    take_tokens(episode, generation, turns, tracker)
+    return parsed.message
+
+
+def take_tokens(
+    episode: Episode, generation: Generation, turns: list[Turn], tracker: TokenTracker | None
+) -> None:
+    """Count the last turn's ``generation`` in ``episode`` and append it to the token stream."""
+    count_tokens(episode, generation, first=len(turns) == 1)
+    if tracker is not None and generation.token_ids is not None:
+        tracker.add_generation(
+            generation.token_ids,
+            generation.logprobs,
+            generation.text,
+            len(turns) - 1,
+            generation.policy_versions,
+        )
 
 
 def count_tokens(episode: Episode, generation: Generation, *, first: bool) -> None:
