@@ -13,7 +13,12 @@ import gymnasium as gym
 import pytest
 
 import llm_gym  # noqa: F401  (registers the environments)
+from llm_gym.core.factories import trust_modules
 from llm_gym.gym import registered_envs
+
+# Tests name their helpers by "module:attr" references ("tests.seeds.agent_env:load_environment"):
+# they are trusted the way a user trusts a package of their own.
+trust_modules("tests")
 
 
 def play_text_episode(
