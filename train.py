@@ -1,7 +1,9 @@
 """Train an agent on an llm_gym environment: ``accelerate launch train.py --config CONFIG``.
 
 Thin on purpose: read the config, run :func:`trainers.pipeline.run_pipeline`. Override single
-keys with ``--set grpo.num_steps=2 sft.time_budget_s=60``.
+keys with ``--set grpo.num_steps=2 sft.time_budget_s=60``. A ``"module:attr"`` reference in the
+config (``sft.oracle``) may name llm_gym's and trainers' modules; ``--trust-module my_pkg`` lets
+it name ``my_pkg``'s too (see :mod:`llm_gym.core.references`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override config keys, e.g. grpo.num_steps=2 (values are parsed as YAML)",
     )
+    parser.add_argument(
+        "--trust-module",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="let the config's 'module:attr' references name modules under PREFIX (my_pkg), "
+        "beside llm_gym and trainers; repeatable",
+    )
     return parser.parse_args(argv)
+
+
+def trust(prefixes: list[str]) -> None:
+    """Trust ``prefixes`` here and in the processes this one starts (the environment variable
+    :data:`~llm_gym.core.references.TRUSTED_MODULES_ENV` carries them)."""
+    import os
+
+    from llm_gym.core.references import TRUSTED_MODULES_ENV, trust_modules
+
+    trust_modules(*prefixes)  # checks each prefix first
+    if prefixes:
+        inherited = [p for p in os.environ.get(TRUSTED_MODULES_ENV, "").split(",") if p.strip()]
+        os.environ[TRUSTED_MODULES_ENV] = ",".join([*inherited, *prefixes])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     # file, the --set values, and what the pipeline checks before any model work (the env, its
     # tasks, the GRPO fields).
     try:
+        trust(args.trust_module)
         for item in args.set:
             key, sep, value = item.partition("=")
             if not sep or not all(key.split(".")):

@@ -13,10 +13,15 @@ import gymnasium as gym
 import pytest
 
 import llm_gym  # noqa: F401  (registers the environments)
+from llm_gym.core.factories import trust_modules
 from llm_gym.gym import registered_envs
 
 # The suite turns W&B off (trainers log to W&B by default); a test of W&B sets its own mode.
 os.environ["WANDB_MODE"] = "disabled"
+
+# Tests name their helpers by "module:attr" references ("tests.seeds.agent_env:load_environment"):
+# they are trusted the way a user trusts a package of their own.
+trust_modules("tests")
 
 
 def play_text_episode(

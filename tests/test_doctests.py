@@ -13,6 +13,7 @@ MODULES = [
     "llm_gym.compat",
     "benchmarks.before_after",
     "llm_gym.core.factories",
+    "llm_gym.core.references",
     "llm_gym.core.registry",
     "llm_gym.policies.registry",
     "llm_gym.policies.openai_reply",

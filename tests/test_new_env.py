@@ -211,7 +211,7 @@ def test_never_overwrites(tmp_path: Path, capsys) -> None:
     existing = tmp_path / "guess_game"
     existing.mkdir()
     (existing / "mine.py").write_text("keep me")
-    with pytest.raises(InvalidArgumentError, match="already exists and is not an empty folder"):
+    with pytest.raises(InvalidArgumentError, match="already exists.*nothing was written"):
         new_env("guess_game", tmp_path)
     assert main(["new-env", "guess_game", "--dir", str(tmp_path)]) == 2
     assert "nothing was written" in capsys.readouterr().err
@@ -219,9 +219,11 @@ def test_never_overwrites(tmp_path: Path, capsys) -> None:
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(InvalidArgumentError, match="already exists"):
         new_env("a_file", tmp_path)
-    # an empty folder is fine
+    # an empty folder too: the scaffold writes only into a folder it creates
     (tmp_path / "empty_env").mkdir()
-    assert (new_env("empty_env", tmp_path, style="multi-turn") / "environment.py").is_file()
+    with pytest.raises(InvalidArgumentError, match="already exists"):
+        new_env("empty_env", tmp_path, style="multi-turn")
+    assert list((tmp_path / "empty_env").iterdir()) == []
 
 
 def test_docstring_examples() -> None:

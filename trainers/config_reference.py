@@ -57,7 +57,8 @@ def _type(field: dataclasses.Field) -> str:
 
 def render() -> str:
     """The reference as markdown: the fields :class:`MultiTurnGRPOConfig` adds to TRL's
-    ``GRPOConfig`` or changes, then :class:`DistillationConfig`'s keys."""
+    ``GRPOConfig`` or changes, :class:`DistillationConfig`'s keys, then how ``"module:attr"``
+    references resolve."""
     trl_defaults = {f.name: f for f in dataclasses.fields(_TRLGRPOConfig)}
     lines = [
         "# `MultiTurnGRPOConfig` reference",
@@ -105,7 +106,41 @@ def render() -> str:
         lines.append(
             f"| `{field.name}` | {_type(field)} | {_default(field)} | {docs.get(field.name, '')} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_references_section()]) + "\n"
+
+
+def _references_section() -> list[str]:
+    """How ``"module:attr"`` references in a config resolve (:mod:`llm_gym.core.references`)."""
+    from llm_gym.core.references import PROJECT_MODULES, REFUSED_MODULES, TRUSTED_MODULES_ENV
+
+    project = " or ".join(f"`{name}`" for name in PROJECT_MODULES)
+    refused = ", ".join(f"`{name}`" for name in sorted(REFUSED_MODULES))
+    return [
+        "",
+        '## `"module:attr"` references',
+        "",
+        'A config names code by `"module:attr"` strings: `sft.oracle` and',
+        "`sft.short_context_oracle` in `train.py` configs, and an environment, its tasks or its",
+        "oracle given as a string to `gym.make`, `run_and_report`, `llm-gym eval` or the trainer.",
+        f"Such a reference resolves only when its module is in {project}, when Python code",
+        "registered that exact reference (`register_env`, `register_policy`,",
+        "`register_multi_turn_env`, `register_single_turn_env`), or when its module is under a",
+        "prefix you trust:",
+        "",
+        "- `train.py --config CONFIG --trust-module my_pkg` (repeatable; the processes it starts",
+        "  inherit it),",
+        f"- `{TRUSTED_MODULES_ENV}=my_pkg,other` in the environment,",
+        '- `llm_gym.core.factories.trust_modules("my_pkg")` from Python.',
+        "",
+        "A prefix covers the module of that name and its submodules (`my_pkg` covers",
+        "`my_pkg.envs`, not `my_pkg_extra`); `*` covers every module. Never trusted, under any",
+        f"prefix: {refused}, their submodules and their `_`-prefixed twins (`_pickle`).",
+        "The path after the colon may not take a dunder name (`__globals__`), step into a module",
+        "that is not trusted (`llm_gym.some_module:os.system`) or reach a class or function",
+        "defined in a refused module. A refused reference is an `InvalidArgumentError` that",
+        "names it and the remedy; Python code that passes objects instead of strings is not",
+        "affected.",
+    ]
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:

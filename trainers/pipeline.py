@@ -43,7 +43,8 @@ __all__ = [
 
 
 def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
-    """What :func:`run_pipeline` checks before any model work: the env, GRPO's tasks (a
+    """What :func:`run_pipeline` checks before any model work: the env, the SFT demonstrators
+    (``"module:attr"`` references resolve only from trusted modules), GRPO's tasks (a
     ``task_options`` or ``task_repeats`` that fits none fails here) and the GRPO config (built
     only as a check: again later, with the model's path). ``train.py`` calls it where a mistake
     is one line rather than a traceback.
@@ -55,9 +56,13 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
     Raises:
         LlmGymError: what the config gets wrong, named.
     """
+    from llm_gym.core.factories import resolve
     from llm_gym.core.registry import env_entry
 
     entry = env_entry(config.env)
+    if config.sft is not None:  # a refused or missing demonstrator: here, not after the model
+        for spec in (config.sft.oracle, config.sft.short_context_oracle):
+            resolve(spec)
     grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
     max_turns = config.grpo.get("max_turns") or entry.max_turns
     build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())

@@ -71,7 +71,8 @@ class SFTSettings:
     oracle: str | None = None
     """The demonstrator, as ``"module:attr"`` (``(task, messages) -> Message``); None: the
     environment's registered oracle. An imperfect one (ToolUseGame's ``hasty_oracle_action``)
-    gives a warm start that RL then corrects."""
+    gives a warm start that RL then corrects. The module must be in llm_gym or trainers, or
+    trusted (``train.py --trust-module my_pkg``; see :mod:`llm_gym.core.references`)."""
     oracle_options: dict[str, Any] | None = None
     """With options, ``oracle`` names a factory and the demonstrator is ``oracle(**options)``
     (``{guess_rate: 0.5}`` for ToolUseGame's ``HastyOracle``)."""

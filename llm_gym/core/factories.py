@@ -9,6 +9,8 @@ Every place that accepts an environment (``gym.make`` kwargs, ``collect_groups``
   ``EnvironmentMultiTurn`` does, from :mod:`llm_gym.environments`), so this module imports none.
 * :func:`as_task_source`: a sequence of tasks, a mapping ``split -> tasks``, a callable
   ``split -> tasks`` or a ``"module:attr"`` string.
+* :func:`resolve`: a ``"module:attr"`` string into its object, for the modules the rules of
+  :mod:`llm_gym.core.references` allow (:func:`trust_modules` extends them).
 * :func:`as_task`: a :class:`Task`, a prompt string, a dict (``prompt``/``target`` or
   document 002's ``input``/``output``) or anything with a ``to_task()`` method.
 
@@ -19,12 +21,18 @@ to a worker process.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 from llm_gym.core.env import Env
+from llm_gym.core.references import (
+    resolve_reference,
+    trust_modules,
+    trust_reference,
+    trusted_modules,
+    untrust_modules,
+)
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
@@ -40,7 +48,11 @@ __all__ = [
     "with_task_options",
     "register_env_adapter",
     "resolve",
+    "trust_modules",
+    "trust_reference",
+    "trusted_modules",
     "unregister_env_adapter",
+    "untrust_modules",
 ]
 
 T = TypeVar("T")
@@ -59,25 +71,22 @@ SPLITS = ("train", "val", "test")
 def resolve(obj: T | str) -> T:
     """Resolve ``"package.module:attribute"`` to the attribute; pass anything else through.
 
+    A string resolves only under the rules of :mod:`llm_gym.core.references`: its module is in
+    ``llm_gym`` or ``trainers``, trusted (:func:`trust_modules`, ``LLM_GYM_TRUSTED_MODULES``,
+    ``train.py --trust-module``) or the reference is registered; ``os``, ``subprocess``,
+    ``builtins`` and their kin never are.
+
+    Raises:
+        InvalidArgumentError: the string is refused (the message names the remedy), malformed,
+            or names a module or attribute that is missing.
+
     Example:
         >>> resolve("llm_gym.core.task:Task").__name__
         'Task'
     """
     if not isinstance(obj, str):
         return obj
-    module_name, sep, attr = obj.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgumentError(
-            f"Expected an object or a 'module:attribute' string, actual value: {obj!r}."
-        )
-    value: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        if not hasattr(value, part):
-            raise InvalidArgumentError(
-                f"{obj!r}: {getattr(value, '__name__', value)!r} has no attribute {part!r}."
-            )
-        value = getattr(value, part)
-    return value
+    return resolve_reference(obj)
 
 
 # --- environments ------------------------------------------------------------------------------

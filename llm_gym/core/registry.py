@@ -21,6 +21,7 @@ from llm_gym.core.factories import (
     as_env_factory,
     as_task_source,
     resolve,
+    trust_reference,
     with_task_options,
 )
 from llm_gym.core.task import Task
@@ -123,7 +124,9 @@ _CATALOGUE: dict[str, EnvEntry] = {}
 
 def add_env_entry(entry: EnvEntry) -> EnvEntry:
     """Add ``entry`` to the catalogue. The same id again with equal settings returns the entry
-    already there; with other settings it raises (pick a new version)."""
+    already there; with other settings it raises (pick a new version). Its ``"module:attr"``
+    strings become registered references (:func:`~llm_gym.core.factories.trust_reference`):
+    Python code named them, so they resolve without their module being trusted."""
     previous = _CATALOGUE.get(entry.id)
     if previous is not None:
         if previous == entry:
@@ -134,6 +137,8 @@ def add_env_entry(entry: EnvEntry) -> EnvEntry:
             f"{entry.id!r} is already registered with other settings; pick a new version, e.g. "
             f"{suggestion}."
         )
+    for spec in (entry.env_spec, entry.tasks_spec, entry.oracle_spec):
+        trust_reference(spec)
     _CATALOGUE[entry.id] = entry
     return entry
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from llm_gym.core.factories import trust_reference
 from llm_gym.core.registry import EnvEntry
 from llm_gym.environments.factory import MultiTurnEnvFactory, MultiTurnTaskSource
 from llm_gym.gym.registration import register_env
@@ -61,6 +62,7 @@ def register_multi_turn_env(
     Example:
         >>> _ = register_multi_turn_env("MyAgent-v0", "my_package.environment:load_environment")
     """
+    trust_reference(environment)  # registered from Python: resolves without trusting its module
     factory = MultiTurnEnvFactory(
         environment,
         prompt_text=prompt_text,

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from llm_gym.core.factories import register_env_adapter, resolve
+from llm_gym.core.factories import register_env_adapter, resolve, trust_reference
 from llm_gym.core.registry import EnvEntry
 from llm_gym.environments.factory import MultiTurnEnvFactory
 from llm_gym.environments.multi_turn import (
@@ -385,6 +385,7 @@ def register_single_turn_env(
         register_single_turn_env("MyQA-v0", "my_package.environment:load_environment")
     """
     loader = _loader(environment, environment_kwargs)
+    trust_reference(environment)  # registered from Python: resolves without trusting its module
     return register_multi_turn_env(
         id, loader, environment_kwargs=environment_kwargs, max_turns=max_turns, **kwargs
     )

@@ -26,7 +26,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.core.factories import resolve
+from llm_gym.core.factories import resolve, trust_reference
 from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
 from llm_gym.policies.base import Policy
 
@@ -105,6 +105,7 @@ def register_policy(
             f"Policy kind {kind!r} is already registered ({previous}); pick another kind, or "
             "unregister_policy it first."
         )
+    trust_reference(target)  # Python code registered it: it resolves without trusting its module
     _BACKENDS[kind] = backend
     return backend
 

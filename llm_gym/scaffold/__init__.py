@@ -22,7 +22,10 @@ copied as they are.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import keyword
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -73,11 +76,29 @@ def _suggest(name: str) -> str:
     return snake or "my_env"
 
 
+def _importable(name: str) -> bool:
+    """Whether ``import name`` finds something (a broken finder counts as found)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return True
+
+
+def _free_name(name: str) -> str:
+    """``name_env`` (or ``name_env2``, ...): a suggestion that shadows nothing."""
+    for suffix in ("_env", *(f"_env{i}" for i in range(2, 100))):
+        candidate = name[: 64 - len(suffix)] + suffix
+        if not _importable(candidate):
+            return candidate
+    return "my_env"
+
+
 def scaffold_names(name: str) -> Scaffold:
     """Check ``name`` and derive the package, class and id names.
 
     ``name`` must be a lowercase Python package name: a letter, then up to 63 letters, digits or
-    underscores, not a Python keyword nor the name of a standard-library module.
+    underscores, not a Python keyword, nor the name of a standard-library module or of anything
+    ``importlib.util.find_spec`` finds (an installed package such as ``numpy``).
 
     Example:
         >>> scaffold_names("guess_game")
@@ -92,7 +113,12 @@ def scaffold_names(name: str) -> Scaffold:
     if keyword.iskeyword(name) or name in sys.stdlib_module_names or name in _RESERVED:
         raise InvalidArgumentError(
             f"NAME {name!r} would shadow a Python keyword or a module Python or llm_gym "
-            f"imports; pick another name, e.g. {name + '_env'!r}."
+            f"imports; pick another name, e.g. {_free_name(name)!r}."
+        )
+    if _importable(name):
+        raise InvalidArgumentError(
+            f"NAME {name!r} would shadow a module Python can import here (an installed package "
+            f"or a module on sys.path); pick another name, e.g. {_free_name(name)!r}."
         )
     words = [w for w in name.split("_") if w]
     camel = "".join(w[0].upper() + w[1:] for w in words)
@@ -164,6 +190,10 @@ def _walk(folder: Traversable, prefix: tuple[str, ...] = ()):
 def new_env(name: str, directory: str | Path = ".", style: str = DEFAULT_STYLE) -> Path:
     """Write the starter environment package ``directory/name`` and return its path.
 
+    The package folder is created here, and everything is written inside the folder created:
+    an existing path (a folder, even empty, a file, a symbolic link, a dangling one) is refused,
+    no link is followed, and no existing file is opened.
+
     Args:
         name: The package name (see :func:`scaffold_names`).
         directory: Where the package folder goes (created when missing).
@@ -171,17 +201,17 @@ def new_env(name: str, directory: str | Path = ".", style: str = DEFAULT_STYLE) 
             default) or ``"multi-turn"`` (document 002's ``EnvironmentMultiTurn``).
 
     Raises:
-        InvalidArgumentError: ``name`` is not allowed, or ``directory/name`` exists and is not
-            an empty folder (nothing is overwritten).
+        InvalidArgumentError: ``name`` is not allowed, ``directory/name`` exists (nothing is
+            overwritten), or the folder or a file cannot be created.
         UnknownNameError: ``style`` is not a known style.
     """
     names = scaffold_names(name)
     templates = _templates(scaffold_style(style))
     target = Path(directory).expanduser() / names.package
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if os.path.lexists(target):
         raise InvalidArgumentError(
-            f"{target} already exists and is not an empty folder; nothing was written. Pick "
-            "another NAME or --dir, or remove it."
+            f"{target} already exists (a scaffold writes only into a folder it creates); "
+            "nothing was written. Pick another NAME or --dir, or remove it."
         )
     files = []
     for parts, entry in _walk(templates):
@@ -191,9 +221,62 @@ def new_env(name: str, directory: str | Path = ".", style: str = DEFAULT_STYLE) 
             files.append((relative, names.render(entry.read_text(encoding="utf-8")).encode()))
         else:
             files.append((relative, entry.read_bytes()))
-    target.mkdir(parents=True, exist_ok=True)
-    for relative, data in files:
-        path = target / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"Could not create the folder {target.parent} for the scaffold: "
+            f"{exc.strerror or exc}. Pick a --dir that is a folder you can write to."
+        ) from None
+    try:
+        os.mkdir(target)  # the last component is never followed: a link there is an error
+    except FileExistsError:
+        raise InvalidArgumentError(
+            f"{target} already exists (a scaffold writes only into a folder it creates); "
+            "nothing was written. Pick another NAME or --dir, or remove it."
+        ) from None
+    try:
+        _write_inside(target, files)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"Could not write the scaffold at {target}: {exc.strerror or exc}. Pick a --dir you "
+            "can write to."
+        ) from None
     return target
+
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+_DIR_FD = {os.open, os.mkdir} <= os.supports_dir_fd
+
+
+def _write_inside(target: Path, files: list[tuple[Path, bytes]]) -> None:
+    """Write ``files`` under the folder ``target`` just created: through a descriptor of that
+    folder where the platform has them (a link swapped in for it is not followed), creating each
+    file exclusively."""
+    if not _DIR_FD:
+        for relative, data in files:  # no descriptors here: exclusive creation still holds
+            for parent in reversed(relative.parents[:-1]):
+                if not (target / parent).is_dir():
+                    os.mkdir(target / parent)
+            with os.fdopen(os.open(target / relative, _NEW_FILE, 0o644), "wb") as f:
+                f.write(data)
+        return
+    root = os.open(target, _FOLDER)
+    try:
+        for relative, data in files:
+            folder = os.dup(root)
+            try:
+                for part in relative.parts[:-1]:
+                    with contextlib.suppress(FileExistsError):  # made for an earlier file
+                        os.mkdir(part, dir_fd=folder)  # (opening it below refuses a link)
+                    inner = os.open(part, _FOLDER, dir_fd=folder)
+                    os.close(folder)
+                    folder = inner
+                fd = os.open(relative.name, _NEW_FILE, 0o644, dir_fd=folder)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            finally:
+                os.close(folder)
+    finally:
+        os.close(root)
