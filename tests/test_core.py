@@ -168,8 +168,11 @@ def test_tool_env_rejects_duplicate_and_non_tools() -> None:
         ("42", 42, True),
         (" 42. ", 42, True),
         ("1,234", 1234, True),
-        ("42.0000001", 42, True),
+        ("42.0", 42, True),
+        ("42.0000001", 42, False),  # an integer target is exact: no tolerance
+        ("3164841", 3164840, False),
         ("42.001", 42, False),
+        ("3.5000001", 3.5, True),  # a float target keeps the tolerance
         ("3.5", 3.5, True),
         ("forty-two", 42, False),
         ("1e400", 42, False),

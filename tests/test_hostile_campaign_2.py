@@ -193,7 +193,8 @@ def test_answers_match_compares_big_integers_exactly() -> None:
     assert not answers_match(str(10**20), 10**20 + 1, rel_tol=0.0)  # matched before
     assert not answers_match("9007199254740993", 2**53, rel_tol=0.0)
     assert answers_match("1e20", 10**20, rel_tol=0.0)
-    assert answers_match("42.0000001", 42) and not answers_match("3", math.nan)
+    assert answers_match("42.0000001", 42.0) and not answers_match("42.0000001", 42)
+    assert not answers_match("3", math.nan)
 
 
 @pytest.mark.parametrize("env_id", ["Math-v0", "ToolUseGame-v0"])

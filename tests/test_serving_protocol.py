@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import MAX_JSON_DEPTH, decode_json_body
-from llm_gym.serving.chat_protocol import parse_chat_request
+from llm_gym.serving.chat_protocol import check_template_kwargs_allowlist, parse_chat_request
 from llm_gym.serving.generation import TextAssembler, TokenOut
 from llm_gym.serving.protocol import APIError, parse_completion_request
 
@@ -320,3 +321,27 @@ def test_serving_imports_no_web_stack_and_names_the_extra(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
     with pytest.raises(ImportError, match=r"pip install 'llm-gym\[serve\]'"):
         serve("no/such/model")
+
+
+@pytest.mark.parametrize(
+    "name", ["chat_template", "tool_chat_template", "Chat_Template", "tokenize", "tools"]
+)
+def test_a_template_key_is_never_allow_listed(name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"may not allow clients to set '{name}'"):
+        check_template_kwargs_allowlist(["enable_thinking", name])
+    with pytest.raises(APIError) as info:  # refused per request too, whatever the list
+        parse_chat_request({**BASE, "chat_template_kwargs": {name: "x"}}, "m", {name})
+    assert info.value.param == f"chat_template_kwargs.{name}"
+    assert check_template_kwargs_allowlist(["custom"]) == {"custom"}
+
+
+def test_serve_refuses_a_template_key_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from llm_gym.cli import main
+
+    args = ["serve", "/nonexistent/model", "--template-kwargs", "enable_thinking,chat_template"]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert "may not allow clients to set 'chat_template'" in error
+    assert "--template-kwargs" in error

@@ -114,3 +114,19 @@ def test_hostile_tool_arguments_are_tool_errors() -> None:
     contents = asyncio.run(run())
     assert len(contents) == 5 and all(c.startswith("tool_error") for c in contents)
     assert all(len(c) < 500 for c in contents)
+
+
+def test_an_integer_answer_must_be_exact() -> None:
+    from llm_gym.core import Task
+
+    env = ToolUseGameEnv()
+    task = Task(
+        prompt="What is the total population of Velmora, Tarsk and Elderby?", target=3164840
+    )
+    assert env.score("3164841", task) == 0.0  # within 1e-6 relative, yet a wrong count
+    assert env.score("3164839", task) == 0.0
+    assert env.score("3164840.5", task) == 0.0
+    for spelling in ("3164840", "3,164,840", "3164840.", " 3164840.0 "):
+        assert env.score(spelling, task) == 1.0, spelling
+    numeric = [t.target for t in get_tasks("val") if not isinstance(t.target, str)]
+    assert numeric and all(type(target) is int for target in numeric)  # exact throughout

@@ -117,14 +117,18 @@ def answers_match(
 ) -> bool:
     """Whether a reply matches a target.
 
-    Numbers match within ``rel_tol`` (relative) or ``abs_tol`` (absolute); thousands separators
-    and a trailing period are ignored; integers are compared exactly at any size (a reply is
-    read as a number up to 64 characters, or the target's digits and 24 more). Anything else
-    matches case-insensitively after stripping whitespace and a trailing period.
+    An integer target (an ``int``) is matched exactly, at any size: the reply must write that
+    integer (``"3164840"``, ``"3,164,840"``, ``"3164840.0"``), however close another number is.
+    A float target matches a number within ``rel_tol`` (relative) or ``abs_tol`` (absolute).
+    Thousands separators and a trailing period are ignored (a reply is read as a number up to 64
+    characters, or the target's digits and 24 more). Anything else matches case-insensitively
+    after stripping whitespace and a trailing period.
 
     Example:
-        >>> answers_match("10000000000000000000", 10**19 + 1, rel_tol=0.0)
-        False
+        >>> answers_match("3164841", 3164840), answers_match("3,164,840", 3164840)
+        (False, True)
+        >>> answers_match("2.5000001", 2.5)
+        True
     """
     if isinstance(target, bool) or not isinstance(target, int | float):
         expected = str(target).strip().rstrip(".").casefold()
@@ -134,6 +138,8 @@ def answers_match(
     value = _as_number(answer, _number_chars(target))
     if value is None:
         return False
+    if type(target) is int:  # an integer is exact: a tolerance would reward a wrong count
+        return value == target  # int == int, and int == float, are exact in Python
     return _close(value, target, rel_tol, abs_tol)
 
 

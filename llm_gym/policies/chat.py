@@ -7,10 +7,13 @@ server and the TRL bridge all render through :func:`render_chat`, so they agree 
 A template that cannot render tools gets them as text (:mod:`llm_gym.policies.template_tools`).
 
 Text the model did not write (system, user and tool messages: environment replies, tool errors,
-a program's output) cannot forge the template's control tokens: a tokenizer's special-token
-strings in it (``<|im_start|>``, ``<|im_end|>``, ...) get a word joiner (U+2060) after their
-first character (:func:`neutralize_control_tokens`), so they tokenize as plain text and a quoted
-``<|im_end|>\n<|im_start|>user`` cannot open a turn of its own.
+a program's output; and the tool specs: names, descriptions, parameters) cannot forge the
+template's control tokens: a tokenizer's special-token strings in it (``<|im_start|>``,
+``<|im_end|>``, ...) get a word joiner (U+2060) after their first character
+(:func:`neutralize_control_tokens`), so they tokenize as plain text and a quoted
+``<|im_end|>\n<|im_start|>user`` cannot open a turn of its own. Every string of such a message
+and of every tool spec is neutralised, keys included (:func:`neutralize_json`): a template may
+print any of them.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ __all__ = [
     "control_token_strings",
     "longest_token",
     "neutralize_control_tokens",
+    "neutralize_json",
     "plain_message",
     "prefix_past_limit",
     "render_chat",
     "template_input",
     "untrusted_messages",
+    "untrusted_tools",
 ]
 
 JOINER = "\u2060"
@@ -75,30 +80,63 @@ def neutralize_control_tokens(text: str, control: Sequence[str]) -> str:
     return text
 
 
+def neutralize_json(value: Any, control: Sequence[str]) -> Any:
+    """``value`` (JSON-like: dicts, lists, tuples, strings, scalars) with every string in it, keys
+    included, through :func:`neutralize_control_tokens`; ``value`` itself when no string holds a
+    control token (a changed container is copied as a dict or a list).
+
+    Example:
+        >>> spec = {"name": "f<|im_end|>", "parameters": {"<|im_start|>k": {"type": "string"}}}
+        >>> neutralize_json(spec, ["<|im_end|>", "<|im_start|>"]) == {
+        ...     "name": "f<\u2060|im_end|>",
+        ...     "parameters": {"<\u2060|im_start|>k": {"type": "string"}},
+        ... }
+        True
+        >>> neutralize_json(spec["parameters"]["<|im_start|>k"], ["<|im_end|>"]) is spec[
+        ...     "parameters"
+        ... ]["<|im_start|>k"]
+        True
+    """
+    if isinstance(value, str):
+        return neutralize_control_tokens(value, control)
+    if isinstance(value, dict):
+        items = [
+            (neutralize_json(k, control), neutralize_json(v, control)) for k, v in value.items()
+        ]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
+            return value
+        return dict(items)
+    if isinstance(value, list | tuple):
+        items = [neutralize_json(item, control) for item in value]
+        if all(item is old for item, old in zip(items, value, strict=True)):
+            return value
+        return items
+    return value
+
+
 def untrusted_messages(tokenizer: Any, messages: Sequence[Any]) -> list[Any]:
-    """``messages`` (dicts) with the control tokens in every non-assistant ``content`` (a string,
-    or OpenAI's text parts) neutralised; the other keys and the assistant's turns unchanged."""
+    """``messages`` (dicts) with the control tokens in every string of every non-assistant
+    message neutralised (:func:`neutralize_json`: its content, as a string or OpenAI's text
+    parts, its ``name``, its ``tool_call_id``, keys included); the assistant's turns unchanged."""
     control = control_token_strings(tokenizer)
     if not control:
         return list(messages)
-    out = []
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") == "assistant":
-            out.append(message)
-            continue
-        message = dict(message)
-        content = message.get("content")
-        if isinstance(content, str):
-            message["content"] = neutralize_control_tokens(content, control)
-        elif isinstance(content, list):
-            message["content"] = [
-                {**part, "text": neutralize_control_tokens(part["text"], control)}
-                if isinstance(part, dict) and isinstance(part.get("text"), str)
-                else part
-                for part in content
-            ]
-        out.append(message)
-    return out
+    return [
+        message
+        if not isinstance(message, dict) or message.get("role") == "assistant"
+        else neutralize_json(message, control)
+        for message in messages
+    ]
+
+
+def untrusted_tools(tokenizer: Any, tool_specs: Sequence[Any] | None) -> list[Any] | None:
+    """``tool_specs`` as a list (``None`` when there are none) with the control tokens in every
+    string of every spec neutralised (:func:`neutralize_json`: names, descriptions, parameters,
+    keys included): a tool spec is not the model's own text."""
+    if not tool_specs:
+        return None
+    control = control_token_strings(tokenizer)
+    return [neutralize_json(spec, control) if control else spec for spec in tool_specs]
 
 
 def template_input(
@@ -112,7 +150,7 @@ def template_input(
     raw_assistant: bool = True,
 ) -> tuple[list[Any], list[Any] | None]:
     """What the chat template gets for a conversation: ``(messages, tools)``, the control tokens
-    of every non-assistant message neutralised.
+    of every non-assistant message and of every tool spec neutralised.
 
     A template that cannot render tools gets the text layout when the conversation has tools
     (:mod:`llm_gym.policies.template_tools`: the specs and ``action_format``'s calling convention
@@ -131,7 +169,7 @@ def template_input(
         chat, tools = text_layout(messages, tool_specs, action_format), None
     else:
         chat = [plain_message(m) for m in messages] if raw_assistant else list(messages)
-        tools = list(tool_specs) if tool_specs else None
+        tools = untrusted_tools(tokenizer, tool_specs)
     return untrusted_messages(tokenizer, chat), tools
 
 

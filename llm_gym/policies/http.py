@@ -28,6 +28,13 @@ parsing by a well-kept stack (the ``openai`` package is built on it) instead of 
   the ``identity`` encoding and compressed answers are refused, so no decompression can outgrow
   the cap. Strings in the answer are made valid UTF-8 (:func:`~llm_gym.core.text.clean_json`).
   An unusable answer raises :class:`MalformedResponseError`.
+* **Off the loop.** An answer over :data:`OFF_LOOP_BYTES` is decoded, and checked by the caller's
+  ``parse`` (:meth:`JsonClient.post`), on a worker thread (:func:`asyncio.to_thread`), its JSON
+  decoder handing the interpreter lock back to the event loop between objects, so a large
+  answer never stalls the other coroutines of the loop. A smaller answer is decoded on the loop,
+  where it takes less than the thread hop. The caller's ``watch`` sees each object as it is
+  decoded and may refuse the answer there, before the rest of it is built (a reply past its
+  caps then costs neither the time nor the memory of decoding it whole).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import json
 import random
 import threading
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -68,12 +76,14 @@ __all__ = [
     "ERROR_BODY_BYTES",
     "KEEPALIVE_EXPIRY_S",
     "FATAL_STATUSES",
+    "OFF_LOOP_BYTES",
     "TIMEOUT_RETRIES",
     "EndpointError",
     "EndpointTimeoutError",
     "JsonClient",
     "JsonReply",
     "MalformedResponseError",
+    "ObjectHook",
 ]
 
 DEFAULT_MAX_CONCURRENCY = 8
@@ -92,6 +102,9 @@ ERROR_BODY_BYTES = 64 * 2**10
 """How much of a non-2xx answer is read for the server's message (the rest is dropped)."""
 TIMEOUT_RETRIES = 1
 """A timed-out request is sent again this many times, then the client fails."""
+OFF_LOOP_BYTES = 64 * 2**10
+"""Answers larger than this (bytes) are decoded and parsed on a worker thread, the smaller ones on
+the event loop (64 KiB: about a millisecond of decoding, the price of a thread hop)."""
 KEEPALIVE_EXPIRY_S = 4.0
 """Idle seconds after which a pooled connection is dropped: below the 5 s after which uvicorn
 (vLLM, SGLang, ``llm-gym serve``) closes it, so a request rarely meets a closing connection."""
@@ -106,11 +119,26 @@ class JsonReply:
     """A successful answer of :meth:`JsonClient.post`."""
 
     body: Any
-    """The decoded JSON body."""
+    """The decoded JSON body, or what ``parse`` made of it (:meth:`JsonClient.post`)."""
     retries: int
     """Attempts before the one that answered (retried failures and timeouts together)."""
     latency_s: float
     """Seconds from the first attempt's start to the answer (waits for a free slot excluded)."""
+
+
+ObjectHook = Callable[[dict[str, Any]], Any]
+"""``json.loads``'s ``object_hook``: called with each decoded JSON object, returns what stands for
+it."""
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """What :meth:`JsonClient.post` does with a decoded answer (see there)."""
+
+    parse: Callable[[Any], Any] | None = None
+    """Turns the decoded answer into the reply's ``body`` (``None``: the answer itself)."""
+    watch: Callable[[], ObjectHook] | None = None
+    """Makes, for each answer, the ``object_hook`` its decoding calls (``None``: none)."""
 
 
 class _Retryable(Exception):
@@ -123,6 +151,13 @@ class _Retryable(Exception):
         self.reason = reason
         self.status = status
         self.retry_after = retry_after
+
+
+def _let_the_loop_run(obj: dict[str, Any]) -> dict[str, Any]:
+    """``json.loads``'s ``object_hook``: returns each object unchanged. Being Python code, it lets
+    a worker thread hand the interpreter lock to the event loop between objects (the C decoder
+    holds it for the whole answer otherwise)."""
+    return obj
 
 
 def _httpx() -> Any:
@@ -189,13 +224,26 @@ class JsonClient:
         self._rng_lock = threading.Lock()
         self._clients = LoopClients(self._new_client, self.max_concurrency)
 
-    async def post(self, payload: Any) -> JsonReply:
+    async def post(
+        self,
+        payload: Any,
+        parse: Callable[[Any], Any] | None = None,
+        watch: Callable[[], ObjectHook] | None = None,
+    ) -> JsonReply:
         """POST ``payload`` as JSON, with retries; raises :class:`EndpointError` (or its
-        subclasses) when no attempt gave a usable answer."""
+        subclasses) when no attempt gave a usable answer.
+
+        ``parse``, when given, turns the decoded answer into the reply's ``body`` where the
+        answer is decoded (on a worker thread for one over :data:`OFF_LOOP_BYTES`). ``watch``,
+        when given, makes for each answer the ``object_hook`` of its decoding: it sees every
+        JSON object as it is decoded, and returns it or raises to refuse the answer before the
+        rest of it is built. Either raises :class:`MalformedResponseError` for an answer it
+        refuses (which is not retried).
+        """
         _, semaphore = await self._clients.get()
         async with semaphore:
             start = time.perf_counter()
-            body, retries = await self._complete(payload)
+            body, retries = await self._complete(payload, _Reader(parse, watch))
             return JsonReply(body=body, retries=retries, latency_s=time.perf_counter() - start)
 
     def close(self) -> None:
@@ -304,7 +352,7 @@ class JsonClient:
             fatal=True,
         )
 
-    def _decode(self, status: int, headers: Any, data: bytes) -> Any:
+    def _decode(self, status: int, headers: Any, data: bytes, reader: _Reader) -> Any:
         content_type = headers.get("Content-Type", "")
         media = content_type.split(";")[0].strip().lower()
         if media and media != "application/json" and not media.endswith("+json"):
@@ -313,16 +361,29 @@ class JsonClient:
                 f"JSON: {data[:200]!r}",
                 status=status,
             )
+        hook = reader.watch() if reader.watch is not None else None
+        if hook is None and len(data) > OFF_LOOP_BYTES:
+            hook = _let_the_loop_run
         try:
-            return clean_json(json.loads(data))
+            body = clean_json(json.loads(data, object_hook=hook))
         except (ValueError, RecursionError) as exc:  # invalid UTF-8 and JSON, too deep a nest
             raise MalformedResponseError(
                 f"{self.url} answered HTTP {status} with a body that is not JSON "
                 f"({json_error_reason(exc)}): {data[:200]!r}",
                 status=status,
             ) from exc
+        return body if reader.parse is None else reader.parse(body)
 
-    async def _attempt(self, body: bytes) -> Any:
+    def _decode_off_loop(self, status: int, headers: Any, data: bytes, reader: _Reader) -> Any:
+        """:meth:`_decode` on a worker thread. A refusal's traceback leaves its frames cleared,
+        so the refused answer is freed here, not on the event loop that receives the error."""
+        try:
+            return self._decode(status, headers, data, reader)
+        except Exception as exc:
+            traceback.clear_frames(exc.__traceback__)
+            raise
+
+    async def _attempt(self, body: bytes, reader: _Reader) -> Any:
         """One attempt; raises ``_Retryable``, ``TimeoutError`` or :class:`EndpointError`."""
         httpx = _httpx()
         client, _ = await self._clients.get()  # a new one after close()
@@ -353,15 +414,17 @@ class JsonClient:
                 server_message=message,
                 fatal=status in FATAL_STATUSES,
             )
-        return self._decode(status, headers, data)
+        if len(data) <= OFF_LOOP_BYTES:
+            return self._decode(status, headers, data, reader)
+        return await asyncio.to_thread(self._decode_off_loop, status, headers, data, reader)
 
-    async def _complete(self, payload: Any) -> tuple[Any, int]:
+    async def _complete(self, payload: Any, reader: _Reader) -> tuple[Any, int]:
         """POST with retries; returns ``(response JSON, retries used)``."""
         body = self._encode(payload)
         retries = timeouts = 0
         while True:
             try:
-                return await self._attempt(body), retries + timeouts
+                return await self._attempt(body, reader), retries + timeouts
             except TimeoutError as exc:
                 timeouts += 1
                 if timeouts > TIMEOUT_RETRIES:

@@ -20,8 +20,12 @@ the episode loop parses them like any other reply. :mod:`llm_gym.policies.openai
 the rules.
 
 **Answers.** An answer is read up to ``max_response_bytes``, must be JSON, and must have the
-shape of a chat completion where the policy reads it (:mod:`llm_gym.policies.openai_reply`);
-otherwise the request fails with a :class:`MalformedResponseError` naming the field.
+shape of a chat completion where the policy reads it (:mod:`llm_gym.policies.openai_reply`),
+with at most :data:`~llm_gym.policies.openai_reply.MAX_TOOL_CALLS` tool calls and no more logprob
+entries than the request's ``max_tokens``; otherwise the request fails with a
+:class:`MalformedResponseError` naming the field (its episode ends with ``POLICY_ERROR``). An
+answer over :data:`~llm_gym.policies.http.OFF_LOOP_BYTES` is decoded, checked and rendered on a
+worker thread, so it never stalls the other episodes of the event loop.
 
 **Failures.** Connection errors, HTTP 429 and 5xx are retried up to ``max_retries`` times with
 exponential backoff and jitter (a ``Retry-After`` header is honoured up to the backoff cap).
@@ -46,6 +50,7 @@ keeps its seed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import urllib.parse
@@ -68,7 +73,13 @@ from llm_gym.policies.http import (
     MalformedResponseError,
 )
 from llm_gym.policies.openai_messages import DEFAULT_SEND_TOOLS, build_messages, reply_text
-from llm_gym.policies.openai_reply import parse_chat_completion
+from llm_gym.policies.openai_reply import (
+    MAX_TOOL_CALLS,
+    ChatReply,
+    ReplyGuard,
+    logprob_entries_cap,
+    parse_chat_completion,
+)
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -288,18 +299,29 @@ class OpenAIPolicy(Policy):
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _generation(
-        self, request: PolicyRequest, answer: Any, retries: int, latency: float
-    ) -> Generation:
-        reply = parse_chat_completion(answer, self._url)
+    def _read(
+        self, request: PolicyRequest, max_logprob_entries: int, answer: Any
+    ) -> tuple[ChatReply, str, str | None]:
+        """The answer checked (:func:`parse_chat_completion`) and its text rendered; runs where
+        :class:`JsonClient` decodes the answer (off the event loop for a large one)."""
+        reply = parse_chat_completion(answer, self._url, max_logprob_entries=max_logprob_entries)
+        message = {"content": reply.content, "tool_calls": reply.tool_calls}
+        text, tool_call_error = reply_text(message, request.action_format)
+        return reply, text, tool_call_error
+
+    async def _one(self, request: PolicyRequest, seed: int | None) -> Generation:
+        payload = self.build_payload(request, seed)
+        cap = logprob_entries_cap(payload)
+        read = functools.partial(self._read, request, cap)
+        guard = functools.partial(ReplyGuard, self._url, MAX_TOOL_CALLS, cap)
+        answer = await self._client.post(payload, parse=read, watch=guard)
+        reply, text, tool_call_error = answer.body
         metadata: dict[str, Any] = {
-            "latency_s": latency,
-            "retries": retries,
+            "latency_s": answer.latency_s,
+            "retries": answer.retries,
             "usage": reply.usage,
             "finish_reason": reply.finish_reason,
         }
-        message = {"content": reply.content, "tool_calls": reply.tool_calls}
-        text, tool_call_error = reply_text(message, request.action_format)
         if tool_call_error is not None:
             metadata["tool_call_error"] = tool_call_error
         if reply.reasoning_content:
@@ -311,10 +333,6 @@ class OpenAIPolicy(Policy):
             finish_reason="length" if reply.finish_reason == "length" else "stop",
             metadata=metadata,
         )
-
-    async def _one(self, request: PolicyRequest, seed: int | None) -> Generation:
-        reply = await self._client.post(self.build_payload(request, seed))
-        return self._generation(request, reply.body, reply.retries, reply.latency_s)
 
     async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
         """One generation per request; see the module docstring (**Failures**) for what a failed

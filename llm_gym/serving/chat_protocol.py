@@ -15,7 +15,11 @@ bounded here:
   program the server would run (an unbounded loop is one line), and no flag turns this on.
   ``chat_template_kwargs`` may only set the names in the server's allow-list
   (:data:`DEFAULT_CHAT_TEMPLATE_KWARGS` unless the server was given another), each to a boolean, a
-  number or a string of at most :data:`MAX_TEMPLATE_STRING` characters.
+  number or a string of at most :data:`MAX_TEMPLATE_STRING` characters. No allow-list may name a
+  key that carries a template or steers the rendering (:func:`reserved_template_kwarg`: any name
+  holding ``template``, ``chat_template`` first; :data:`RENDERING_KWARGS`): such a list is
+  refused when the server starts (:func:`check_template_kwargs_allowlist`), and such a key in a
+  request is refused whatever the list.
 * Unknown fields are ignored. Known fields this server cannot honour are refused rather than
   silently dropped: ``n`` other than 1, ``tool_choice`` ``"required"`` or a named function, a
   ``response_format`` other than text, and any value but a neutral one of the sampling fields
@@ -32,6 +36,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import decode_json_text
 from llm_gym.serving.protocol import (
     APIError,
@@ -50,14 +55,40 @@ __all__ = [
     "MAX_TEMPLATE_STRING",
     "MAX_TOP_LOGPROBS",
     "ROLES",
+    "RENDERING_KWARGS",
     "ChatRequest",
+    "check_template_kwargs_allowlist",
     "parse_chat_request",
+    "reserved_template_kwarg",
 ]
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 """The message roles accepted (``developer`` is read as ``system``)."""
 DEFAULT_CHAT_TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
 """The ``chat_template_kwargs`` a client may set by default (Qwen3's, DeepSeek's, gpt-oss's)."""
+RENDERING_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "raise_exception",
+        "strftime_now",
+    }
+)
+"""``apply_chat_template``'s own parameters and the names the template binds itself: the server
+sets them, never a client (nor any name holding ``template``: :func:`reserved_template_kwarg`)."""
 MAX_TEMPLATE_STRING = 1024
 """The longest string value of a ``chat_template_kwargs`` entry."""
 MAX_TOP_LOGPROBS = 20
@@ -235,6 +266,52 @@ def _tool_choice(value: Any, has_tools: bool) -> bool:
     )
 
 
+def reserved_template_kwarg(name: str) -> str | None:
+    """Why ``name`` can never be a client's ``chat_template_kwargs`` entry, or ``None`` when an
+    allow-list may hold it.
+
+    Example:
+        >>> reserved_template_kwarg("enable_thinking") is None
+        True
+        >>> print(reserved_template_kwarg("chat_template"))
+        it carries a template (code the server would run; client templates are always refused)
+    """
+    if "template" in name.lower():
+        return (
+            "it carries a template (code the server would run; client templates are always refused)"
+        )
+    if name in RENDERING_KWARGS:
+        return "the server sets it when it renders a request (apply_chat_template's own argument)"
+    return None
+
+
+def check_template_kwargs_allowlist(names: Collection[str]) -> frozenset[str]:
+    """``names`` as the server's ``chat_template_kwargs`` allow-list.
+
+    Raises:
+        InvalidArgumentError: A name that is not a non-empty string, or one
+            :func:`reserved_template_kwarg` reserves (``chat_template`` and any other name
+            holding ``template``, :data:`RENDERING_KWARGS`).
+    """
+    if isinstance(names, str):
+        raise InvalidArgumentError(
+            f"The chat_template_kwargs allow-list must be a collection of names, actual value: "
+            f"the string {names!r}. Pass a list, e.g. ['enable_thinking']."
+        )
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(
+                f"Expected chat_template_kwargs names as non-empty strings, actual value: {name!r}."
+            )
+        why = reserved_template_kwarg(name)
+        if why is not None:
+            raise InvalidArgumentError(
+                f"chat_template_kwargs may not allow clients to set {name!r}: {why}. Remove it "
+                "from the allow-list (llm-gym serve --template-kwargs)."
+            )
+    return frozenset(names)
+
+
 def _template_kwargs(value: Any, allowed: Collection[str]) -> dict[str, Any]:
     if value is None:
         return {}
@@ -243,6 +320,9 @@ def _template_kwargs(value: Any, allowed: Collection[str]) -> dict[str, Any]:
     names = ", ".join(sorted(allowed)) or "none"
     for key, item in value.items():
         field = f"chat_template_kwargs.{key}"
+        why = reserved_template_kwarg(key) if isinstance(key, str) else None
+        if why is not None:
+            raise bad_request(f"'chat_template_kwargs' may not set {key[:60]!r}: {why}", field)
         if key not in allowed:
             raise bad_request(
                 f"'chat_template_kwargs' may only set {names}; got {key[:60]!r}", field

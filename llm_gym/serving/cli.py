@@ -51,17 +51,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--template-kwargs",
         default=None,
         help="comma-separated chat_template_kwargs names clients may set (default: "
-        "enable_thinking,thinking,reasoning_effort; client templates are always refused)",
+        "enable_thinking,thinking,reasoning_effort; client templates are always refused: a name "
+        "holding 'template', such as chat_template, or one of apply_chat_template's own "
+        "arguments is refused at startup)",
     )
 
 
 def run(args: argparse.Namespace, out: TextIO, until_stopped: Callable[..., int]) -> int:
     """Start the server of ``args`` and serve until ``until_stopped`` returns."""
     from llm_gym.serving import serve
+    from llm_gym.serving.chat_protocol import check_template_kwargs_allowlist
 
     options: dict[str, Any] = {}
-    if args.template_kwargs is not None:
-        options["chat_template_kwargs"] = [n for n in args.template_kwargs.split(",") if n]
+    if args.template_kwargs is not None:  # refused here, before the model loads
+        names = [n.strip() for n in args.template_kwargs.split(",") if n.strip()]
+        options["chat_template_kwargs"] = check_template_kwargs_allowlist(names)
     server = serve(
         args.model_path,
         host=args.host,

@@ -20,9 +20,13 @@ from typing import Any, TypeVar
 
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies.chat import template_input
+from llm_gym.policies.chat import control_token_strings, neutralize_json, template_input
 from llm_gym.policies.template_tools import PROBE_SPEC, layout_for
-from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, ChatRequest
+from llm_gym.serving.chat_protocol import (
+    DEFAULT_CHAT_TEMPLATE_KWARGS,
+    ChatRequest,
+    check_template_kwargs_allowlist,
+)
 from llm_gym.serving.completions import encode_within, text_completion
 from llm_gym.serving.generation import (
     Piece,
@@ -99,7 +103,7 @@ class Engine:
         layout_for(  # refused here under "require"; the text layout warns once here
             tokenizer, [PROBE_SPEC], template_tools=template_tools, action_format=self.action_format
         )
-        self.chat_template_kwargs = frozenset(chat_template_kwargs)
+        self.chat_template_kwargs = check_template_kwargs_allowlist(chat_template_kwargs)
         self.created = int(time.time())
         self.max_tokens_limit = DEFAULT_MAX_TOKENS_LIMIT
         """The most tokens one completion may have when the context length is unknown."""
@@ -181,13 +185,16 @@ class Engine:
                 f"format for this model's chat template: {exc}"[:2000],
                 "messages",
             ) from None
+        # a client's template options reach the prompt too: their strings are neutralised alike
+        control = control_token_strings(self.tokenizer)
+        template_kwargs = neutralize_json(request.chat_template_kwargs, control)
         try:
             prompt = self.tokenizer.apply_chat_template(
                 messages,
                 tools=tools,
                 tokenize=False,
                 add_generation_prompt=True,
-                **request.chat_template_kwargs,
+                **template_kwargs,
             )
         except Exception as exc:  # a template that rejects these messages (raise_exception, ...)
             raise bad_request(

@@ -383,7 +383,8 @@ class MathEnv(ToolEnv):
 
     ## Reward
     1.0 when the final reply is the exact answer (any spelling of the number: ``12.5``,
-    ``12.50``, ``1,250``; within :data:`ANSWER_ABS_TOL`, no relative tolerance), else 0.0.
+    ``12.50``, ``1,250``; an integer exactly, a fraction within :data:`ANSWER_ABS_TOL`, no
+    relative tolerance), else 0.0.
     The reply must be the number alone (``<think>`` blocks are ignored).
 
     ## Episode End

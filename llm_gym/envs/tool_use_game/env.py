@@ -386,8 +386,9 @@ class ToolUseGameEnv(ToolEnv):
     :data:`DEFAULT_WORLD_SEED`).
 
     ## Reward
-    1.0 when the final reply matches the target (numbers within a relative tolerance of 1e-6,
-    thousands separators and a trailing period ignored; town names case-insensitively), else 0.0.
+    1.0 when the final reply matches the target (every numeric target is an integer, matched
+    exactly; thousands separators and a trailing period ignored; town names case-insensitively),
+    else 0.0.
 
     ## Episode End
     Terminated by a reply without tool calls (the final answer).
