@@ -216,6 +216,7 @@ def _serve_until_stopped(server: Any, line: str, out: TextIO) -> int:
 
 def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.integrations.openenv_server import serve_env
+    from llm_gym.serving import access
 
     server = serve_env(
         args.env_id,
@@ -226,17 +227,22 @@ def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
         task_options=_assignments(args.task_option),
         step_timeout_s=args.step_timeout,
         idle_timeout_s=args.idle_timeout or None,
+        access=access.policy_from_args(args),
     )
     return _serve_until_stopped(server, f"serving {args.env_id} over OpenEnv at {server.url}", out)
 
 
 def _add_serve_env(sub: argparse._SubParsersAction) -> None:
     """``llm-gym serve-env ENV_ID``: :mod:`llm_gym.integrations.openenv_server`."""
+    from llm_gym.serving import access
+
     p = sub.add_parser(
         "serve-env",
         help="serve a registered environment over OpenEnv (WebSocket sessions at /ws)",
         description="Serve ENV_ID with openenv-core's server: any OpenEnv client (and llm_gym's "
-        "RemoteEnv) plays it, one session per client. Needs the interop extra.",
+        "RemoteEnv) plays it, one session per client. Only this machine's clients and web pages "
+        "are served unless --allowed-hosts and --allowed-origins allow more. Needs the interop "
+        "extra.",
     )
     p.add_argument("env_id", help="e.g. ToolUseGame-v0")
     p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
@@ -250,6 +256,7 @@ def _add_serve_env(sub: argparse._SubParsersAction) -> None:
         "reaped (600; 0: never)",
     )  # fmt: skip
     _add_task_option(p)
+    access.add_arguments(p)
     p.add_argument("--log", action="store_true", help="log one line per request")
     p.set_defaults(func=_cmd_serve_env)
 

@@ -190,6 +190,26 @@ def test_seeded_continuous_batching_is_reproducible(small_model) -> None:
     assert texts[0] == texts[1]
 
 
+def test_seeded_wave_batching_is_reproducible_and_leaves_the_global_generator(
+    small_model,
+) -> None:
+    """Waves sample through ``generate`` from the batch's own generator: the same seed gives the
+    same episodes, and torch's global generator is not reseeded by the policy."""
+    model, tokenizer = small_model
+    before = torch.get_rng_state()
+    texts = []
+    for _ in range(2):
+        policy = HFPolicy(model, tokenizer, temperature=1.0, max_new_tokens=8, seed=5,
+                          batching="waves")  # fmt: skip
+        groups = collect_groups(
+            Chatty, [Task(f"t{i}") for i in range(3)], policy, episodes_per_task=2, max_turns=3
+        )
+        texts.append([[t.token_ids for t in e.turns] for g in groups for e in g])
+    assert texts[0] == texts[1]
+    assert len({tuple(map(tuple, episode)) for episode in texts[0]}) > 1
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_continuous_batching_serves_every_group_in_each_forward_pass(small_model) -> None:
     model, tokenizer = small_model
     policy = HFPolicy(model, tokenizer, max_new_tokens=4, seed=0)

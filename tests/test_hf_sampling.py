@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from llm_gym.policies import hf_sampling  # noqa: E402
-from llm_gym.policies.hf_sampling import draw, sample  # noqa: E402
+from llm_gym.policies.hf_sampling import GeneratorSampling, draw, sample  # noqa: E402
 
 
 def test_reported_logprobs_are_log_softmax_of_the_tempered_logits() -> None:
@@ -43,3 +43,18 @@ def test_a_draw_that_rounds_onto_a_zero_probability_id_takes_the_argmax() -> Non
     # u = 1 puts the draw past the last positive id, which rounding can do at the top of the CDF.
     with mock.patch.object(hf_sampling.torch, "rand", lambda shape, **_: torch.ones(shape)):
         assert draw(probs).tolist() == [1, 2]
+
+
+def test_the_generate_processor_draws_what_sample_draws() -> None:
+    """``GeneratorSampling`` (``generate``'s sampling from a generator of the caller's) keeps
+    exactly the id :func:`sample` draws from the same generator, and -inf elsewhere."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
+        kept = GeneratorSampling(temperature, top_p, torch.Generator().manual_seed(4))(None, logits)
+        ids, _ = sample(
+            logits, temperature=temperature, top_p=top_p, generator=torch.Generator().manual_seed(4)
+        )
+        assert kept.argmax(dim=-1).tolist() == ids
+        assert (kept == 0).sum().item() == 6 and torch.isinf(kept).sum().item() == 6 * 49
+    with pytest.raises(ValueError, match="temperature > 0"):
+        GeneratorSampling(0.0, 1.0)

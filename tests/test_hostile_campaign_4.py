@@ -82,7 +82,10 @@ def _raw_request(
     server: ChatCompletionServer, body: dict[str, Any], receive_buffer: int | None = None
 ) -> socket.socket:
     data = json.dumps(body)
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\n"
+    )
     sock = socket.socket()
     if receive_buffer is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)

@@ -5,9 +5,11 @@ WebSocket frames (not JSON, not an object, binary, nested 100,000 deep, a 9 MB b
 lists, 5,000-digit numbers, lone surrogates, MCP), wrong reset arguments, hostile actions,
 frames over the size limit, 1,000 rapid resets, connections opened and never used, sessions
 abandoned mid-episode and mid-step, the HTTP ``/reset``, ``/step``, ``/mcp`` and
-``/llm_gym/tasks`` routes, and a hostile environment behind the server (NaN rewards, messages
-that are not dicts, raising steps). The server must answer each with a clear error, keep the
-session (and every other session) going, and free every session and env it made.
+``/llm_gym/tasks`` routes, web pages (a foreign ``Origin``, a rebound ``Host``, a body with no
+``Content-Type``; :mod:`llm_gym.serving.access`), and a hostile environment behind the server
+(NaN rewards, messages that are not dicts, raising steps). The server must answer each with a
+clear error, keep the session (and every other session) going, and free every session and env it
+made.
 
 A hostile server against :class:`~llm_gym.integrations.openenv_client.RemoteEnv`: a fake
 OpenEnv server written here on raw sockets (so it can break the protocol anywhere) that answers
@@ -59,6 +61,7 @@ import hashlib
 import json
 import math
 import re
+import socket
 import threading
 import time
 from typing import Any
@@ -450,6 +453,70 @@ def test_the_http_routes_answer_clear_errors_and_leak_no_session(probe_server) -
     while Probe.closed < Probe.made and time.monotonic() < deadline:
         time.sleep(0.02)
     assert Probe.made == Probe.closed
+
+
+def handshake(server, **headers: str) -> bytes:
+    """The server's answer to a WebSocket handshake on ``/ws`` (``Host`` is the server's unless
+    ``headers`` name another), read until it closes the connection or goes quiet."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    fields = {"Host": f"{host}:{port}", "Upgrade": "websocket", "Connection": "Upgrade",
+              "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13",
+              **headers}  # fmt: skip
+    head = "GET /ws HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+    chunks = []
+    with socket.create_connection((host, int(port)), timeout=2) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+                if b"".join(chunks).startswith(b"HTTP/1.1 101 ") and b"\r\n\r\n" in chunk:
+                    break  # switched: the session's frames would follow
+        except TimeoutError:
+            pass
+    return b"".join(chunks)
+
+
+WEB_PAGES = [
+    ({"Origin": "https://evil.example"}, 403, "--allowed-origins"),
+    ({"Origin": "null"}, 403, "--allowed-origins"),
+    ({"Origin": "http://localhost.evil.example"}, 403, "--allowed-origins"),
+    ({"Host": "evil.example"}, 400, "--allowed-hosts"),  # DNS rebinding: the page's own name
+    ({"Host": "rebind.example:8001", "Origin": "http://rebind.example:8001"}, 400, "hosts"),
+]
+
+
+@pytest.mark.parametrize(("headers", "status", "option"), WEB_PAGES)
+def test_web_pages_and_foreign_hosts_are_refused_before_any_session(
+    probe_server, headers, status, option
+) -> None:
+    Probe.recount()
+    answer = handshake(probe_server, **headers)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
+    assert option.encode() in answer
+    url = probe_server.url
+    for method, path in [("POST", "/reset"), ("GET", "/llm_gym/tasks"), ("GET", "/health")]:
+        refused = httpx.request(method, f"{url}{path}", json={"seed": 1}, headers=headers)
+        assert refused.status_code == status and option in refused.json()["detail"]
+    assert Probe.made == 0 and active(probe_server) == 0
+
+
+def test_loopback_pages_and_clients_without_an_origin_are_served(probe_server) -> None:
+    for headers in [{}, {"Origin": "http://localhost:5173"}, {"Origin": "http://127.0.0.1"},
+                    {"Host": "localhost"}]:  # fmt: skip
+        assert handshake(probe_server, **headers).startswith(b"HTTP/1.1 101 "), headers
+        answer = httpx.post(f"{probe_server.url}/reset", json={"seed": 1}, headers=headers)
+        assert answer.json()["observation"]["task_id"] == "p1"
+    assert settled(probe_server) == 0
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_declared_json_is_a_415_and_no_episode(probe_server, content_type) -> None:
+    """What ``fetch`` sends with a Blob body (no Content-Type) or a form, without a preflight."""
+    Probe.recount()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    answer = httpx.post(f"{probe_server.url}/reset", content=b'{"seed": 1}', headers=headers)
+    assert answer.status_code == 415 and "application/json" in answer.json()["detail"]
+    assert Probe.made == 0
 
 
 # --- a hostile server against RemoteEnv ----------------------------------------------------------

@@ -69,6 +69,12 @@ def scripted(
     return counts
 
 
+POST_HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+)
+"""A request head for :func:`raw_exchange` up to its length headers."""
+
+
 def raw_exchange(server: ChatCompletionServer, data: bytes, timeout: float = 10) -> bytes:
     """Send raw bytes; read until the server closes the connection (or the timeout)."""
     with socket.create_connection((server.host, server.port), timeout=timeout) as sock:
@@ -91,15 +97,13 @@ def raw_exchange(server: ChatCompletionServer, data: bytes, timeout: float = 10)
 @pytest.mark.parametrize(
     "head",
     [
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
-        b"Content-Length: 2\r\n\r\n",
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"zz\r\n",
+        POST_HEAD + b"Content-Length: -1\r\n\r\n",
+        POST_HEAD + b"Content-Length: abc\r\n\r\n",
+        POST_HEAD + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        POST_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"GARBAGE\r\n\r\n",
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nBad header line\r\n\r\n",
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 1_000_000 + b"\r\n\r\n",
+        POST_HEAD + b"Bad header line\r\n\r\n",
+        POST_HEAD + b"X: " + b"a" * 1_000_000 + b"\r\n\r\n",
     ],
 )
 def test_malformed_http_is_a_quick_400_and_a_closed_connection(
@@ -113,10 +117,7 @@ def test_malformed_http_is_a_quick_400_and_a_closed_connection(
 
 def test_a_stalled_body_blocks_nobody(served: ChatCompletionServer, client: Any) -> None:
     with socket.create_connection((served.host, served.port)) as stalled:
-        stalled.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            b'\r\nContent-Length: 1000\r\n\r\n{"model"'
-        )
+        stalled.sendall(POST_HEAD + b'Content-Length: 1000\r\n\r\n{"model"')
         start = time.monotonic()
         answer = client.chat.completions.create(model="tiny", messages=USER, max_tokens=2)
         assert answer.choices[0].message.role == "assistant"
@@ -130,13 +131,13 @@ def test_body_limits(served: ChatCompletionServer) -> None:
         big = json.dumps({"model": "tiny", "messages": USER, "pad": "x" * 5000}).encode()
         declared = raw_exchange(
             small,
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(big)}\r\n\r\n".encode(),  # the body is never sent
+            POST_HEAD + f"Content-Length: {len(big)}\r\n\r\n".encode(),  # the body is never sent
         )
         assert declared.startswith(b"HTTP/1.1 413") and b"1000 bytes" in declared
         chunked = raw_exchange(
             small,
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            POST_HEAD
+            + b"Transfer-Encoding: chunked\r\n\r\n"
             + b"".join(
                 b"%x\r\n%s\r\n" % (len(big[i : i + 500]), big[i : i + 500])
                 for i in range(0, len(big), 500)
@@ -156,7 +157,7 @@ def test_slow_clients_are_cut_off(served: ChatCompletionServer) -> None:
         assert time.monotonic() - start < 6
         stalled = raw_exchange(
             strict,
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+            POST_HEAD + b"Content-Length: 100\r\n\r\n{",
         )
         assert stalled.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in stalled
         # a prompt client is answered, twice on one kept-alive connection
@@ -286,6 +287,32 @@ def test_the_openai_client_reads_answers(client: Any) -> None:
         client.chat.completions.create(model="other", messages=USER)
     with pytest.raises(openai.BadRequestError, match="seed"):
         client.chat.completions.create(model="tiny", messages=USER, seed=2**70)
+
+
+def test_a_seed_fixes_its_own_request_and_no_other(client: Any) -> None:
+    """A seeded request samples from a generator of its own: the same seed gives the same answer
+    (by chat and by completions), and torch's global generator, which another client's request
+    would otherwise inherit, is left exactly as it was."""
+    import torch
+
+    def chat(**seed: int) -> str:
+        answer = client.chat.completions.create(
+            model="tiny", messages=USER, max_tokens=12, temperature=1.0, **seed
+        )
+        return answer.choices[0].message.content
+
+    def complete(seed: int) -> str:
+        answer = client.completions.create(
+            model="tiny", prompt="The capital", max_tokens=12, temperature=1.0, seed=seed
+        )
+        return answer.choices[0].text
+
+    before = torch.get_rng_state()
+    first, completed = chat(seed=7), complete(7)
+    chat()  # an unseeded request between them
+    assert chat(seed=7) == first and complete(7) == completed
+    assert len({chat(seed=s) for s in (1, 2, 3)}) > 1
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_logprobs_are_the_models_own(served: ChatCompletionServer, client: Any) -> None:
@@ -442,7 +469,7 @@ def test_a_request_whose_client_left_is_not_generated(
 ) -> None:
     counts = scripted(monkeypatch, served, "word " * 400, delay=0.005)
     body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 400}).encode()
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = POST_HEAD.decode()
     with socket.create_connection((served.host, served.port)) as sock:
         sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
         time.sleep(0.3)  # the client gives up (a timeout) before the answer

@@ -18,6 +18,12 @@ only describe our episodes in its terms:
 * ``GET /llm_gym/tasks?split=val`` lists the split's task ids and prompts (never targets), so a
   client (:class:`~llm_gym.integrations.openenv_client.RemoteEnv`) can build its task list.
 
+Only this machine's clients and web pages are served unless ``access`` allows more
+(:mod:`llm_gym.serving.access`; ``--allowed-hosts`` and ``--allowed-origins`` on the command
+line): a WebSocket handshake or request whose ``Host`` names another host is refused (400), one
+from a web page of another origin too (403), before any session exists; a body that is not JSON
+is a 415.
+
 Each step runs on the server's event loop (our envs are async), within ``step_timeout_s``.
 Clients are hostile: :class:`~llm_gym.integrations.openenv_protocol.FrameGuard` reads every
 frame first (a bad one gets an error, the session goes on) and closes a connection silent for
@@ -53,6 +59,7 @@ from llm_gym.integrations.openenv_session import (
     ServedEnvError,
     finish_closing,
 )
+from llm_gym.serving.access import AccessGuard, AccessPolicy
 from llm_gym.serving.threaded import ThreadedServer, http_url
 
 try:
@@ -88,6 +95,7 @@ def build_env_app(
     task_options: Mapping[str, Any] | None = None,
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
     idle_timeout_s: float | None = 600.0,
+    access: AccessPolicy | None = None,
 ) -> Any:
     """The FastAPI app (OpenEnv's) that serves ``env``.
 
@@ -98,6 +106,7 @@ def build_env_app(
         task_options: Options of the task source (``{"world_seed": 1}``), fixed for the server.
         step_timeout_s: Seconds a ``reset`` or ``step`` may take before its episode is closed.
         idle_timeout_s: Seconds a connection may stay silent before it is closed (None: never).
+        access: The hosts and web origins served (default: loopback only).
     """
     entry = as_env_entry(env)
     if not isinstance(max_sessions, int) or isinstance(max_sessions, bool) or max_sessions < 1:
@@ -138,6 +147,8 @@ def build_env_app(
     for error in (RequestValidationError, HTTPException):
         app.add_exception_handler(error, _validation_answer)
     app.add_middleware(FrameGuard, idle_timeout_s=idle_timeout_s)
+    # Outermost: a refused handshake never reaches FrameGuard or OpenEnv (no session is made).
+    app.add_middleware(AccessGuard, policy=access or AccessPolicy())
     app.state.env_server = server
 
     @app.get("/llm_gym/sessions", tags=["llm_gym"])
@@ -235,6 +246,8 @@ def serve_env(
     """Serve ``env`` over OpenEnv in a background thread; returns the running server.
 
     ``options`` go to :func:`build_env_app` (``max_sessions``, ``task_options``,
-    ``step_timeout_s``, ``idle_timeout_s``). Port 0 takes any free port (``server.url``).
+    ``step_timeout_s``, ``idle_timeout_s``, ``access``: by default loopback, and ``host`` when
+    it is one address). Port 0 takes any free port (``server.url``).
     """
+    options.setdefault("access", AccessPolicy.local(host))
     return EnvServer(build_env_app(env, **options), host, port, log)

@@ -43,7 +43,9 @@ class HFPolicy(Policy):
         temperature: Sampling temperature; 0 means greedy decoding.
         top_p: Nucleus sampling mass.
         max_new_tokens: Tokens per assistant turn when the request sets none.
-        seed: Seeds torch's generator before each batch (reproducible sampling), or None.
+        seed: Seeds the sampling generator of each batch (``seed`` + the batch's number:
+            reproducible sampling; torch's global generator is left alone), or None (torch's
+            global generator).
         max_batch_size: Most episodes generated together (None: all of them): the largest
             ``generate`` batch, or the most episodes holding a row of the continuous engine.
         chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).
@@ -223,22 +225,27 @@ class HFPolicy(Policy):
                 attention[row, width - len(ids) :] = 1
         from transformers import GenerationConfig
 
+        from llm_gym.policies.hf_sampling import GeneratorSampling
+
         greedy = self.temperature == 0
         # A fresh config: the model's own (repetition penalty, min_p, ...) would sample from
-        # another distribution than the logprobs (and TRL's loss) assume.
+        # another distribution than the logprobs (and TRL's loss) assume. Sampling is the last
+        # processor's, from this batch's generator (generate's own draws from the global one).
         config = GenerationConfig(
             max_new_tokens=max(budgets),
-            do_sample=not greedy,
-            temperature=None if greedy else self.temperature,
-            top_p=None if greedy else self.top_p,
-            top_k=None if greedy else 0,
+            do_sample=False,
             pad_token_id=pad,
             eos_token_id=eos_ids,
             return_dict_in_generate=True,
             output_logits=True,
         )
-        if self.seed is not None:
-            torch.manual_seed(self.seed + self._batches)
+        processors = []
+        if not greedy:
+            generator = None
+            if self.seed is not None:
+                generator = torch.Generator(device=device)
+                generator.manual_seed(self.seed + self._batches)
+            processors.append(GeneratorSampling(self.temperature, self.top_p, generator))
         self._batches += 1
         self.generate_calls += 1
         with torch.inference_mode():
@@ -246,6 +253,7 @@ class HFPolicy(Policy):
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 generation_config=config,
+                logits_processor=processors,
             )
         sequences = output.sequences[:, width:].cpu()
         logits = torch.stack(output.logits, dim=1).float().cpu()  # (B, T, V)

@@ -1,15 +1,20 @@
-"""Next-token sampling for the decode engine: temperature, top-p, and one draw per row.
+"""Next-token sampling: temperature, top-p, and one draw per row, from a generator of the
+caller's.
 
 Pure functions of the logits (and a generator), so the engine's scheduling never touches the
 sampling law. ``top_p`` follows transformers' ``TopPLogitsWarper`` to the letter, so the engine
-samples what ``generate`` would.
+samples what ``generate`` would. :class:`GeneratorSampling` brings the same draw to
+``model.generate`` (whose own sampling takes no generator: it draws from torch's global one), so
+a seeded generation neither reads nor moves the global generator.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["draw", "sample"]
+from llm_gym.errors import InvalidArgumentError
+
+__all__ = ["GeneratorSampling", "draw", "nucleus", "sample"]
 
 
 def sample(
@@ -37,22 +42,28 @@ def sample(
         chosen = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         return tokens.tolist(), chosen.tolist()
     scores = logits / temperature
-    if top_p < 1.0:  # transformers' TopPLogitsWarper, to the letter
-        logprobs = torch.log_softmax(scores, dim=-1)
-        sorted_scores, order = torch.sort(scores, descending=False)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cumulative <= (1 - top_p)
-        remove_sorted[..., -1:] = False
-        remove = remove_sorted.scatter(1, order, remove_sorted)
-        tokens = draw(torch.softmax(scores.masked_fill(remove, float("-inf")), dim=-1), generator)
-        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-        return tokens.tolist(), chosen.tolist()
-    # No truncation: the drawn id's logprob is the log of the probability it was drawn with
-    # (within float rounding of log_softmax, ~1e-7), which saves a pass over the vocabulary.
-    probs = torch.softmax(scores, dim=-1)
+    probs = nucleus(scores, top_p)
     tokens = draw(probs, generator)
-    chosen = probs.gather(1, tokens[:, None])[:, 0].log()
+    if top_p < 1.0:
+        chosen = torch.log_softmax(scores, dim=-1).gather(1, tokens[:, None])[:, 0]
+    else:
+        # No truncation: the drawn id's logprob is the log of the probability it was drawn with
+        # (within float rounding of log_softmax, ~1e-7), which saves a pass over the vocabulary.
+        chosen = probs.gather(1, tokens[:, None])[:, 0].log()
     return tokens.tolist(), chosen.tolist()
+
+
+def nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The sampling probabilities of tempered ``scores`` (rows, vocabulary): their softmax over
+    the top-p nucleus (transformers' ``TopPLogitsWarper``, to the letter), 0 elsewhere."""
+    if top_p >= 1.0:
+        return torch.softmax(scores, dim=-1)
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - top_p)
+    remove_sorted[..., -1:] = False
+    remove = remove_sorted.scatter(1, order, remove_sorted)
+    return torch.softmax(scores.masked_fill(remove, float("-inf")), dim=-1)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -68,3 +79,35 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     if bool(zero.any()):
         tokens = torch.where(zero, probs.argmax(dim=-1), tokens)
     return tokens
+
+
+class GeneratorSampling:
+    """A logits processor for ``model.generate(do_sample=False, ...)`` that samples each next
+    token itself, from ``generator``, with :func:`sample`'s law (temperature, then top-p): it
+    returns scores that keep only the drawn id (every other one ``-inf``), which greedy
+    decoding then takes. Put it last among the processors.
+
+    Args:
+        temperature: Above 0.
+        top_p: Nucleus mass, in (0, 1].
+        generator: The generator every draw comes from, on the model's device (None: torch's
+            global one).
+    """
+
+    def __init__(
+        self, temperature: float, top_p: float, generator: torch.Generator | None = None
+    ) -> None:
+        if not temperature > 0:
+            raise InvalidArgumentError(
+                f"GeneratorSampling samples at a temperature > 0, actual: {temperature!r}; "
+                "decode greedily (do_sample=False, no GeneratorSampling) at temperature 0."
+            )
+        self.temperature = temperature
+        self.top_p = top_p
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = nucleus(scores.float() / self.temperature, self.top_p)
+        tokens = draw(probs, self.generator)
+        kept = torch.full_like(scores, float("-inf"))
+        return kept.scatter_(1, tokens[:, None], 0.0)

@@ -4,9 +4,9 @@
 ``GET /v1/models``, ``GET /v1/models/{id}`` and ``GET /health``. Every body is read here, with
 limits, before anything else looks at it:
 
-* a ``Content-Type`` other than JSON (``application/json`` or ``*/*+json``; a missing one is read
-  as JSON) is a 415, which also keeps browser pages from posting forms or ``text/plain`` to a
-  local server;
+* first :class:`~llm_gym.serving.access.AccessGuard` answers a ``Host`` that names no allowed
+  host (400), an ``Origin`` that names no allowed origin (403: browser pages of other sites) and
+  a body whose ``Content-Type`` is missing or not JSON (415), with the remedy;
 * a body over ``max_body_bytes`` is a 413, refused from its ``Content-Length`` before it is read,
   or as soon as a chunked body passes the limit (a malformed ``Content-Length`` never gets here:
   the HTTP layer answers 400 and closes the connection);
@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
+from llm_gym.serving.access import AccessGuard, AccessPolicy, Refusal
 from llm_gym.serving.body import decode_json_body
 from llm_gym.serving.chat_protocol import parse_chat_request
 from llm_gym.serving.engine import ClientGone, Engine
@@ -37,7 +38,7 @@ from llm_gym.serving.protocol import APIError, parse_completion_request
 from llm_gym.serving.responses import dumps
 from llm_gym.serving.streaming import chat_stream, completion_stream
 
-__all__ = ["ENDPOINTS", "MAX_BODY_BYTES", "build_app"]
+__all__ = ["ENDPOINTS", "MAX_BODY_BYTES", "build_app", "refusal_body"]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest request body accepted by default."""
@@ -49,20 +50,24 @@ _THREAD_PARSE_BYTES = 64 * 1024
 """Bodies larger than this are decoded in a worker thread, not on the event loop."""
 
 
-def _json_content_type(value: str | None) -> bool:
-    if value is None:
-        return True
-    media = value.split(";", 1)[0].strip().lower()
-    return media in ("", "application/json") or media.endswith("+json")
+def refusal_body(refusal: Refusal) -> bytes:
+    """An :class:`~llm_gym.serving.access.AccessGuard` refusal as an OpenAI-shaped error."""
+    return dumps(APIError(refusal.status, refusal.message, refusal.header).body())
 
 
 def build_app(
-    engine: Engine, *, max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = 30.0
+    engine: Engine,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout_s: float = 30.0,
+    access: AccessPolicy | None = None,
 ) -> Any:
-    """The ASGI application serving ``engine`` (see the module docstring)."""
+    """The ASGI application serving ``engine`` (see the module docstring); ``access`` says
+    which hosts and web origins it answers (default: loopback only)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
@@ -74,13 +79,6 @@ def build_app(
         return json_response(error.body(), error.status, headers)
 
     async def read_json(request: Request) -> dict[str, Any]:
-        content_type = request.headers.get("content-type")
-        if not _json_content_type(content_type):
-            raise APIError(
-                HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                f"Content-Type must be application/json; got {content_type[:100]!r}",
-                "Content-Type",
-            )
         too_large = APIError(
             HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
             f"the body is larger than this server's limit of {max_body_bytes} bytes",
@@ -218,4 +216,7 @@ def build_app(
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    guard = Middleware(AccessGuard, policy=access or AccessPolicy(), body=refusal_body)
+    return Starlette(
+        routes=routes, middleware=[guard], exception_handlers={HTTPException: http_error}
+    )

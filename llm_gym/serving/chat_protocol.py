@@ -116,7 +116,7 @@ class ChatRequest:
     max_tokens: int | None
     """``max_completion_tokens`` or else ``max_tokens`` (None: the server's default)."""
     seed: int | None
-    """Reseeds the sampler before the generation."""
+    """Seeds this generation's own sampler (other requests' sampling is untouched)."""
     stops: list[str]
     """Stop strings (empty ones dropped)."""
     chat_template_kwargs: dict[str, Any]

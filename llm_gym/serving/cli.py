@@ -8,6 +8,7 @@ from typing import Any, TextIO
 
 from llm_gym.policies.loading import TORCH_DTYPES
 from llm_gym.policies.template_tools import TEMPLATE_TOOLS_MODES
+from llm_gym.serving import access
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
@@ -16,7 +17,9 @@ DESCRIPTION = (
     "Serve MODEL (a model folder, a .gguf file, a packaged model's name or a hub id) to any "
     "OpenAI-compatible client. A request's tools are rendered by the chat template, or, when "
     "the template cannot render tools, written into the system message by the --tool-parser "
-    "action format (--template-tools require refuses such a model instead)."
+    "action format (--template-tools require refuses such a model instead). Only this "
+    "machine's clients and web pages are answered unless --allowed-hosts and --allowed-origins "
+    "allow more."
 )
 
 
@@ -55,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "holding 'template', such as chat_template, or one of apply_chat_template's own "
         "arguments is refused at startup)",
     )
+    access.add_arguments(p)
 
 
 def run(args: argparse.Namespace, out: TextIO, until_stopped: Callable[..., int]) -> int:
@@ -77,6 +81,7 @@ def run(args: argparse.Namespace, out: TextIO, until_stopped: Callable[..., int]
         log=not args.quiet,
         tool_parser=args.tool_parser,
         template_tools=args.template_tools,
+        access=access.policy_from_args(args),
         **options,
     )
     return until_stopped(server, f"serving {server.model_name!r} at {server.url}", out)

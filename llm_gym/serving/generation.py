@@ -4,7 +4,10 @@
 is sampled, to a callback (a :class:`TokenOut`: its id and, when asked, its logprob and the most
 likely alternatives); the callback can stop the generation. Logprobs are read from the scores
 after the model's own logits processors and before temperature and top-p (the distribution
-vLLM reports by default), so they do not depend on the sampling settings.
+vLLM reports by default), so they do not depend on the sampling settings. Each sampled
+generation draws from a generator of its own (seeded with the request's ``seed``, or from the
+operating system's entropy): no request reads or moves torch's global generator, so one
+client's seed never fixes another client's sampling.
 
 :class:`TextAssembler` turns those tokens into text pieces: incremental detokenization (a
 token that ends inside a multi-byte character waits for the next one), the end-of-sequence token
@@ -34,7 +37,8 @@ class Sampling:
     top_p: float = 1.0
     """Nucleus mass, in (0, 1]."""
     seed: int | None = None
-    """Reseeds torch's generator first."""
+    """Seeds the generation's own generator (None: a generator seeded from the operating
+    system's entropy)."""
     logprobs: int | None = None
     """``None``: no logprobs; ``k``: each token's logprob and its ``k`` most likely alternatives."""
 
@@ -118,25 +122,29 @@ def sample_tokens(
     """
     import torch
 
+    from llm_gym.policies.hf_sampling import GeneratorSampling
+
     device = next(model.parameters()).device
     stop = [False]
     capture = _Capture(sampling.logprobs, on_token, stop)
-    greedy = sampling.temperature == 0
+    processors: list[Any] = [capture] if sampling.logprobs is not None else []
+    if sampling.temperature != 0:  # drawn by the last processor; greedy decoding takes it
+        generator = torch.Generator(device=device)
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
+        processors.append(GeneratorSampling(sampling.temperature, sampling.top_p, generator))
     kwargs: dict[str, Any] = {
         "max_new_tokens": sampling.max_tokens,
-        "do_sample": not greedy,
+        "do_sample": False,
         "pad_token_id": pad_id,
         "eos_token_id": list(eos_ids) or None,
         "streamer": capture,
         "stopping_criteria": [_StopFlag(stop)],
+        "logits_processor": processors,
     }
-    if not greedy:
-        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-    if sampling.logprobs is not None:
-        kwargs["logits_processor"] = [capture]
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    if sampling.seed is not None:
-        torch.manual_seed(sampling.seed)
     with torch.inference_mode():
         model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
 

@@ -17,13 +17,13 @@ Endpoints:
   chat template with the generation prompt (:mod:`llm_gym.serving.chat_protocol` says what is
   accepted: no client template, allow-listed ``chat_template_kwargs``); the model samples up to
   ``max_tokens`` (or ``max_completion_tokens``; default :data:`DEFAULT_MAX_TOKENS`, never past
-  the model's context) with ``temperature`` and ``top_p`` (greedy at 0), ``seed`` reseeds the
-  sampler, and the text ends at an end-of-sequence token or a ``stop`` string. With ``tools``,
-  tool calls are parsed out of the reply with the server's action format (``tool_parser``,
-  Hermes ``<tool_call>`` blocks by default) into ``message.tool_calls`` with ``finish_reason``
-  ``"tool_calls"``. ``logprobs`` / ``top_logprobs`` (up to 20) return
-  ``choices[0].logprobs.content``. ``stream=true`` answers with server-sent events
-  (:mod:`llm_gym.serving.streaming`).
+  the model's context) with ``temperature`` and ``top_p`` (greedy at 0), ``seed`` seeds the
+  request's own sampler (other requests are untouched), and the text ends at an
+  end-of-sequence token or a ``stop`` string. With ``tools``, tool calls are parsed out of the
+  reply with the server's action format (``tool_parser``, Hermes ``<tool_call>`` blocks by
+  default) into ``message.tool_calls`` with ``finish_reason`` ``"tool_calls"``. ``logprobs`` /
+  ``top_logprobs`` (up to 20) return ``choices[0].logprobs.content``. ``stream=true`` answers
+  with server-sent events (:mod:`llm_gym.serving.streaming`).
 * ``POST /v1/completions`` (:mod:`llm_gym.serving.completions`): ``prompt`` as text or token
   ids, ``echo``, the legacy ``logprobs`` and vLLM's ``prompt_logprobs`` (what a distillation
   teacher, :class:`trainers.teacher.EndpointTeacher`, reads), ``stream``.
@@ -31,6 +31,9 @@ Endpoints:
   answer, ``token_ids`` on the choice).
 * ``GET /v1/models``, ``GET /v1/models/{id}``; ``GET /health``: ``{"status": "ok"}``.
 
+Only this machine's clients and web pages are answered unless ``access`` allows more
+(:mod:`llm_gym.serving.access`; ``--allowed-hosts`` and ``--allowed-origins`` on the command
+line): a ``Host`` that names another host is a 400, a web page of another origin a 403.
 Errors come back as ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request
 (the message names the field), 404 for an unknown path or model, 405 for a wrong method, 413
 for a body over ``max_body_bytes``, 415 for a body that is not JSON, 408 for a body that
@@ -48,6 +51,7 @@ import socket
 from collections.abc import Collection
 from typing import Any
 
+from llm_gym.serving.access import AccessPolicy
 from llm_gym.serving.app import MAX_BODY_BYTES, build_app
 from llm_gym.serving.body import decode_json_body
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_chat_request
@@ -154,6 +158,8 @@ class ChatCompletionServer:
         max_connections: Connections and requests at once (503 past it).
         request_timeout_s: Seconds a client may take to send a request's head, and its body:
             a connection that trickles or stalls is closed (head) or answered 408 (body).
+        access: The hosts and web origins answered (default: loopback, and ``host`` when it
+            is one address: :meth:`AccessPolicy.local`).
     """
 
     def __init__(
@@ -173,6 +179,7 @@ class ChatCompletionServer:
         backlog: int = DEFAULT_BACKLOG,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         request_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
+        access: AccessPolicy | None = None,
     ) -> None:
         try:
             import uvicorn
@@ -191,6 +198,7 @@ class ChatCompletionServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self._closed = False
+        self._access = access or AccessPolicy.local(host)
         self._socket = _listen(host, port, backlog)
         try:
             self._start(uvicorn, max_body_bytes, backlog, max_connections, request_timeout_s, log)
@@ -208,7 +216,12 @@ class ChatCompletionServer:
         log: bool,
     ) -> None:
         config = uvicorn.Config(
-            build_app(self.engine, max_body_bytes=max_body_bytes, body_timeout_s=timeout_s),
+            build_app(
+                self.engine,
+                max_body_bytes=max_body_bytes,
+                body_timeout_s=timeout_s,
+                access=self._access,
+            ),
             loop="asyncio",
             http=_protocol_with_head_timeout(timeout_s),
             ws="none",
@@ -302,7 +315,7 @@ def serve(
         log: Log one line per request.
         options: More :class:`ChatCompletionServer` arguments (``tool_parser``,
             ``template_tools``, ``chat_template_kwargs``, ``max_body_bytes``, ``backlog``,
-            ``max_connections``, ``request_timeout_s``).
+            ``max_connections``, ``request_timeout_s``, ``access``).
 
     Returns:
         The running server: ``.url`` is the base URL (``http://HOST:PORT/v1``), ``.close()``

@@ -229,7 +229,7 @@ class Common:
     include_usage: bool
     """``stream_options.include_usage``: a last chunk with ``usage`` before ``[DONE]``."""
     seed: int | None
-    """Reseeds the sampler before the generation."""
+    """Seeds this generation's own sampler (other requests' sampling is untouched)."""
     return_token_ids: bool
     """vLLM's extra: ``prompt_token_ids`` on the answer and ``token_ids`` on the choice."""
 
@@ -313,7 +313,7 @@ class CompletionRequest:
     top_p: float
     """Nucleus mass, in (0, 1]."""
     seed: int | None
-    """Reseeds the sampler before the generation."""
+    """Seeds this generation's own sampler (other requests' sampling is untouched)."""
     add_special_tokens: bool
     """Tokenize a text prompt with the tokenizer's special tokens (BOS, ...); default False."""
     stream: bool = False
