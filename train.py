@@ -9,7 +9,7 @@ it name ``my_pkg``'s too (see :mod:`llm_gym.core.references`).
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,33 +48,52 @@ def trust(prefixes: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from llm_gym.errors import InvalidArgumentError, LlmGymError
-    from trainers.pipeline import check_pipeline, run_pipeline
-    from trainers.pipeline_config import load_config, yaml_load
+    """Read the config, check it and run the pipeline; the pipeline's results.
+
+    An error ends the process with one line on stderr
+    (:func:`llm_gym.command_errors.report_failure`): exit code 2 for a mistake in the config or
+    on the command line (the line names it), 1 for an unexpected error (the line names the log
+    file with its traceback, under the config's ``output_dir`` once it is read).
+    """
+    from llm_gym.command_errors import report_failure
 
     args = parse_args(argv)
-    overrides = {}
-    # A mistake in the config or on the command line is one clear line, not a traceback: the
-    # file, the --set values, and what the pipeline checks before any model work (the env, its
-    # tasks, the GRPO fields).
+    config = None
     try:
         trust(args.trust_module)
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep or not all(key.split(".")):
-                raise InvalidArgumentError(
-                    f"--set expects KEY=VALUE with KEY a dotted name (grpo.num_steps=2), got "
-                    f"{item!r:.80}."
-                )
-            try:
-                overrides[key] = yaml_load(value)
-            except LlmGymError as exc:
-                raise InvalidArgumentError(f"--set {key}: {exc}") from None
-        config = load_config(args.config, overrides)
-        check_pipeline(config)
-    except LlmGymError as exc:
-        sys.exit(f"train.py: {exc}")
-    return run_pipeline(config)
+        config = _checked_config(args)
+        from trainers.pipeline import run_pipeline
+
+        return run_pipeline(config)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except Exception as exc:
+        folder = getattr(config, "output_dir", None)
+        raise SystemExit(report_failure("train.py", exc, log_folder=folder)) from None
+
+
+def _checked_config(args: argparse.Namespace) -> Any:
+    """The config of ``args`` with its --set values, checked as far as it can be before any
+    model work (the env, its tasks, the GRPO fields)."""
+    from llm_gym.errors import InvalidArgumentError, LlmGymError
+    from trainers.pipeline import check_pipeline
+    from trainers.pipeline_config import load_config, yaml_load
+
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not all(key.split(".")):
+            raise InvalidArgumentError(
+                f"--set expects KEY=VALUE with KEY a dotted name (grpo.num_steps=2), got "
+                f"{item!r:.80}."
+            )
+        try:
+            overrides[key] = yaml_load(value)
+        except LlmGymError as exc:
+            raise InvalidArgumentError(f"--set {key}: {exc}") from None
+    config = load_config(args.config, overrides)
+    check_pipeline(config)
+    return config
 
 
 if __name__ == "__main__":

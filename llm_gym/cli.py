@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from llm_gym.command_errors import report_failure
+from llm_gym.core.input_files import check_json_depth
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 
 __all__ = ["build_parser", "main"]
@@ -115,6 +117,10 @@ def _assignments(items: list[str]) -> dict[str, object]:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise InvalidArgumentError(f"Expected KEY=VALUE with a name for KEY, got {item!r}.")
+        try:
+            check_json_depth(value)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{key}: {exc}") from None
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -393,17 +399,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run ``llm-gym``; returns the exit code (errors print one clear line, exit code 2)."""
+    """Run ``llm-gym``; returns the exit code. An error is one line on stderr
+    (:func:`llm_gym.command_errors.report_failure`): exit code 2 for a mistake to fix (the line
+    names it), 1 for an unexpected error (the line names the log file with its traceback)."""
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
     try:
         return args.func(args, out)
-    except (LlmGymError, KeyError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"llm-gym {args.command}: error: {message}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        return report_failure(f"llm-gym {args.command}", exc)
 
 
 if __name__ == "__main__":

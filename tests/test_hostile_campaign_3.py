@@ -316,8 +316,8 @@ def _train_script():
 @pytest.mark.parametrize(
     ("config", "sets", "message"),
     [
-        ("<dir>", [], "is a directory; give a YAML file"),  # IsADirectoryError traceback
-        ("/dev/zero", [], "is not a regular file"),  # read until MemoryError
+        ("<dir>", [], "is a directory, not a regular file; give a YAML file"),  # IsADirectoryError
+        ("/dev/zero", [], "is a device, not a regular file"),  # read until MemoryError
         ("<latin1>", [], "not UTF-8 text (byte 10: b'\\xe9')"),  # UnicodeDecodeError traceback
         ("<big>", [], "larger than 1,048,576 bytes"),
         ("<ok>", ["seed=["], "--set seed: not valid YAML"),  # a YAML traceback
@@ -327,7 +327,7 @@ def _train_script():
         ("<ok>", ["task_options.foo=1"], "takes no option(s) ['foo']; it accepts: ['world_seed']"),
     ],
 )
-def test_train_py_config_mistakes_are_one_line(tmp_path, config, sets, message) -> None:
+def test_train_py_config_mistakes_are_one_line(tmp_path, capsys, config, sets, message) -> None:
     from tests.conftest import ROOT
 
     files = {
@@ -341,9 +341,10 @@ def test_train_py_config_mistakes_are_one_line(tmp_path, config, sets, message) 
     path = files.get(config, config)
     with pytest.raises(SystemExit) as info:
         _train_script().main(["--config", str(path), *[f"--set={s}" for s in sets]])
-    text = str(info.value.code)
-    assert text.startswith("train.py: ") and message in text, text
-    assert len(text) < 1000
+    text = capsys.readouterr().err
+    assert info.value.code == 2
+    assert text.startswith("train.py: error: ") and message in text, text
+    assert len(text) < 1000 and text.count("\n") == 1
 
 
 def test_task_file_that_is_a_directory_is_named(tmp_path) -> None:

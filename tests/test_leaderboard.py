@@ -435,3 +435,40 @@ def test_cli_subcommand(tmp_path: Path) -> None:
     assert {r.policy for r in records} == {"oracle", "random:3"}
     assert records[0].command.startswith("python -m benchmarks.leaderboard --envs Math-v0")
     assert main(["leaderboard", "--policies", "oracel", "--out-dir", str(tmp_path)]) == 2
+
+
+# --- hostile leaderboard.json on resume ------------------------------------------------------
+
+
+def _with_record(**changes: object) -> str:
+    record = dataclasses.asdict(make_record("GuessNumber-v0"))
+    return json.dumps({"schema": lb.SCHEMA, "records": [{**record, **changes}]})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[]", 'a leaderboard is {"schema": 1, "records": [...]}'),  # AttributeError: 'get'
+        ('{"records": 5}', 'a leaderboard is {"schema": 1'),  # TypeError: not iterable
+        ('{"records": [1]}', "record 0: A leaderboard record is a JSON object"),  # TypeError
+        ("[" * 100_000, "nested more than 100 levels deep"),  # RecursionError
+        (_with_record(k="2"), "record 0: The leaderboard record's 'k' must be an integer"),
+        (_with_record(success_ci=[0.5]), "'success_ci' must be [low, high]"),
+        (_with_record(metrics={"x": "y"}), "'metrics' must be an object of numbers"),
+        (_with_record(env_version=3), "'env_version' must be a string or null"),
+        ("{", "not valid JSON (Expecting property name"),  # a raw JSONDecodeError
+    ],
+    ids=["list", "records 5", "record 1", "deep", "k text", "ci", "metrics", "version", "cut"],
+)
+def test_a_hostile_leaderboard_json_is_one_line_naming_the_file(
+    tmp_path: Path, capsys, text: str, message: str
+) -> None:
+    from llm_gym.cli import main
+
+    path = tmp_path / "leaderboard.json"
+    path.write_text(text)
+    argv = ["leaderboard", "--envs", "GuessNumber-v0", "--policies", "random", "--episodes", "2"]
+    assert main([*argv, "--out-dir", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"llm-gym leaderboard: error: {path}: ") and message in err, err
+    assert err.count("\n") == 1 and "move the file away" in err and len(err) < 600

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from llm_gym.core.input_files import InputLimit, read_input_text
 from llm_gym.errors import InvalidArgumentError
 from trainers.field_types import check_field_types
 
@@ -251,7 +252,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 def yaml_load(text: str) -> Any:
-    r"""``yaml.safe_load`` that reads exponent floats as YAML 1.2 does.
+    r"""``yaml.safe_load`` that reads exponent floats as YAML 1.2 does, nested at most
+    :data:`MAX_YAML_DEPTH` deep and expanding to at most :data:`MAX_YAML_NODES` values.
 
     PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is the *string* ``"1e-4"``: a learning rate
     written that way would reach the optimizer as text. Quoted scalars stay strings.
@@ -265,9 +267,19 @@ def yaml_load(text: str) -> Any:
     try:
         data = yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"not valid YAML: {exc}") from None
+        raise InvalidArgumentError(f"not valid YAML: {_yaml_reason(exc)}.") from None
     _check_expansion(data)
     return data
+
+
+def _yaml_reason(exc: Any) -> str:
+    """PyYAML's error on one line: its context, the problem and the place."""
+    mark = getattr(exc, "problem_mark", None)
+    parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+    text = ": ".join(p for p in parts if p) or str(exc)
+    if mark is not None:
+        text += f" (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(text.split())
 
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -276,29 +288,24 @@ file is refused rather than read into memory (``/dev/zero`` was read until Memor
 
 
 def read_config_text(path: Path) -> str:
-    """The text of the config file at ``path``, read with bounds and checked.
+    """The text of the config file at ``path``, read with bounds and checked
+    (:func:`llm_gym.core.input_files.read_input_text`).
 
     Raises:
-        InvalidArgumentError: ``path`` is missing, not a regular file, over
-            :data:`MAX_CONFIG_BYTES`, or not UTF-8 (each named, with the byte for UTF-8).
+        InvalidArgumentError: ``path`` is missing, not a regular file (a directory, a device,
+            a FIFO), over :data:`MAX_CONFIG_BYTES`, or not UTF-8 (each named, with the byte for
+            UTF-8).
     """
-    if not path.exists():
-        raise InvalidArgumentError(f"No such config file: {str(path)!r}.")
-    if not path.is_file():
-        kind = "a directory" if path.is_dir() else "not a regular file"
-        raise InvalidArgumentError(f"The config {str(path)!r} is {kind}; give a YAML file.")
-    with path.open("rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise InvalidArgumentError(
-            f"{path}: the config is larger than {MAX_CONFIG_BYTES:,} bytes; is it the right file?"
-        )
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidArgumentError(
-            f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})."
-        ) from None
+    limit = InputLimit(
+        "config", MAX_CONFIG_BYTES, "trainers.pipeline_config.MAX_CONFIG_BYTES", "a YAML file"
+    )
+    return read_input_text(path, limit)
+
+
+MAX_YAML_DEPTH = 100
+"""The deepest nesting of lists and mappings a YAML document may hold (a config is 3 deep; the
+document's own mapping is the first level):
+PyYAML builds nested values by recursion, so a document 100,000 deep raised RecursionError."""
 
 
 MAX_YAML_NODES = 100_000
@@ -340,7 +347,26 @@ def _yaml_loader() -> Any:
 
     class Loader(yaml.SafeLoader):
         """SafeLoader with YAML 1.2's exponent floats (``1e-4``, ``2E+3``) that refuses a key
-        given twice (PyYAML keeps the last one silently)."""
+        given twice (PyYAML keeps the last one silently) and a document nested deeper than
+        :data:`MAX_YAML_DEPTH`."""
+
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+                return super().compose_node(parent, index)  # a scalar or an alias: no level
+            self.depth += 1
+            try:
+                if self.depth > MAX_YAML_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise InvalidArgumentError(
+                        f"the YAML document nests more than {MAX_YAML_DEPTH} levels deep (line "
+                        f"{mark.line + 1}, column {mark.column + 1}; the limit "
+                        "trainers.pipeline_config.MAX_YAML_DEPTH)."
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()

@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.core.factories import as_task
+from llm_gym.core.input_files import InputLimit, check_json_depth, input_lines
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from trainers.config import MultiTurnGRPOConfig
 
-__all__ = ["train_multi_turn", "load_tasks"]
+__all__ = ["MAX_TASK_FILE_BYTES", "train_multi_turn", "load_tasks"]
+
+MAX_TASK_FILE_BYTES = 1 << 30
+"""The largest task file read (JSONL, one task a line; read a line at a time): a path to a
+device, a FIFO or an unrelated huge file is refused rather than read until memory runs out."""
 
 
 def load_tasks(tasks: Any) -> list[Task]:
@@ -21,26 +26,15 @@ def load_tasks(tasks: Any) -> list[Task]:
 
     Rows need a ``prompt`` (or ``input``) and may carry ``target`` (or ``output``), ``metadata``
     and ``id``.
+
+    Raises:
+        InvalidArgumentError: A path that is not a regular file (a directory, a device, a
+            FIFO), one over :data:`MAX_TASK_FILE_BYTES`, or a line that is not a task (named
+            ``path:line``; JSON nested past
+            :data:`~llm_gym.core.input_files.MAX_JSON_DEPTH` included).
     """
     if isinstance(tasks, str | Path):
-        path = Path(tasks)
-        if not path.exists():
-            raise InvalidArgumentError(f"No such task file: {str(path)!r}.")
-        if path.is_dir():
-            raise InvalidArgumentError(f"The task file {str(path)!r} is a directory.")
-        tasks = []
-        with path.open("rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                    if line.strip():
-                        tasks.append(Task.from_dict(json.loads(line)))
-                except (ValueError, RecursionError) as exc:  # JSON, UTF-8, digits, the task
-                    reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
-                    raise InvalidArgumentError(
-                        f"{path}:{number}: not a valid task ({reason})."
-                    ) from None
-        return tasks
+        return _read_task_file(Path(tasks))
     if hasattr(tasks, "column_names") and hasattr(tasks, "__getitem__"):  # datasets.Dataset
         return [Task.from_dict(dict(row)) for row in tasks]
     if isinstance(tasks, Sequence):
@@ -49,6 +43,23 @@ def load_tasks(tasks: Any) -> list[Task]:
         "tasks must be a list of Task, a datasets.Dataset or a JSONL path, "
         f"actual type: {type(tasks).__name__}."
     )
+
+
+def _read_task_file(path: Path) -> list[Task]:
+    limit = InputLimit(
+        "task file", MAX_TASK_FILE_BYTES, "trainers.train.MAX_TASK_FILE_BYTES", "a JSONL file"
+    )
+    tasks = []
+    for number, raw in input_lines(path, limit):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            if line.strip():
+                check_json_depth(line)
+                tasks.append(Task.from_dict(json.loads(line)))
+        except ValueError as exc:  # JSON, UTF-8, digits, depth, the task
+            reason = str(exc).rstrip(".")
+            raise InvalidArgumentError(f"{path}:{number}: not a valid task ({reason}).") from None
+    return tasks
 
 
 def train_multi_turn(

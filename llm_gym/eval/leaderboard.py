@@ -13,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_gym.core.input_files import InputLimit, loads_json, read_input_text
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.files import write_atomic
 from llm_gym.eval.metrics import is_success, mean_pass_at_k
@@ -44,6 +48,7 @@ __all__ = [
     "View",
     "build_table",
     # files
+    "MAX_LEADERBOARD_BYTES",
     "load_records",
     "save_records",
     "weights_hash",
@@ -142,12 +147,71 @@ class Record(Job):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Record:
-        """A record from its JSON form (every field required; extra keys are ignored)."""
+        """A record from its JSON form (every field required, of its declared type; extra keys
+        are ignored).
+
+        Raises:
+            InvalidArgumentError: ``data`` is not a mapping, lacks a field, or holds a field of
+                another type (``success_ci`` is ``[low, high]``).
+        """
+        if not isinstance(data, Mapping):
+            raise InvalidArgumentError(
+                f"A leaderboard record is a JSON object, actual value: {data!r:.80}."
+            )
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [name for name in names if name not in data]
         if missing:
             raise InvalidArgumentError(f"A leaderboard record lacks the fields {missing}.")
+        hints = typing.get_type_hints(cls)
+        for name in names:
+            value = data[name]
+            if not _matches(value, hints[name]) or (name == "success_ci" and len(value) != 2):
+                shown = "[low, high]" if name == "success_ci" else _type_name(hints[name])
+                raise InvalidArgumentError(
+                    f"The leaderboard record's {name!r} must be {shown}, actual value: "
+                    f"{value!r:.80}."
+                )
         return cls(**{name: data[name] for name in names})
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether the JSON value ``value`` is of the field type ``hint`` (``str | None``,
+    ``dict[str, float]``, ``list[float]``...; ``float`` takes an int, ``bool`` is no number)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        kinds = (int, float) if hint is float else int
+        return isinstance(value, kinds) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items()
+        )
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    return isinstance(value, hint)
+
+
+_TYPE_NAMES = {
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+    type(None): ("null", "nulls"),
+    Any: ("a value", "values"),
+}
+
+
+def _type_name(hint: Any, plural: bool = False) -> str:
+    if hint in _TYPE_NAMES:
+        return _TYPE_NAMES[hint][plural]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg, plural) for arg in typing.get_args(hint))
+    kind = "an object" if typing.get_origin(hint) is dict else "a list"
+    return f"{kind} of {_type_name(typing.get_args(hint)[-1], True)}"
 
 
 # --- pure logic: merge, staleness, ranking ----------------------------------------------------
@@ -296,11 +360,42 @@ def build_table(
 # --- files ---------------------------------------------------------------------------------------
 
 
+MAX_LEADERBOARD_BYTES = 256 << 20
+"""The largest ``leaderboard.json`` read (a record is about 2 KB)."""
+
+
 def load_records(path: Path) -> list[Record]:
-    """The records of ``leaderboard.json`` (none when it does not exist)."""
-    if not path.exists():
+    """The records of ``leaderboard.json`` (none when it does not exist).
+
+    Raises:
+        InvalidArgumentError: The file is not a regular file, is over
+            :data:`MAX_LEADERBOARD_BYTES`, is not JSON (or nests past
+            :data:`~llm_gym.core.input_files.MAX_JSON_DEPTH`), or is not
+            ``{"records": [record, ...]}`` of valid records; the message names the file.
+    """
+    if not os.path.lexists(path):
         return []
-    return [Record.from_dict(r) for r in json.loads(path.read_text()).get("records", [])]
+    name = "llm_gym.eval.leaderboard.MAX_LEADERBOARD_BYTES"
+    limit = InputLimit("leaderboard", MAX_LEADERBOARD_BYTES, name, "a leaderboard.json file")
+    try:
+        data = loads_json(read_input_text(path, limit))
+        if not isinstance(data, dict) or not isinstance(data.get("records", []), list):
+            raise InvalidArgumentError(
+                f'a leaderboard is {{"schema": 1, "records": [...]}}, actual value: {data!r:.80}.'
+            )
+        records = []
+        for number, item in enumerate(data.get("records", [])):
+            try:
+                records.append(Record.from_dict(item))
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"record {number}: {exc}") from None
+    except InvalidArgumentError as exc:
+        text = str(exc).rstrip(".")
+        text = text if str(path) in text else f"{path}: {text}"
+        raise InvalidArgumentError(
+            f"{text}; move the file away (the rerun writes a new one) or fix it."
+        ) from None
+    return records
 
 
 def save_records(path: Path, records: Sequence[Record]) -> None:

@@ -41,6 +41,7 @@ from llm_gym.models.tokenizer import (
     SPECIAL_TOKENS,
     build_tokenizer,
 )
+from llm_gym.policies.gguf import cache_root, read_build_info
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -90,11 +91,6 @@ def _corpus_envs(envs: Sequence[str] | None = None) -> list[tuple[str, str]]:
     return [(entry.id, str(entry.version)) for entry in selected_envs(envs)]
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("LLM_GYM_CACHE") or "~/.cache/llm_gym"
-    return Path(root).expanduser()
-
-
 def _build_args(envs: Sequence[str] | None = None, **kwargs: Any) -> dict[str, Any]:
     args = {"build_version": BUILD_VERSION, **kwargs, "envs": _corpus_envs(envs)}
     return json.loads(json.dumps(args))  # as build_info.json stores it (lists, not tuples)
@@ -135,15 +131,12 @@ def default_model_dir(
         max_tasks_per_env=max_tasks_per_env,
         envs=envs,
     )
-    return _cache_root() / "models" / f"tiny-qwen2-{_build_hash(args)}"
+    return cache_root() / f"tiny-qwen2-{_build_hash(args)}"
 
 
 def _complete(path: Path, args: dict[str, Any]) -> bool:
-    try:
-        info = json.loads((path / BUILD_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(info, dict) and info.get("args") == args
+    info = read_build_info(path)
+    return info is not None and info.get("args") == args
 
 
 def _safe_to_replace(path: Path) -> bool:

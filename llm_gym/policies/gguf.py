@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from llm_gym.core.input_files import InputLimit, loads_json, open_input, read_input_text
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "ensure_converted",
     "is_complete",
     "log",
+    "read_build_info",
     "replaceable",
     "require_gguf",
     "sha256_file",
@@ -58,20 +60,40 @@ def log(message: str) -> None:
 
 
 def cache_root() -> Path:
-    """``$LLM_GYM_CACHE/models`` (default ``~/.cache/llm_gym/models``)."""
+    """``$LLM_GYM_CACHE/models`` (default ``~/.cache/llm_gym/models``), a folder or a path that
+    can become one.
+
+    Raises:
+        InvalidArgumentError: The path, or a folder on the way to it, is something else (a
+            file, a device).
+    """
     root = os.environ.get("LLM_GYM_CACHE") or "~/.cache/llm_gym"
     path = Path(root).expanduser() / "models"
-    if path.exists() and not path.is_dir():
-        raise InvalidArgumentError(
-            f"the model cache {path} is not a folder; set LLM_GYM_CACHE to a folder."
-        )
+    for part in (path, *path.parents):  # the deepest that exists must be a folder
+        if part.exists():
+            if not part.is_dir():
+                where = "is" if part == path else f"lies under {str(part)!r}, which is"
+                raise InvalidArgumentError(
+                    f"the model cache {str(path)!r} {where} not a folder; set LLM_GYM_CACHE "
+                    "to a folder (or a path where one can be made)."
+                )
+            break
     return path
 
 
+MAX_MODEL_FILE_BYTES = 1 << 40
+"""The largest model file (``.gguf``, wheel) read: a terabyte, past the largest published."""
+
+
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    """The SHA-256 of the file at ``path``, read in 1 MiB chunks."""
+    """The SHA-256 of the regular file at ``path`` (at most :data:`MAX_MODEL_FILE_BYTES`; a
+    FIFO or a device is refused, :func:`~llm_gym.core.input_files.open_input`), read in 1 MiB
+    chunks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    limit = InputLimit(
+        "model file", MAX_MODEL_FILE_BYTES, "llm_gym.policies.gguf.MAX_MODEL_FILE_BYTES"
+    )
+    with open_input(path, limit) as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
             if progress is not None:
@@ -82,9 +104,17 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
 # --- the cache's folders --------------------------------------------------------------------
 
 
-def _recorded(folder: Path) -> dict[str, Any] | None:
+MAX_BUILD_INFO_BYTES = 1 << 20
+"""The largest ``build_info.json`` read (the cache writes a few hundred bytes)."""
+
+
+def read_build_info(folder: Path) -> dict[str, Any] | None:
+    """The ``build_info.json`` of a cached model folder; None when there is none, or it is not
+    a regular file of at most :data:`MAX_BUILD_INFO_BYTES` holding a JSON object."""
+    name = "llm_gym.policies.gguf.MAX_BUILD_INFO_BYTES"
     try:
-        info = json.loads((folder / BUILD_INFO).read_text(encoding="utf-8"))
+        limit = InputLimit("build record", MAX_BUILD_INFO_BYTES, name)
+        info = loads_json(read_input_text(folder / BUILD_INFO, limit))
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
@@ -93,7 +123,7 @@ def _recorded(folder: Path) -> dict[str, Any] | None:
 def is_complete(folder: Path, source: dict[str, Any]) -> bool:
     """Whether ``folder`` holds a finished conversion of ``source`` whose files are all there
     at their recorded sizes."""
-    info = _recorded(folder)
+    info = read_build_info(folder)
     if info is None or info.get("source") != source:
         return False
     if info.get("conversion_version") != CONVERSION_VERSION:
@@ -114,7 +144,7 @@ def replaceable(folder: Path) -> bool:
     """A folder is replaced only when it is one of our conversions (its build_info says so)."""
     if not folder.exists():
         return True
-    info = _recorded(folder)
+    info = read_build_info(folder)
     return folder.is_dir() and info is not None and "conversion_version" in info
 
 

