@@ -244,18 +244,20 @@ def _train_script():
     return module
 
 
-def test_train_py_refuses_a_config_that_names_os_system(tmp_path: Path) -> None:
+def test_train_py_refuses_a_config_that_names_os_system(tmp_path: Path, capsys) -> None:
     marker = tmp_path / "ran"
     config = ROOT / "configs" / "tool_use_game_tiny.yaml"
     sets = ["sft.oracle=os:system", f"sft.oracle_options={{command: 'touch {marker}'}}"]
     with pytest.raises(SystemExit) as info:
         _train_script().main(["--config", str(config), *[f"--set={s}" for s in sets]])
-    text = str(info.value.code)
-    assert text.startswith("train.py: Refused the reference 'os:system'"), text
-    assert "--trust-module" in text and len(text) < 1000 and not marker.exists()
+    text = capsys.readouterr().err
+    assert info.value.code == 2
+    assert text.startswith("train.py: error: Refused the reference 'os:system'"), text
+    assert "--trust-module" in text and text.count("\n") == 1 and not marker.exists()
     with pytest.raises(SystemExit) as info:
         _train_script().main(["--config", str(config), "--trust-module", "subprocess"])
-    assert str(info.value.code).startswith("train.py: trust_modules: 'subprocess' is never")
+    text = capsys.readouterr().err
+    assert text.startswith("train.py: error: trust_modules: 'subprocess' is never"), text
 
 
 def test_train_py_trust_module_reaches_the_config_and_child_processes(

@@ -86,7 +86,7 @@ def test_train_py_stops_before_any_model_loads(no_setup, monkeypatch, capsys) ->
                 "grpo.wandb_project=my-runs",
             ]
         )
-    assert "wandb_project='my-runs'" in str(caught.value) and "WANDB_MODE=offline" in str(
-        caught.value
-    )
+    text = capsys.readouterr().err
+    assert caught.value.code == 2 and text.startswith("train.py: error: This run logs to W&B")
+    assert "wandb_project='my-runs'" in text and "WANDB_MODE=offline" in text
     assert built == []  # nothing was built or loaded
