@@ -1,9 +1,11 @@
 """Train an agent on an llm_gym environment: ``accelerate launch train.py --config CONFIG``.
 
-Thin on purpose: read the config, run :func:`trainers.pipeline.run_pipeline`. Override single
-keys with ``--set grpo.num_steps=2 sft.time_budget_s=60``. A ``"module:attr"`` reference in the
-config (``sft.oracle``) may name llm_gym's and trainers' modules; ``--trust-module my_pkg`` lets
-it name ``my_pkg``'s too (see :mod:`llm_gym.core.references`).
+Thin on purpose: read the config (YAML, or TOML for a ``.toml`` path), run
+:func:`trainers.pipeline.run_pipeline`. Override single keys with ``--set grpo.num_steps=2
+sft.time_budget_s=60`` (document 002's ``[train]`` names too: ``train.group_size=8``). A
+``"module:attr"`` reference in the config (``sft.oracle``) may name llm_gym's and trainers'
+modules; ``--trust-module my_pkg`` lets it name ``my_pkg``'s too (see
+:mod:`llm_gym.core.references`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="a YAML file from configs/")
+    parser.add_argument("--config", required=True, help="a YAML or TOML (.toml) file from configs/")
     parser.add_argument(
         "--set",
         nargs="*",

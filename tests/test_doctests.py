@@ -66,6 +66,7 @@ def test_docstring_examples(name: str) -> None:
         "trainers.pipeline_config",
         "trainers.pipeline",
         "trainers.pipeline_eval",
+        "trainers.train_table",
         "llm_gym.policies.loading",
     ],
 )

@@ -316,7 +316,8 @@ def _train_script():
 @pytest.mark.parametrize(
     ("config", "sets", "message"),
     [
-        ("<dir>", [], "is a directory, not a regular file; give a YAML file"),  # IsADirectoryError
+        # IsADirectoryError
+        ("<dir>", [], "is a directory, not a regular file; give a YAML or TOML file"),
         ("/dev/zero", [], "is a device, not a regular file"),  # read until MemoryError
         ("<latin1>", [], "not UTF-8 text (byte 10: b'\\xe9')"),  # UnicodeDecodeError traceback
         ("<big>", [], "larger than 1,048,576 bytes"),

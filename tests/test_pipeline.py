@@ -52,7 +52,7 @@ def test_eval_settings_refuse_bad_values(field: str, value: object) -> None:
         EvalSettings(**{field: value})
 
 
-CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted(p.name for p in (ROOT / "configs").iterdir() if p.suffix in (".yaml", ".toml"))
 ASYNC_FIELDS = ("max_steps_off_policy", "groups_in_flight", "weight_sync_type")
 
 

@@ -57,8 +57,8 @@ def _type(field: dataclasses.Field) -> str:
 
 def render() -> str:
     """The reference as markdown: the fields :class:`MultiTurnGRPOConfig` adds to TRL's
-    ``GRPOConfig`` or changes, :class:`DistillationConfig`'s keys, then how ``"module:attr"``
-    references resolve."""
+    ``GRPOConfig`` or changes, :class:`DistillationConfig`'s keys, document 002's ``[train]``
+    keys, then how ``"module:attr"`` references resolve."""
     trl_defaults = {f.name: f for f in dataclasses.fields(_TRLGRPOConfig)}
     lines = [
         "# `MultiTurnGRPOConfig` reference",
@@ -106,7 +106,29 @@ def render() -> str:
         lines.append(
             f"| `{field.name}` | {_type(field)} | {_default(field)} | {docs.get(field.name, '')} |"
         )
-    return "\n".join([*lines, *_references_section()]) + "\n"
+    return "\n".join([*lines, *_train_table_section(), *_references_section()]) + "\n"
+
+
+def _train_table_section() -> list[str]:
+    """Document 002's ``[train]`` keys and the fields they set
+    (:data:`trainers.train_table.TRAIN_KEYS`)."""
+    from trainers.train_table import TRAIN_KEYS
+
+    lines = [
+        "",
+        "## Document 002's `[train]` table",
+        "",
+        "A `train.py` config (TOML, `.toml`, or YAML) may give these settings in a `[train]` table",
+        "(`train:` in YAML) under document 002's names; each sets the field beside it. Another",
+        "key there is refused by name, and so is one setting given under both names with",
+        "different values. `--set train.group_size=8` overrides one.",
+        "",
+        "| `[train]` key | sets | what it is (document 002) |",
+        "| --- | --- | --- |",
+    ]
+    for key in TRAIN_KEYS:
+        lines.append(f"| `{key.name}` | `grpo.{key.field}` | {key.meaning} |")
+    return lines
 
 
 def _references_section() -> list[str]:

@@ -24,7 +24,13 @@ from trainers.pipeline_config import (
     yaml_load,
 )
 from trainers.pipeline_eval import evaluate_model, paired_gain, plot_reward_curve, task_success
-from trainers.pipeline_sft import demonstrator, sft_stage, sft_tasks
+from trainers.pipeline_sft import (
+    check_sft_source,
+    demonstrator,
+    sft_completion_dataset,
+    sft_stage,
+    sft_tasks,
+)
 
 __all__ = [
     "build_grpo_config",
@@ -63,6 +69,7 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
     if config.sft is not None:  # a refused or missing demonstrator: here, not after the model
         for spec in (config.sft.oracle, config.sft.short_context_oracle):
             resolve(spec)
+        check_sft_source(config.sft, entry)
     grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
     max_turns = config.grpo.get("max_turns") or entry.max_turns
     build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())
@@ -100,7 +107,10 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     if config.sft is not None:
         from trainers.sft_data import oracle_sft_dataset
 
-        print(f"== 2/5 SFT warm start on {config.sft.episodes} demonstrations", flush=True)
+        what = (
+            "sft_completion targets" if config.sft.source == "sft_completion" else "demonstrations"
+        )
+        print(f"== 2/5 SFT warm start on {config.sft.episodes} {what}", flush=True)
         t = time.perf_counter()
         warm_tasks = sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
                                config.sft.task_options)  # fmt: skip
@@ -120,10 +130,13 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             return made[key]
 
         sft = config.sft
-        full = demonstrations(sft.oracle, sft.oracle_options)
         short = None
-        if sft.short_context_steps > 0:
-            short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
+        if sft.source == "sft_completion":  # document 002's rows; both phases read them
+            full = sft_completion_dataset(entry, warm_tasks)
+        else:
+            full = demonstrations(sft.oracle, sft.oracle_options)
+            if sft.short_context_steps > 0:
+                short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
         model_path = sft_stage(
             model_path, out, full, sft, config.seed, short=short, action_format=action_format
         )

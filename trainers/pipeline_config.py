@@ -1,6 +1,7 @@
-"""``train.py``'s config: the records of a YAML config file and how it is read.
+"""``train.py``'s config: the records of a YAML or TOML config file and how it is read.
 
-A YAML config has these keys (each optional; ``grpo`` is the one every run needs)::
+A YAML config has these keys (each optional; ``grpo`` is the one every run needs); a TOML config
+(``.toml``) has the same ones as tables (``[grpo]``)::
 
     env: ToolUseGame-v0          # a registered llm_gym environment
     model: tiny                  # "tiny" builds the embedded model; or a path / hub id
@@ -10,10 +11,13 @@ A YAML config has these keys (each optional; ``grpo`` is the one every run needs
     task_repeats: {...}          # kind -> count: GRPO's task list, some kinds repeated
     sft: {...}                   # SFTSettings: warm start on oracle transcripts
     grpo: {...}                  # MultiTurnGRPOConfig fields
+    train: {...}                 # document 002's [train] names of grpo fields (group_size, ...)
     distillation: {...}          # on-policy distillation: teacher, kl_coef, reward_weight
     evaluation: {...}            # EvalSettings: held-out episodes before and after GRPO
 
-:func:`load_config` reads it (with :func:`yaml_load`) and refuses unknown keys.
+:func:`load_config` reads it (with :func:`yaml_load`, or :func:`~trainers.train_table.toml_load`
+for ``.toml``), maps ``train`` onto ``grpo`` (:func:`~trainers.train_table.merge_train_table`)
+and refuses unknown keys.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any, Literal
 from llm_gym.core.input_files import InputLimit, read_input_text
 from llm_gym.errors import InvalidArgumentError
 from trainers.field_types import check_field_types
+from trainers.train_table import merge_train_table, toml_load
 
 __all__ = [
     "MAX_SEED",
@@ -47,10 +52,16 @@ takes no more."""
 
 @dataclass
 class SFTSettings:
-    """Multi-turn SFT warm start on the environment's oracle transcripts."""
+    """Multi-turn SFT warm start on the environment's oracle transcripts, or on a document-002
+    environment's ``sft_completion`` targets."""
 
+    source: Literal["oracle", "sft_completion"] = "oracle"
+    """Where the transcripts come from: ``oracle`` (the demonstrator's episodes, run in the
+    environment) or ``sft_completion`` (document 002's rows, ``env.start_episode(example,
+    prompt_text) + env.sft_completion(example)``, for an ``EnvironmentMultiTurn`` environment;
+    it takes no demonstrator settings)."""
     episodes: int = 4000
-    """Oracle transcripts to train on (train split tasks, then fresh seeded tasks if needed)."""
+    """Transcripts to train on (train split tasks, then fresh seeded tasks if needed)."""
     learning_rate: float = 5e-4
     """AdamW learning rate (both phases). The embedded tiny model never learns to copy a number
     from a tool result at 2e-3; at 5e-4 it does (see :func:`trainers.sft.sft_warm_start`)."""
@@ -89,7 +100,7 @@ class SFTSettings:
     from the tool results, not recalled); None: the job's alone."""
     only_successful: bool = True
     """Keep only the demonstrations that succeed (False: keep the failed ones too, as an
-    imperfect demonstrator's data would)."""
+    imperfect demonstrator's data would); ``sft_completion`` targets are not scored."""
     time_budget_s: float | None = None
     """Stop after this many seconds of training, both phases together (None: no limit); the
     short-context phase gets at most its share of the steps (half when the full phase runs by
@@ -296,9 +307,8 @@ def read_config_text(path: Path) -> str:
             a FIFO), over :data:`MAX_CONFIG_BYTES`, or not UTF-8 (each named, with the byte for
             UTF-8).
     """
-    limit = InputLimit(
-        "config", MAX_CONFIG_BYTES, "trainers.pipeline_config.MAX_CONFIG_BYTES", "a YAML file"
-    )
+    name = "trainers.pipeline_config.MAX_CONFIG_BYTES"
+    limit = InputLimit("config", MAX_CONFIG_BYTES, name, "a YAML or TOML file")
     return read_input_text(path, limit)
 
 
@@ -390,12 +400,13 @@ def _yaml_loader() -> Any:
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    """Read a YAML config; ``overrides`` (``{"grpo.num_steps": 2}``) replace single keys."""
-
+    """Read a config: TOML for a ``.toml`` path, else YAML; ``overrides``
+    (``{"grpo.num_steps": 2}``, ``{"train.group_size": 8}``) replace single keys, then the
+    ``train`` table moves into ``grpo`` (:func:`~trainers.train_table.merge_train_table`)."""
     path = Path(path)
     text = read_config_text(path)
     try:
-        data = yaml_load(text) or {}
+        data = (toml_load if path.suffix.lower() == ".toml" else yaml_load)(text) or {}
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
@@ -414,6 +425,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
                     f"{node!r:.80}, not a mapping."
                 )
         node[leaf] = value
+    merge_train_table(data, str(path))
     sft = data.pop("sft", None)
     evaluation = data.pop("evaluation", {})
     try:

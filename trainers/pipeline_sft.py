@@ -1,5 +1,5 @@
 """The pipeline's SFT warm start (``sft:`` in a ``train.py`` config): its tasks, its
-demonstrators and its two phases."""
+demonstrators or document 002's ``sft_completion`` targets, and its two phases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from typing import Any
 from llm_gym.errors import InvalidArgumentError
 from trainers.pipeline_config import SFTSettings
 
-__all__ = ["demonstrator", "sft_stage", "sft_tasks", "short_share"]
+__all__ = [
+    "check_sft_source",
+    "demonstrator",
+    "multi_turn_environment",
+    "sft_completion_dataset",
+    "sft_stage",
+    "sft_tasks",
+    "short_share",
+]
 
 
 def sft_stage(
@@ -80,6 +88,55 @@ def demonstrator(spec: str | None, options: dict[str, Any] | None, resolve: Any)
         return None
     found = resolve(spec)
     return found(**options) if options else found
+
+
+def check_sft_source(sft: SFTSettings, entry: Any) -> None:
+    """Refuse an ``sft_completion`` source that cannot run as configured: beside a
+    demonstrator setting (it runs no demonstrator), or for an environment that is not a
+    document-002 one (:func:`multi_turn_environment`). Nothing to check for ``oracle``."""
+    if sft.source != "sft_completion":
+        return
+    demonstrators = ("oracle", "oracle_options", "short_context_oracle",
+                     "short_context_oracle_options")  # fmt: skip
+    named = [name for name in demonstrators if getattr(sft, name) is not None]
+    if named:
+        raise InvalidArgumentError(
+            f"sft.{named[0]} sets a demonstrator, and sft.source 'sft_completion' runs none "
+            "(its targets are the environment's); remove it, or set sft.source to 'oracle'."
+        )
+    multi_turn_environment(entry)
+
+
+def multi_turn_environment(entry: Any) -> tuple[Any, str]:
+    """The document-002 environment (an ``EnvironmentMultiTurn``, built for the train split)
+    behind the registry entry ``entry``, and the ``prompt_text`` it is registered with.
+
+    Raises:
+        InvalidArgumentError: ``entry``'s environment is not a document-002 environment; the
+            error names it and the remedies.
+    """
+    from llm_gym.environments import MultiTurnEnvFactory
+
+    factory = entry.env_factory()
+    if not isinstance(factory, MultiTurnEnvFactory):
+        raise InvalidArgumentError(
+            "sft.source 'sft_completion' reads a document-002 environment's "
+            f"sft_completion(example), and {entry.id} is not one (its environment is "
+            f"{entry.env_spec!r:.80}, not an EnvironmentMultiTurn); set sft.source to 'oracle' "
+            "(the environment's oracle transcripts), or train a document-002 environment "
+            "(Refund-v0, or one registered with register_multi_turn_env)."
+        )
+    return factory.environment_for("train"), factory.prompt_text
+
+
+def sft_completion_dataset(entry: Any, tasks: list[Any]) -> Any:
+    """Document 002's SFT rows of ``tasks`` for ``entry``'s environment:
+    ``env.start_episode(example, prompt_text) + env.sft_completion(example)`` each
+    (:func:`trainers.sft_data.sft_dataset_from_multi_turn`; SFT runs no ``step_episode``)."""
+    from trainers.sft_data import sft_dataset_from_multi_turn
+
+    environment, prompt_text = multi_turn_environment(entry)
+    return sft_dataset_from_multi_turn(environment, tasks, prompt_text)
 
 
 def short_share(sft: SFTSettings) -> float:
