@@ -11,6 +11,7 @@ and exit code 1.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -20,7 +21,14 @@ from typing import TextIO
 
 from llm_gym.errors import LlmGymError
 
-__all__ = ["ANTICIPATED", "EXIT_UNEXPECTED", "EXIT_USAGE", "report_failure", "write_error_log"]
+__all__ = [
+    "ANTICIPATED",
+    "EXIT_UNEXPECTED",
+    "EXIT_USAGE",
+    "positive_int",
+    "report_failure",
+    "write_error_log",
+]
 
 ANTICIPATED: tuple[type[BaseException], ...] = (LlmGymError, ValueError, OSError)
 """The errors a command reports as one line naming what to fix: llm_gym's own, a value a
@@ -93,3 +101,20 @@ def report_failure(
     if log is None:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=err)
     return EXIT_UNEXPECTED
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for a count: an integer >= 1 (a usage error otherwise, before the
+    command does any work; ``--tasks -3`` would slice away the last three tasks).
+
+    Example:
+        >>> positive_int("8")
+        8
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r:.40}")
+    return value

@@ -35,6 +35,7 @@ from trainers.pipeline_sft import (
 __all__ = [
     "build_grpo_config",
     "check_pipeline",
+    "MAX_GRPO_TASKS",
     "repeat_by_kind",
     "run_pipeline",
     # re-exported: the config (trainers.pipeline_config) and the comparison (pipeline_eval)
@@ -46,6 +47,10 @@ __all__ = [
     "task_success",
     "yaml_load",
 ]
+
+
+MAX_GRPO_TASKS = 10_000_000
+"""The longest GRPO task list ``task_repeats`` may make (a list of task references: 80 MB)."""
 
 
 def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
@@ -65,6 +70,12 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
     from llm_gym.core.factories import resolve
     from llm_gym.core.registry import env_entry
 
+    out = Path(config.output_dir)
+    if out.exists() and not out.is_dir():  # mkdir would fail after the checks, as a traceback
+        raise InvalidArgumentError(
+            f"output_dir {config.output_dir!r} exists and is not a folder; name a folder (it is "
+            "created when missing)."
+        )
     entry = env_entry(config.env)
     if config.sft is not None:  # a refused or missing demonstrator: here, not after the model
         for spec in (config.sft.oracle, config.sft.short_context_oracle):
@@ -332,7 +343,8 @@ def build_grpo_config(
 def repeat_by_kind(tasks: Any, repeats: dict[str, int]) -> list[Any]:
     """``tasks`` with each task of a kind named in ``repeats`` (``task.metadata["type"]``) that
     many times in a row, the others once (GRPO's sampler shuffles them). A named kind that no
-    task has is refused, with the kinds there are.
+    task has is refused, with the kinds there are, and so is a list longer than
+    :data:`MAX_GRPO_TASKS` (before it is made).
 
     Example:
         >>> from llm_gym import Task
@@ -352,6 +364,11 @@ def repeat_by_kind(tasks: Any, repeats: dict[str, int]) -> list[Any]:
             f"(task.metadata['type']) there are: {sorted(there) or 'none'}."
         )
     counts = [repeats.get(kind, 1) if isinstance(kind, str) else 1 for kind in kinds]
+    if sum(counts) > MAX_GRPO_TASKS:  # refused before the list is made
+        raise InvalidArgumentError(
+            f"task_repeats {repeats!r:.120} makes {sum(counts):,} GRPO tasks, more than "
+            f"{MAX_GRPO_TASKS:,} (trainers.pipeline.MAX_GRPO_TASKS); use smaller counts."
+        )
     return [task for task, count in zip(tasks, counts, strict=True) for _ in range(count)]
 
 

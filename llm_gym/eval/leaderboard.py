@@ -14,8 +14,7 @@ import dataclasses
 import hashlib
 import json
 import os
-import types
-import typing
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from llm_gym.core.input_files import InputLimit, loads_json, read_input_text
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.files import write_atomic
+from llm_gym.eval.leaderboard_checks import check_record_fields
 from llm_gym.eval.metrics import is_success, mean_pass_at_k
 
 __all__ = [
@@ -150,68 +150,20 @@ class Record(Job):
         """A record from its JSON form (every field required, of its declared type; extra keys
         are ignored).
 
+        Numbers are finite; rates, pass@k and the interval are in [0, 1] (``low <= high``); ``k``
+        and ``episodes`` are at least 1 and the other counts and means at least 0.
+
         Raises:
-            InvalidArgumentError: ``data`` is not a mapping, lacks a field, or holds a field of
-                another type (``success_ci`` is ``[low, high]``).
+            InvalidArgumentError: ``data`` is not a mapping, lacks a field, holds a field of
+                another type (``success_ci`` is ``[low, high]``), or a number out of its range.
         """
         if not isinstance(data, Mapping):
             raise InvalidArgumentError(
                 f"A leaderboard record is a JSON object, actual value: {data!r:.80}."
             )
+        check_record_fields(cls, data)
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in data]
-        if missing:
-            raise InvalidArgumentError(f"A leaderboard record lacks the fields {missing}.")
-        hints = typing.get_type_hints(cls)
-        for name in names:
-            value = data[name]
-            if not _matches(value, hints[name]) or (name == "success_ci" and len(value) != 2):
-                shown = "[low, high]" if name == "success_ci" else _type_name(hints[name])
-                raise InvalidArgumentError(
-                    f"The leaderboard record's {name!r} must be {shown}, actual value: "
-                    f"{value!r:.80}."
-                )
         return cls(**{name: data[name] for name in names})
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether the JSON value ``value`` is of the field type ``hint`` (``str | None``,
-    ``dict[str, float]``, ``list[float]``...; ``float`` takes an int, ``bool`` is no number)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint in (int, float):
-        kinds = (int, float) if hint is float else int
-        return isinstance(value, kinds) and not isinstance(value, bool)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            _matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items()
-        )
-    if origin is list:
-        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
-    return isinstance(value, hint)
-
-
-_TYPE_NAMES = {
-    int: ("an integer", "integers"),
-    float: ("a number", "numbers"),
-    str: ("a string", "strings"),
-    type(None): ("null", "nulls"),
-    Any: ("a value", "values"),
-}
-
-
-def _type_name(hint: Any, plural: bool = False) -> str:
-    if hint in _TYPE_NAMES:
-        return _TYPE_NAMES[hint][plural]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(arg, plural) for arg in typing.get_args(hint))
-    kind = "an object" if typing.get_origin(hint) is dict else "a list"
-    return f"{kind} of {_type_name(typing.get_args(hint)[-1], True)}"
 
 
 # --- pure logic: merge, staleness, ranking ----------------------------------------------------
@@ -338,6 +290,9 @@ def build_table(
 ) -> Table:
     """The cells of ``view`` with their staleness and best-per-row marks. ``sampling``: the
     settings a policy runs with now (preferred when a policy has records under several)."""
+    by_cell: dict[tuple[Any, ...], list[Record]] = {}  # each cell's candidates, found at once
+    for r in records:
+        by_cell.setdefault(r.key[:6], []).append(r)
     table: Table = {}
     for env_id in env_ids:
         turns = view.max_turns or now.env_turns.get(env_id)
@@ -345,7 +300,8 @@ def build_table(
         for policy in policies:
             settings = json.dumps((sampling or {}).get(policy, {}), sort_keys=True)
             key = (env_id, policy, view.split, view.k, view.episodes, view.seed, turns or 0)
-            record = select_cell(records, (*key, settings), any_turns=turns is None)
+            candidates = by_cell.get(key[:6], [])
+            record = select_cell(candidates, (*key, settings), any_turns=turns is None)
             if record is not None:
                 row[policy] = Cell(
                     record, stale_reasons(record, now.env_versions, now.model_hashes)
@@ -406,17 +362,32 @@ def save_records(path: Path, records: Sequence[Record]) -> None:
 
 
 def weights_hash(folder: Path) -> str | None:
-    """A short sha256 of a model folder's weight files (None: no folder, or no weights)."""
+    """A short sha256 of a model folder's weight files (None: no folder, or no weights).
+
+    Only regular files count as weights: a FIFO, a device or a folder under a weight's name is
+    skipped without being read (it is opened without blocking and judged by its descriptor), so
+    a path named in ``leaderboard.json`` never stalls the run.
+    """
     if not folder.is_dir():
         return None
     names = sorted(p.name for p in folder.iterdir())
     weights = [n for n in names if n.endswith(".safetensors") or n.startswith("pytorch_model")]
-    if not weights:
-        return None
-    digest = hashlib.sha256()
+    digest, hashed = hashlib.sha256(), False
     for name in weights:
-        digest.update(name.encode())
-        with (folder / name).open("rb") as f:
+        try:
+            fd = os.open(folder / name, _WEIGHT_OPEN)
+        except OSError:
+            continue  # unreadable, or vanished: not a weight file this hash can read
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            continue
+        with os.fdopen(fd, "rb") as f:
+            os.set_blocking(fd, True)
+            digest.update(name.encode())
+            hashed = True
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()[:12] if hashed else None
+
+
+_WEIGHT_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)

@@ -3,16 +3,72 @@
 Both draw a :data:`~llm_gym.eval.leaderboard.Table` of one view: envs as rows, policies as
 columns; each cell shows the success rate with its 95% Wilson interval (pass@k when k > 1), ★ on
 the best per row, † on stale cells. matplotlib is imported only to draw the PNG.
+
+Every text that comes from a record (env ids, policy labels, versions, commands, machine names)
+goes through :func:`md_text` or :func:`md_code`: a ``|``, a line break, a backtick or HTML in a
+record stays text in its cell, and never adds a row, a heading or markup to the page. The PNG is
+drawn for tables of at most :data:`MAX_PLOT_CELLS` cells (a larger one stays in the markdown).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from llm_gym.eval.leaderboard import Cell, Record, Table, View, cell_value
 
-__all__ = ["describe_policy", "format_cell", "plot", "render_markdown"]
+__all__ = [
+    "MAX_PLOT_CELLS",
+    "describe_policy",
+    "format_cell",
+    "md_code",
+    "md_text",
+    "plot",
+    "render_markdown",
+]
+
+MAX_PLOT_CELLS = 400
+"""The largest table (envs x policies) drawn as a PNG: past it the picture is unreadable and
+matplotlib's time and memory grow with every cell."""
+
+_UNPRINTABLE = re.compile(r"[^\S ]|[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_HTML = {"&": "&amp;", "<": "&lt;"}  # no tag or entity can start; ">" stays readable
+
+
+def _one_line(value: Any) -> str:
+    """``value`` as text on one line: every line break, tab or control character shown
+    escaped (``\\n``)."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], str(value))
+
+
+def md_text(value: Any) -> str:
+    r"""``value`` as plain text inside a markdown table cell or line: markdown's characters
+    escaped, ``<`` and ``&`` as entities (no HTML tag), line breaks and control characters
+    shown escaped.
+
+    Example:
+        >>> print(md_text("a|b\n# <i>"))
+        a\|b\\n# &lt;i>
+    """
+    text = _one_line(value).replace("\\", "\\\\")
+    text = re.sub(r"[&<]", lambda m: _HTML[m.group()], text)
+    return re.sub(r"([|`*_\[\]])", r"\\\1", text)
+
+
+def md_code(value: Any) -> str:
+    """``value`` as one inline code span, on one line (:func:`md_text`'s line breaks), fenced
+    by more backticks than any run of them in it (for list items: a table cell takes
+    :func:`md_text`).
+
+    Example:
+        >>> md_code("a`b")
+        '`` a`b ``'
+    """
+    text = _one_line(value)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if fence != "`" else f"`{text}`"
 
 
 def format_cell(cell: Cell | None) -> str:
@@ -30,16 +86,19 @@ def describe_policy(record: Record) -> str:
     """One line about a record's policy."""
     d, s = record.policy_description, record.sampling
     if record.policy.startswith("random"):
-        return f"random well-formed tool calls or short replies, seed {d.get('seed')} (the floor)"
+        seed = md_text(d.get("seed"))
+        return f"random well-formed tool calls or short replies, seed {seed} (the floor)"
     if record.policy == "oracle":
         return "each environment's scripted expert; it reads the task's answer (the ceiling)"
     if not s:  # another scripted backend: no model, no sampling settings
-        return f"the scripted policy `{record.policy}`"
-    decoding = "greedy" if s.get("temperature") == 0 else f"temperature {s.get('temperature')}"
-    how = f"{decoding}, {s.get('max_new_tokens')} new tokens per turn"
+        return f"the scripted policy {md_code(record.policy)}"
+    temperature = md_text(s.get("temperature"))
+    decoding = "greedy" if s.get("temperature") == 0 else f"temperature {temperature}"
+    how = f"{decoding}, {md_text(s.get('max_new_tokens'))} new tokens per turn"
     if record.model_path is not None:
-        return f"local model `{record.model_path}` (weights sha256 {record.model_hash}), {how}"
-    return f"`{d.get('model')}` at {d.get('base_url')}, {how}"
+        weights = md_text(record.model_hash)
+        return f"local model {md_code(record.model_path)} (weights sha256 {weights}), {how}"
+    return f"{md_code(d.get('model'))} at {md_text(d.get('base_url'))}, {how}"
 
 
 def render_markdown(table: Table, policies: Sequence[str], view: View) -> str:
@@ -53,12 +112,12 @@ def render_markdown(table: Table, policies: Sequence[str], view: View) -> str:
         f"{number} on the **{view.split}** split: {view.episodes} episodes per cell "
         f"({view.episodes // view.k} tasks x k = {view.k}), seed {view.seed}, {turns}.",
         "",
-        "| environment | " + " | ".join(policies) + " |",
+        "| environment | " + " | ".join(md_text(p) for p in policies) + " |",
         "| --- |" + " --- |" * len(policies),
     ]
     for env_id, row in table.items():
         lines.append(
-            f"| {env_id} | " + " | ".join(format_cell(row.get(p)) for p in policies) + " |"
+            f"| {md_text(env_id)} | " + " | ".join(format_cell(row.get(p)) for p in policies) + " |"
         )
     lines += [
         "",
@@ -71,11 +130,13 @@ def render_markdown(table: Table, policies: Sequence[str], view: View) -> str:
         "",
     ]
     newest = {c.record.policy: c.record for c in sorted(cells, key=lambda c: c.record.date)}
-    lines += [f"- `{p}`: {describe_policy(newest[p])}" for p in policies if p in newest]
+    lines += [f"- {md_code(p)}: {describe_policy(newest[p])}" for p in policies if p in newest]
     stale = [(env, p, c) for env, row in table.items() for p, c in row.items() if c.stale]
     if stale:
         lines += ["", "Stale cells:", ""]
-        lines += [f"- {env} x {p}: {'; '.join(c.stale)}" for env, p, c in stale]
+        lines += [
+            f"- {md_text(env)} x {md_text(p)}: {md_text('; '.join(c.stale))}" for env, p, c in stale
+        ]
     lines += [
         "",
         "## Details",
@@ -84,17 +145,19 @@ def render_markdown(table: Table, policies: Sequence[str], view: View) -> str:
         "| parse failures | tokens / episode | env version | date |",
         "| --- | --- |" + " ---: |" * 7 + " --- | --- |",
     ]
+    order = {p: i for i, p in enumerate(policies)}
     for env_id, row in table.items():
-        for p, cell in sorted(row.items(), key=lambda item: policies.index(item[0])):
+        for p, cell in sorted(row.items(), key=lambda item: order[item[0]]):
             r = cell.record
             tokens = f"{r.tokens_per_episode:.1f}" if r.tokens_per_episode else "–"
             lines.append(
-                f"| {env_id} | {p} | {r.success_rate:.3f} | {r.pass_at_k:.3f} | "
+                f"| {md_text(env_id)} | {md_text(p)} | {r.success_rate:.3f} | {r.pass_at_k:.3f} | "
                 f"{r.reward_mean:.3f} | {r.turns_mean:.2f} | {r.tool_error_rate:.3f} | "
-                f"{r.parse_failure_rate:.3f} | {tokens} | {r.env_version} | {r.date[:10]} |"
+                f"{r.parse_failure_rate:.3f} | {tokens} | {md_text(r.env_version)} | "
+                f"{md_text(r.date[:10])} |"
             )
-    commands = sorted({c.record.command for c in cells}, key=lambda cmd: (len(cmd), cmd))
-    machines = ", ".join(sorted({c.record.machine for c in cells})) or "–"
+    commands = sorted({_one_line(c.record.command) for c in cells}, key=lambda c: (len(c), c))
+    machines = ", ".join(sorted({md_text(c.record.machine) for c in cells})) or "–"
     lines += ["", "Made by:", "", *(f"    {cmd}" for cmd in commands), ""]
     lines.append(f"Machine: {machines}. Every number is in `leaderboard.json`.")
     return "\n".join(lines) + "\n"
@@ -102,7 +165,10 @@ def render_markdown(table: Table, policies: Sequence[str], view: View) -> str:
 
 def plot(table: Table, policies: Sequence[str], view: View, path: Path) -> bool:
     """The table as a heat map: envs as rows, policies as columns, each cell's value and 95%
-    interval written in it, ★ on the best per row, stale cells hatched. False without matplotlib."""
+    interval written in it, ★ on the best per row, stale cells hatched. False without matplotlib,
+    or for a table of more than :data:`MAX_PLOT_CELLS` cells (then nothing is drawn)."""
+    if len(table) * len(policies) > MAX_PLOT_CELLS:
+        return False
     try:
         import matplotlib
 

@@ -29,7 +29,18 @@ from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups
 
-__all__ = ["EvalReport", "check_output_path", "run_and_report", "select_tasks", "machine_name"]
+__all__ = [
+    "MAX_EVAL_EPISODES",
+    "EvalReport",
+    "check_output_path",
+    "run_and_report",
+    "select_tasks",
+    "machine_name",
+]
+
+MAX_EVAL_EPISODES = 1_000_000
+"""The most episodes (tasks x k) one :func:`run_and_report` plays: every episode of a
+collection is scheduled at once, so the count is refused before any is made."""
 
 
 def machine_name() -> str:
@@ -225,7 +236,8 @@ def run_and_report(
         split: ``"train"``, ``"val"`` or ``"test"``.
         episodes: Total episodes; ``episodes // k`` tasks are picked (seeded). Default: every
             task of the split, ``k`` times.
-        k: Episodes per task, and the k of the unbiased pass@k.
+        k: Episodes per task, and the k of the unbiased pass@k (tasks x k at most
+            :data:`MAX_EVAL_EPISODES`).
         seed: Seed of the task selection (and of a ``random`` policy built from a spec).
         max_turns: Assistant turns per episode (default: the registered value, else 8).
         max_model_length: Context budget in tokens (model policies).
@@ -251,10 +263,15 @@ def run_and_report(
         check_output_path(output)
     entry = as_env_entry(env)
     all_tasks = list(tasks) if tasks is not None else entry.tasks(split)
-    if isinstance(policy, str):
-        policy = policy_from_spec(policy, seed=seed)
     count = None if episodes is None else max(1, episodes // k)
     chosen = select_tasks(all_tasks, count, seed)
+    if len(chosen) * k > MAX_EVAL_EPISODES:
+        raise InvalidArgumentError(
+            f"{len(chosen):,} tasks x k={k:,} is {len(chosen) * k:,} episodes, more than "
+            f"{MAX_EVAL_EPISODES:,} (llm_gym.eval.report.MAX_EVAL_EPISODES); lower k or episodes."
+        )
+    if isinstance(policy, str):
+        policy = policy_from_spec(policy, seed=seed)
     settings = {
         "max_turns": entry.max_turns if max_turns is None else max_turns,  # 0 is refused
         "action_format": action_format or entry.action_format,

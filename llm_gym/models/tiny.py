@@ -48,7 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILD_VERSION",
+    "MAX_TINY_PARAMETERS",
     "build_tiny_model",
+    "check_model_sizes",
     "default_model_dir",
     "load_tiny_model",
     # re-exported: the tokenizer (llm_gym.models.tokenizer) and its corpus (.corpus)
@@ -64,6 +66,10 @@ __all__ = [
 
 BUILD_VERSION = "2"
 """Bumped whenever the recipe (corpus, tokenizer, model) changes: it is part of the cache key."""
+
+MAX_TINY_PARAMETERS = 1_000_000_000
+"""The most parameters a tiny-model build may have (4 GB of fp32 weights): sizes past it are
+refused before the corpus is read, never left to run out of memory."""
 
 BUILD_INFO = "build_info.json"
 _BUILD_FILES = frozenset(
@@ -164,6 +170,44 @@ def _move_into_place(tmp_dir: Path, target: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def check_model_sizes(**sizes: Any) -> int:
+    """Check a tiny model's sizes (keyword arguments of :func:`build_tiny_model`: ``seed`` an
+    integer >= 0, the others integers >= 1, ``hidden_size`` divisible by ``num_heads`` and that
+    by ``num_kv_heads``) and return its parameter count's upper bound, at most
+    :data:`MAX_TINY_PARAMETERS`.
+
+    Example:
+        >>> check_model_sizes(hidden_size=192, num_layers=4, num_heads=4, num_kv_heads=2,
+        ...                   intermediate_size=512, vocab_size=1024)
+        1966080
+
+    Raises:
+        InvalidArgumentError: a size of another type or out of range, heads that do not divide,
+            or more parameters than :data:`MAX_TINY_PARAMETERS`.
+    """
+    for name, value in sizes.items():
+        least = 0 if name == "seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidArgumentError(
+                f"{name} must be an integer >= {least}, actual value: {value!r:.80}."
+            )
+    h, heads, kv = sizes["hidden_size"], sizes["num_heads"], sizes["num_kv_heads"]
+    if h % heads or heads % kv:
+        raise InvalidArgumentError(
+            f"hidden_size ({h}) must be divisible by num_heads ({heads}), and num_heads by "
+            f"num_kv_heads ({kv})."
+        )
+    layer = 4 * h * h + 3 * h * sizes["intermediate_size"]  # attention (at most 4 h x h) + MLP
+    parameters = sizes["num_layers"] * layer + sizes["vocab_size"] * h
+    if parameters > MAX_TINY_PARAMETERS:
+        raise InvalidArgumentError(
+            f"These sizes make a model of about {parameters:,} parameters, more than "
+            f"{MAX_TINY_PARAMETERS:,} (llm_gym.models.tiny.MAX_TINY_PARAMETERS); a tiny model "
+            "is a few million (the defaults: hidden_size 192, num_layers 4)."
+        )
+    return parameters
+
+
 def build_tiny_model(
     output_dir: str | os.PathLike[str] | None = None,
     *,
@@ -214,6 +258,7 @@ def build_tiny_model(
         seed=seed,
         max_tasks_per_env=max_tasks_per_env,
     )
+    check_model_sizes(**kwargs)  # before any file, corpus or weight
     args = _build_args(envs, **kwargs)
     target = Path(output_dir) if output_dir is not None else default_model_dir(envs=envs, **kwargs)
     target = target.expanduser().absolute()
@@ -224,11 +269,6 @@ def build_tiny_model(
         raise InvalidArgumentError(
             f"{target} exists and holds files that are not a tiny-model build; pick another "
             "output directory (or empty it)."
-        )
-    if hidden_size % num_heads or num_heads % num_kv_heads:
-        raise InvalidArgumentError(
-            f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}), and "
-            f"num_heads by num_kv_heads ({num_kv_heads})."
         )
 
     start = time.perf_counter()

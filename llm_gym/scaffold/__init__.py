@@ -98,7 +98,11 @@ def scaffold_names(name: str) -> Scaffold:
 
     ``name`` must be a lowercase Python package name: a letter, then up to 63 letters, digits or
     underscores, not a Python keyword, nor the name of a standard-library module or of anything
-    ``importlib.util.find_spec`` finds (an installed package such as ``numpy``).
+    ``importlib.util.find_spec`` finds (an installed package such as ``numpy``); and the env id
+    it gives must be free: neither an llm_gym environment (``guess_number`` and ``math_env``
+    give ``GuessNumber-v0`` and ``Math-v0``) nor another gymnasium id (``cart_pole`` gives
+    ``CartPole-v0``), whose registration the package's ``register()`` would clash with or
+    replace.
 
     Example:
         >>> scaffold_names("guess_game")
@@ -120,10 +124,37 @@ def scaffold_names(name: str) -> Scaffold:
             f"NAME {name!r} would shadow a module Python can import here (an installed package "
             f"or a module on sys.path); pick another name, e.g. {_free_name(name)!r}."
         )
+    scaffold = _derived(name)
+    taken = _taken_env_ids()
+    if scaffold.env_id in taken:
+        candidates = (f"my_{name}", f"{name}_v2", f"{name}_custom")
+        free = next(
+            (c for c in candidates if _derived(c).env_id not in taken and not _importable(c)),
+            "my_env",
+        )
+        raise InvalidArgumentError(
+            f"NAME {name!r} gives the env id {scaffold.env_id!r}, which is already registered "
+            f"(llm_gym's or gymnasium's): the package's register() would clash with it. Pick "
+            f"another name, e.g. {free!r}."
+        )
+    return scaffold
+
+
+def _derived(name: str) -> Scaffold:
+    """The names of the (checked) package name ``name``."""
     words = [w for w in name.split("_") if w]
     camel = "".join(w[0].upper() + w[1:] for w in words)
     base = camel[:-3] if camel.endswith("Env") and len(camel) > 3 else camel
     return Scaffold(package=name, class_name=f"{base}Env", env_id=f"{base}-v0")
+
+
+def _taken_env_ids() -> set[str]:
+    """The ids registered now: llm_gym's catalogue and gymnasium's registry."""
+    import gymnasium
+
+    from llm_gym.core.registry import registered_envs
+
+    return {entry.id for entry in registered_envs()} | set(gymnasium.registry)
 
 
 @dataclass(frozen=True)
@@ -234,6 +265,11 @@ def new_env(name: str, directory: str | Path = ".", style: str = DEFAULT_STYLE) 
         raise InvalidArgumentError(
             f"{target} already exists (a scaffold writes only into a folder it creates); "
             "nothing was written. Pick another NAME or --dir, or remove it."
+        ) from None
+    except OSError as exc:  # a read-only folder, /proc or /sys, a name too long
+        raise InvalidArgumentError(
+            f"Could not create the folder {target} for the scaffold: {exc.strerror or exc}; "
+            "nothing was written. Pick a --dir that is a folder you can write to."
         ) from None
     try:
         _write_inside(target, files)

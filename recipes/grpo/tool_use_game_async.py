@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from llm_gym.command_errors import positive_int
 from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS, ToolUseGameEnv
 from llm_gym.models import build_tiny_model
 from trainers import GRPOConfig, train_multi_turn
@@ -27,8 +28,8 @@ def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds-model", action="store_true", help=f"train {SEEDS_MODEL}")
     parser.add_argument("--model", help="a model folder, .gguf file, packaged name or hub id")
-    parser.add_argument("--num-steps", type=int, default=100, help="optimizer steps (100)")
-    parser.add_argument("--tasks", type=int, default=None, help="the first N tasks (all)")
+    parser.add_argument("--num-steps", type=positive_int, default=100, help="optimizer steps (100)")
+    parser.add_argument("--tasks", type=positive_int, default=None, help="the first N tasks (all)")
     args = parser.parse_args(argv)
     model = args.model or (SEEDS_MODEL if args.seeds_model else None)
     if model is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from llm_gym.command_errors import positive_int
 from llm_gym.eval import run_and_report
 from llm_gym.models import build_tiny_model
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds-model", action="store_true", help=f"score {SEEDS_MODEL}")
     parser.add_argument("--policy", help="a policy spec (default: the tiny model)")
-    parser.add_argument("--episodes", type=int, default=64, help="episodes (64)")
+    parser.add_argument("--episodes", type=positive_int, default=64, help="episodes (64)")
     parser.add_argument("--split", default="val", choices=["train", "val", "test"])
     args = parser.parse_args(argv)
     policy = args.policy
