@@ -21,6 +21,9 @@ policies                          every record, each record resolved     found t
                                   its type hints, matplotlib drew a      index, hints resolved
                                   10,000-column PNG                      once, no PNG past
                                                                          MAX_PLOT_CELLS cells
+two processes adding records to   each wrote its own copy over the       each adds under a lock
+one leaderboard.json              other's: the last writer's records     to what the file holds
+                                  alone were kept                        then: every record kept
 ================================  =====================================  ======================
 """
 
@@ -159,3 +162,23 @@ def test_ten_thousand_records_load_and_render_in_seconds(tmp_path: Path) -> None
     assert len(outcome.records) == 10_000
     text = (tmp_path / "leaderboard.md").read_text()
     assert "random:9999" in text and not (tmp_path / "leaderboard.png").exists()
+
+
+def _add_many(path: str, prefix: str, count: int) -> None:
+    for i in range(count):
+        lb.add_records(Path(path), [make_record("GuessNumber-v0", policy=f"{prefix}:{i}")])
+
+
+def test_two_processes_adding_to_one_leaderboard_keep_every_record(tmp_path: Path) -> None:
+    import multiprocessing
+
+    path = tmp_path / "leaderboard.json"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_add_many, args=(str(path), prefix, 25)) for prefix in "ab"]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    policies = {r.policy for r in lb.load_records(path)}
+    assert policies == {f"{p}:{i}" for p in "ab" for i in range(25)}  # none lost to a race

@@ -1,8 +1,9 @@
 """The leaderboard's records: one per (environment, policy) run, their staleness and the table.
 
 A :class:`Record` is keyed by (env, policy, split, k, episodes, seed, turn limit, sampling
-settings); ``leaderboard.json`` holds one per key (:func:`save_records` writes it atomically, so an
-interrupted run keeps every finished record). A record made under another env version, or with
+settings); ``leaderboard.json`` holds one per key (:func:`add_records` merges each finished record
+into it under a lock and writes it atomically, so an interrupted run keeps every finished record
+and two runs on one folder keep each other's). A record made under another env version, or with
 other model weights, is *stale*: :func:`stale_reasons` says why. :func:`build_table` picks the
 record of each cell of a :class:`View` (envs as rows, policies as columns) and marks the best per
 row; :mod:`llm_gym.eval.leaderboard_render` draws it, :mod:`llm_gym.eval.leaderboard_run` runs it.
@@ -35,6 +36,7 @@ __all__ = [
     # rules
     "best_per_row",
     "cell_value",
+    "add_records",
     "merge_records",
     "needs_run",
     "pass_at_k_from_episodes",
@@ -359,6 +361,30 @@ def save_records(path: Path, records: Sequence[Record]) -> None:
     records = merge_records(records, [])
     payload = {"schema": SCHEMA, "records": [dataclasses.asdict(r) for r in records]}
     write_atomic(path, json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+
+
+def add_records(path: Path, new: Iterable[Record]) -> list[Record]:
+    """Merge ``new`` into ``leaderboard.json`` as it is on disk now, and return what it holds.
+
+    The read, merge and write run under an exclusive lock on ``.<name>.lock`` beside the file
+    (``fcntl.flock``), so two processes adding to one leaderboard both keep their records: each
+    merges into what the other wrote, never into its own older copy.
+    """
+    import fcntl
+
+    new = list(new)
+    lock = path.with_name(f".{path.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidArgumentError(f"{lock}: the leaderboard's lock must be a regular file.")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        records = merge_records(load_records(path), new)
+        save_records(path, records)
+        return records
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def weights_hash(folder: Path) -> str | None:

@@ -30,12 +30,11 @@ from llm_gym.eval.leaderboard import (
     Registry,
     Table,
     View,
+    add_records,
     build_table,
     load_records,
-    merge_records,
     needs_run,
     pass_at_k_from_episodes,
-    save_records,
     stale_reasons,
     weights_hash,
 )
@@ -419,8 +418,7 @@ def main(args: Args, runner: Runner | None = None) -> Outcome:
                 outcome.errors.append(f"{job.env_id} x {job.policy}: {type(exc).__name__}: {exc}")
                 bar.write(f"leaderboard: error: {outcome.errors[-1]}", file=sys.stderr)
             else:
-                outcome.records = merge_records(outcome.records, [record])
-                save_records(json_path, outcome.records)
+                outcome.records = add_records(json_path, [record])
                 outcome.ran.append(job.key)
                 bar.write(f"{job.env_id} · {job.policy}: {format_cell(Cell(record, []))}")
             bar.update(1)
