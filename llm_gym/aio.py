@@ -42,17 +42,57 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     return _in_thread(coro)
 
 
+_ABANDONED: set[asyncio.Future[Any]] = set()
+"""Calls :func:`within` gave up on that ignored their cancellation, kept until they finish."""
+UNWIND_S = 1.0
+"""The longest :func:`within` waits, past the deadline, for a cancelled call to unwind (its
+``finally`` blocks) before it gives up on it."""
+
+
 async def within(
     call: Awaitable[T], timeout_s: float | None, error: Callable[[], BaseException]
 ) -> T:
     """``await call``; when ``timeout_s`` (None: no limit) passes first, ``call`` is cancelled
-    and ``error()`` is raised instead of the ``TimeoutError``."""
+    and ``error()`` is raised instead of the ``TimeoutError``.
+
+    The deadline holds even when ``call`` ignores its cancellation (code that catches
+    ``CancelledError`` and goes on): the call runs as a task of its own; at the deadline it is
+    cancelled, given up to ``min(timeout_s, UNWIND_S)`` to unwind, then left to finish in the
+    background (its result or error dropped) while ``error()`` is raised. (A loop that is
+    closed still waits for it: ``asyncio.run`` finishes every task it started.)
+    """
     if timeout_s is None:
         return await call
+    task = asyncio.ensure_future(call)
     try:
-        return await asyncio.wait_for(call, timeout_s)
-    except TimeoutError:
-        raise error() from None
+        done, _ = await asyncio.wait((task,), timeout=timeout_s)
+        if not done:
+            task.cancel()
+            await asyncio.wait((task,), timeout=min(timeout_s, UNWIND_S))
+    except BaseException:  # the caller is cancelled: so is the call
+        _abandon(task)
+        raise
+    if not done:
+        _abandon(task)
+        raise error()
+    return task.result()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` without waiting for it; its outcome is retrieved (and dropped) when it
+    finishes, so nothing is logged as never retrieved."""
+    if task.done():
+        _dropped(task)
+        return
+    task.cancel()
+    _ABANDONED.add(task)
+    task.add_done_callback(_dropped)
+
+
+def _dropped(task: asyncio.Future[Any]) -> None:
+    _ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 @types.coroutine

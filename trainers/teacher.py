@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from llm_gym.errors import InvalidArgumentError
 from trainers.teacher_endpoint import (
+    LOGPROB_FLOOR,
     LOGPROB_TOLERANCE,
     EndpointTeacher,
     check_sequences,
@@ -34,6 +35,7 @@ __all__ = [
     "parse_prompt_logprobs",
     "reverse_kl_advantages",
     "mean_reverse_kl",
+    "LOGPROB_FLOOR",
     "LOGPROB_TOLERANCE",
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from llm_gym.policies.http import DEFAULT_MAX_RESPONSE_BYTES, JsonClient, Malfor
 
 __all__ = [
     "EndpointTeacher",
+    "LOGPROB_FLOOR",
     "LOGPROB_TOLERANCE",
     "Sequences",
     "check_sequences",
@@ -27,15 +29,27 @@ __all__ = [
 
 LOGPROB_TOLERANCE = 1e-4
 """How far above 0 an endpoint's logprob may be (rounding) before the answer counts as malformed."""
+LOGPROB_FLOOR = -1e6
+"""The lowest logprob an endpoint's answer may hold: far below a real model's (a log-softmax
+over logits of any sane scale), and far inside float32's range, where the trainer holds the
+teacher's logprobs (a finite ``-1e300`` is ``-inf`` there, and the advantages and the loss with
+it)."""
 
 Sequences = Sequence[tuple[Sequence[int], int]]
 """``(token_ids, start)`` pairs: score ``token_ids[start:]``, each given the tokens before it."""
 
 
 def check_sequences(sequences: Sequences, vocab_size: int | None = None) -> None:
-    """Refuse a ``start`` outside ``[1, len(token_ids)]``, or a token id outside
-    ``[0, vocab_size)`` (any non-negative id when ``vocab_size`` is None)."""
+    """Refuse a ``start`` outside ``[1, len(token_ids)]``, a token id that is not an integer
+    (a bool, a float, text), or one outside ``[0, vocab_size)`` (any non-negative id when
+    ``vocab_size`` is None)."""
     for i, (ids, start) in enumerate(sequences):
+        odd = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if odd:
+            raise InvalidArgumentError(
+                f"sequences[{i}] has token id {odd[0]!r:.40} ({type(odd[0]).__name__}); token "
+                "ids are ints (the student's tokenizer's ids)."
+            )
         if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= len(ids):
             raise InvalidArgumentError(
                 f"sequences[{i}]: start must be an int in [1, len(token_ids)={len(ids)}], "
@@ -89,6 +103,11 @@ class EndpointTeacher:
             )
         if not timeout_s > 0:
             raise InvalidArgumentError(f"timeout_s must be > 0, actual value: {timeout_s!r}.")
+        if not isinstance(base_url, str):
+            raise InvalidArgumentError(
+                "base_url must be an http(s):// URL string (e.g. 'http://127.0.0.1:8000/v1'), "
+                f"actual value: {base_url!r:.100}."
+            )
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.url = f"{self.base_url}/completions"
@@ -139,10 +158,14 @@ class EndpointTeacher:
 
 
 def _finite_logprob(value: Any, where: str) -> float:
+    """``value`` as a float when it is a logprob: a number in ``[LOGPROB_FLOOR,
+    LOGPROB_TOLERANCE]``; else ValueError naming ``where`` (an int past float's range too)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{where} is {value!r}, not a number")
-    if not math.isfinite(value) or value > LOGPROB_TOLERANCE:
-        raise ValueError(f"{where} is {value!r}, not a finite logprob <= 0")
+        raise ValueError(f"{where} is {value!r:.60}, not a number")
+    if not LOGPROB_FLOOR <= value <= LOGPROB_TOLERANCE:  # NaN fails both; a huge int compares
+        raise ValueError(
+            f"{where} is {value!r:.60}, not a finite logprob <= 0 (>= {LOGPROB_FLOOR:g})"
+        )
     return float(value)
 
 

@@ -104,15 +104,36 @@ def is_success(episode: Any, threshold: float = 1.0) -> bool:
     return episode.reward >= threshold
 
 
+MAX_REPORTED_COUNT = 10**9
+"""The largest tool count an env's metrics may report (a larger one is not a count)."""
+
+
+def _reported_count(value: Any) -> int | None:
+    """``value`` when it is a count (a whole number in ``[0, MAX_REPORTED_COUNT]``), else None.
+
+    Example:
+        >>> _reported_count(3), _reported_count(2.0), _reported_count(-1), _reported_count("3")
+        (3, 2, None, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 0 <= value <= MAX_REPORTED_COUNT or value != int(value):  # NaN fails the range
+        return None
+    return int(value)
+
+
 def _tool_counts(episode: Any) -> tuple[int, int]:
     """(tool calls, tool errors) of an episode. The loop counts structured calls; an env that
     parses its own text actions (``raw_text_actions``, e.g. document 002's) reports them in its
-    final metrics as ``tool_calls`` / ``tool_errors``, which count when the loop saw none."""
+    final metrics as ``tool_calls`` / ``tool_errors``, which count when the loop saw none and
+    they are counts (:func:`_reported_count`; errors at most the calls). Whatever else an env
+    reports there (text, a list, a 400-digit number from a remote env) is not read."""
     calls, errors = episode.tool_calls, episode.tool_errors
     metrics = getattr(episode, "metrics", None) or {}
-    if not calls and isinstance(metrics.get("tool_calls"), (int, float)):
-        calls = int(metrics["tool_calls"])
-        errors = int(metrics.get("tool_errors", errors) or 0)
+    reported = _reported_count(metrics.get("tool_calls"))
+    if not calls and reported is not None:
+        calls = reported
+        errors = min(_reported_count(metrics.get("tool_errors", errors)) or 0, calls)
     return calls, errors
 
 

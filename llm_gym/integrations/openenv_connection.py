@@ -33,11 +33,27 @@ def is_loopback(url: str) -> bool:
     return (urlsplit(url).hostname or "").lower() in LOOPBACK_HOSTS
 
 
+def _json_type(value: Any) -> str:
+    """``value``'s JSON type in words (``a JSON list``; ``nothing`` for a missing value)."""
+    if value is None:
+        return "nothing (null or missing)"
+    names = {dict: "object", list: "list", str: "string", bool: "boolean"}
+    return f"a JSON {names.get(type(value), 'number')}"
+
+
 class SessionClient(GenericEnvClient):
-    """openenv's dict client: every frame read by ``read_frame``, a close bounded in time."""
+    """openenv's dict client: every frame read by ``read_frame``, its ``type`` the one its
+    request calls for (``observation``, or ``error``) and its ``data`` an object (with an
+    ``observation`` object), a close bounded in time."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options, max_message_size_mb=MAX_FRAME_BYTES / 2**20)
+        self._asked = "reset"
+        """The type of the last message sent (its answer's type follows from it)."""
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        self._asked = str(message.get("type"))
+        await super()._send(message)
 
     async def connect(self) -> SessionClient:
         """Open the WebSocket as openenv's ``connect`` does, but cheaper per session (one per
@@ -68,8 +84,22 @@ class SessionClient(GenericEnvClient):
         async with asyncio.timeout(self._message_timeout):  # no task per call, as wait_for has
             raw = await self._ws.recv()
         frame = read_frame(raw)[0]
-        if not isinstance(frame.get("data", {}), dict):
-            raise InvalidArgumentError("The frame's data must be a JSON object.")
+        kind, data = frame.get("type"), frame.get("data")
+        expected = "state" if self._asked == "state" else "observation"
+        if kind not in (expected, "error"):
+            raise InvalidArgumentError(
+                f"The answer to {self._asked!r:.20} must be a frame of type {expected!r} (or "
+                f"'error'), actual: type {kind!r:.40}."
+            )
+        if not isinstance(data, dict):
+            raise InvalidArgumentError(
+                f"The frame's data must be a JSON object, actual: {_json_type(data)}."
+            )
+        if kind == "observation" and not isinstance(data.get("observation"), dict):
+            raise InvalidArgumentError(
+                "The frame's data.observation must be a JSON object, actual: "
+                f"{_json_type(data.get('observation'))}."
+            )
         return frame
 
     async def close_session(self, timeout_s: float) -> None:

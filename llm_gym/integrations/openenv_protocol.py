@@ -288,9 +288,12 @@ def _error_frame(message: str, code: str) -> dict[str, Any]:
     return {"type": "websocket.send", "text": text}
 
 
-async def _http_answer(send: Any, status: int, detail: str) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+async def _http_answer(send: Any, status: int, detail: str, close: bool = False) -> None:
+    """A JSON ``{"detail": ...}`` answer (``close``: and the connection closed after it)."""
+    headers = [(b"content-type", b"application/json")]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
 
 
@@ -311,20 +314,32 @@ def check_reset_seed(data: Any) -> None:
         )
 
 
-async def _read_body(receive: Any, send: Any, reset: bool = False) -> bytes | None:
-    """An HTTP request's JSON body, read (at most :data:`MAX_FRAME_BYTES`) and checked like a
-    frame (a ``reset``'s seed by :func:`check_reset_seed`); None when it was refused (the
-    answer is sent) or the client left."""
+async def _read_body(
+    receive: Any, send: Any, reset: bool = False, timeout_s: float | None = None
+) -> bytes | None:
+    """An HTTP request's JSON body, read (at most :data:`MAX_FRAME_BYTES`, all of it within
+    ``timeout_s``) and checked like a frame (a ``reset``'s seed by :func:`check_reset_seed`);
+    None when it was refused (the answer is sent: 413, 408, 422) or the client left."""
     body, more = bytearray(), True
-    while more:
-        event = await receive()
-        if event["type"] != "http.request":
-            return None
-        body += event.get("body", b"")
-        more = event.get("more_body", False)
-        if len(body) > MAX_FRAME_BYTES:
-            await _http_answer(send, 413, f"The request body is over {MAX_FRAME_BYTES:,} bytes.")
-            return None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while more:
+                event = await receive()
+                if event["type"] != "http.request":
+                    return None
+                body += event.get("body", b"")
+                more = event.get("more_body", False)
+                if len(body) > MAX_FRAME_BYTES:
+                    detail = f"The request body is over {MAX_FRAME_BYTES:,} bytes."
+                    await _http_answer(send, 413, detail)
+                    return None
+    except TimeoutError:
+        detail = (
+            f"The request body did not arrive within {timeout_s} s ({len(body):,} bytes came; "
+            "send a body as long as its Content-Length)."
+        )
+        await _http_answer(send, 408, detail, close=True)
+        return None
     try:
         if not body:
             return b""
@@ -352,12 +367,17 @@ class FrameGuard:
     ``WebSocketDisconnect`` while closing (it expects ``RuntimeError``), and the error is
     dropped here. The body of an
     HTTP ``/reset`` or ``/step`` is read the same way (9 MB of ``[],`` held the loop for 13 s, a
-    NaN made a 500). OpenEnv's ``/mcp`` routes are refused (404, or a WebSocket closed with 1008):
-    MCP sessions opened over HTTP are never closed."""
+    NaN made a 500), all of it within ``body_timeout_s`` (else a 408 and the connection closed:
+    a body shorter than its ``Content-Length`` would hold its connection for good). OpenEnv's
+    ``/mcp`` routes are refused (404, or a WebSocket closed with 1008): MCP sessions opened over
+    HTTP are never closed."""
 
-    def __init__(self, app: Any, idle_timeout_s: float | None = None) -> None:
+    def __init__(
+        self, app: Any, idle_timeout_s: float | None = None, body_timeout_s: float | None = None
+    ) -> None:
         self.app = app
         self.idle_timeout_s = idle_timeout_s
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "websocket" and scope.get("path") == "/mcp":
@@ -368,7 +388,8 @@ class FrameGuard:
             await _http_answer(send, 404, "llm_gym envs serve no MCP: play through /ws.")
             return
         if scope["type"] == "http" and scope.get("path") in ("/reset", "/step"):
-            body = await _read_body(receive, send, reset=scope["path"] == "/reset")
+            reset = scope["path"] == "/reset"
+            body = await _read_body(receive, send, reset, self.body_timeout_s)
             if body is not None:
                 replayed = [{"type": "http.request", "body": body, "more_body": False}]
                 await self.app(scope, lambda: _next(replayed, receive), send)

@@ -25,11 +25,14 @@ from a web page of another origin too (403), before any session exists; a body t
 is a 415.
 
 Each step runs on the server's event loop (our envs are async), within ``step_timeout_s``.
-Clients are hostile: :class:`~llm_gym.integrations.openenv_protocol.FrameGuard` reads every
-frame first (a bad one gets an error, the session goes on) and closes a connection silent for
-``idle_timeout_s``; a reset is checked before the running episode is touched. So is the env: an
-env that fails, hangs or returns nonsense (``check_step``, a finite reward) has its episode
-closed. MCP is not served. Any OpenEnv client plays it:
+Clients are hostile: a connection whose request head (or HTTP body) does not arrive within
+``request_timeout_s`` is closed; :class:`~llm_gym.integrations.openenv_protocol.FrameGuard`
+reads every frame first (a bad one gets an error, the session goes on) and closes a connection
+silent for ``idle_timeout_s``; a reset is checked before the running episode is touched. So is
+the env: an env that fails, hangs (even one that ignores its cancellation) or returns nonsense
+(``check_step``, a finite reward, an observation past the protocol's limits:
+:func:`~llm_gym.integrations.openenv_session.sendable`) has its episode closed. MCP is not
+served. Any OpenEnv client plays it:
 
     from openenv.core import GenericEnvClient
     with GenericEnvClient(base_url="http://127.0.0.1:8001").sync() as env:
@@ -60,7 +63,7 @@ from llm_gym.integrations.openenv_session import (
     finish_closing,
 )
 from llm_gym.serving.access import AccessGuard, AccessPolicy
-from llm_gym.serving.threaded import ThreadedServer, http_url
+from llm_gym.serving.threaded import ThreadedServer, head_timeout_protocol, http_url
 
 try:
     from fastapi import FastAPI, HTTPException, Request
@@ -86,6 +89,8 @@ __all__ = [
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_SESSIONS = 256
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+"""Seconds a connection may take to send a request's head (and an HTTP body)."""
 
 
 def build_env_app(
@@ -95,6 +100,7 @@ def build_env_app(
     task_options: Mapping[str, Any] | None = None,
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
     idle_timeout_s: float | None = 600.0,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     access: AccessPolicy | None = None,
 ) -> Any:
     """The FastAPI app (OpenEnv's) that serves ``env``.
@@ -106,6 +112,8 @@ def build_env_app(
         task_options: Options of the task source (``{"world_seed": 1}``), fixed for the server.
         step_timeout_s: Seconds a ``reset`` or ``step`` may take before its episode is closed.
         idle_timeout_s: Seconds a connection may stay silent before it is closed (None: never).
+        request_timeout_s: Seconds an HTTP request's body may take to arrive (a 408 after;
+            :func:`serve_env` also closes a connection whose request head takes longer).
         access: The hosts and web origins served (default: loopback only).
     """
     entry = as_env_entry(env)
@@ -115,6 +123,8 @@ def build_env_app(
         raise InvalidArgumentError(f"step_timeout_s must be > 0, actual: {step_timeout_s!r}.")
     if idle_timeout_s is not None and not idle_timeout_s > 0:
         raise InvalidArgumentError(f"idle_timeout_s must be None or > 0: {idle_timeout_s!r}.")
+    if not (isinstance(request_timeout_s, int | float) and request_timeout_s > 0):
+        raise InvalidArgumentError(f"request_timeout_s must be > 0: {request_timeout_s!r}.")
     options = dict(task_options or {})
     entry.tasks("train", **options)  # fail now, not in the first session, on a bad option
 
@@ -146,7 +156,9 @@ def build_env_app(
         app.add_exception_handler(error, functools.partial(_error_answer, status))
     for error in (RequestValidationError, HTTPException):
         app.add_exception_handler(error, _validation_answer)
-    app.add_middleware(FrameGuard, idle_timeout_s=idle_timeout_s)
+    app.add_middleware(
+        FrameGuard, idle_timeout_s=idle_timeout_s, body_timeout_s=float(request_timeout_s)
+    )
     # Outermost: a refused handshake never reaches FrameGuard or OpenEnv (no session is made).
     app.add_middleware(AccessGuard, policy=access or AccessPolicy())
     app.state.env_server = server
@@ -193,11 +205,19 @@ async def _error_answer(status: int, request: Request, exc: Exception) -> JSONRe
 class EnvServer:
     """A running ``serve-env`` server (uvicorn in a thread); build it with :func:`serve_env`."""
 
-    def __init__(self, app: Any, host: str, port: int, log: bool) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        log: bool,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ) -> None:
         import uvicorn
 
         config = uvicorn.Config(
             app, host=host, port=port, loop="asyncio", lifespan="on", ws="websockets-sansio",
+            http=head_timeout_protocol(request_timeout_s),
             ws_max_size=MAX_FRAME_BYTES, timeout_graceful_shutdown=5, access_log=log,
             log_level="info" if log else "warning", **({} if log else {"log_config": None}),
         )  # fmt: skip
@@ -246,8 +266,12 @@ def serve_env(
     """Serve ``env`` over OpenEnv in a background thread; returns the running server.
 
     ``options`` go to :func:`build_env_app` (``max_sessions``, ``task_options``,
-    ``step_timeout_s``, ``idle_timeout_s``, ``access``: by default loopback, and ``host`` when
-    it is one address). Port 0 takes any free port (``server.url``).
+    ``step_timeout_s``, ``idle_timeout_s``, ``request_timeout_s``, ``access``: by default
+    loopback, and ``host`` when it is one address). Port 0 takes any free port
+    (``server.url``). A connection whose request head (an HTTP request, or a WebSocket
+    handshake) has not arrived within ``request_timeout_s`` of its opening or of its previous
+    answer is closed.
     """
     options.setdefault("access", AccessPolicy.local(host))
-    return EnvServer(build_env_app(env, **options), host, port, log)
+    timeout = options.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)
+    return EnvServer(build_env_app(env, **options), host, port, log, timeout)

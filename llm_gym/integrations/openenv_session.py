@@ -3,7 +3,10 @@
 OpenEnv's server makes one per session (its factory is built by
 :func:`~llm_gym.integrations.openenv_server.build_env_app`); it plays episodes of one
 registered env's tasks on the server's event loop, every call of the env within
-``step_timeout_s`` and its result checked as the episode driver checks one.
+``step_timeout_s`` (a deadline that holds even for an env that ignores its cancellation) and
+its result checked as the episode driver checks one. What it sends is what the protocol's
+clients read (:func:`sendable`): an env whose observation breaks the protocol's limits has its
+episode closed with an error that names the rule.
 """
 
 from __future__ import annotations
@@ -13,13 +16,21 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from llm_gym.aio import LoopRunner
+from llm_gym.aio import LoopRunner, within
 from llm_gym.core.env import StepResult, check_step, step_outcome, turn_cap
 from llm_gym.core.factories import SPLITS
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_json
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.openenv_protocol import EnvAction, EnvObservation, json_safe
+from llm_gym.integrations.openenv_checks import check_observation
+from llm_gym.integrations.openenv_protocol import (
+    MAX_FRAME_BYTES,
+    MAX_MESSAGES,
+    EnvAction,
+    EnvObservation,
+    json_safe,
+    read_frame,
+)
 
 try:
     from openenv.core.env_server.interfaces import Environment
@@ -29,18 +40,34 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
     ) from exc
 
-__all__ = ["CLOSED", "NO_EPISODE", "Catalog", "ServedEnv", "ServedEnvError", "finish_closing"]
+__all__ = [
+    "CLOSED",
+    "ENVELOPE_BYTES",
+    "NO_EPISODE",
+    "Catalog",
+    "ServedEnv",
+    "ServedEnvError",
+    "finish_closing",
+    "sendable",
+]
 
 CLOSED = "This session is closed (idle too long, or the server is stopping): open a new one."
 NO_EPISODE = (
     "No episode is running in this session: reset first (the last one ended). Over HTTP each "
     "request is a session of its own: play an episode through the WebSocket (/ws)."
 )
+ENVELOPE_BYTES = 1024
+"""Room left in a frame for OpenEnv's envelope around an observation (type, reward, done)."""
 _CLOSING: set[asyncio.Task[Any]] = set()  # closes scheduled on the loop, kept until they finish
 
 
 class ServedEnvError(RuntimeError):
     """The served env failed (raised, hung, returned nonsense); its episode is closed."""
+
+
+class _Late(Exception):
+    """A call of the env outlasted ``step_timeout_s`` (told apart from a TimeoutError the env
+    itself raises)."""
 
 
 Catalog = Callable[[str], tuple[Sequence[Task], Mapping[str, Task]]]
@@ -131,12 +158,7 @@ class ServedEnv(Environment):
         where = f"{self.entry.id}.reset"
         self._env = env = await self._guarded(lambda: self.entry.env_factory()(task), where)
         opening = await self._guarded(lambda: env.reset(task), where)
-        observation = await self._guarded(lambda: EnvObservation(
-            messages=_as_json(check_step(StepResult(False, False, opening), where)),
-            tool_specs=_as_json(list(env.tool_specs)), task_id=task.id,
-            raw_text_actions=bool(getattr(env, "raw_text_actions", False)),
-            max_turns=turn_cap(env), concludes=callable(getattr(env, "conclude", None)),
-        ), where)  # fmt: skip
+        observation = await self._guarded(lambda: self._opened(env, task, opening, where), where)
         self._done, self._sent = False, list(opening)
         self._state = State(episode_id=episode_id, step_count=0, task_id=task.id, split=split)
         return observation
@@ -157,17 +179,28 @@ class ServedEnv(Environment):
             await self._close_episode()
         return observation
 
+    def _opened(self, env: Any, task: Task, opening: Any, where: str) -> EnvObservation:
+        """A reset's observation: the opening messages (checked as the episode driver checks
+        them), the tool specs and the env's own switches."""
+        messages = _countable(check_step(StepResult(False, False, opening), where), where)
+        return sendable(EnvObservation(
+            messages=_as_json(messages), tool_specs=_as_json(list(env.tool_specs)),
+            task_id=task.id, raw_text_actions=bool(getattr(env, "raw_text_actions", False)),
+            max_turns=turn_cap(env), concludes=callable(getattr(env, "conclude", None)),
+        ), where)  # fmt: skip
+
     def _observe(self, result: Any, where: str) -> EnvObservation:
         """A step's observation: its result checked as the episode driver checks one."""
         messages = check_step(result, where)
         done = bool(result.terminated or result.truncated)
         reward, metrics = step_outcome(result, where) if done else (None, {})
         start = _first_change(self._sent, messages)
-        return EnvObservation(
-            messages=_as_json(messages[start:]), start=start, done=done, reward=reward,
+        tail = _countable(messages[start:], where)
+        return sendable(EnvObservation(
+            messages=_as_json(tail), start=start, done=done, reward=reward,
             truncated=bool(result.truncated), metrics=_as_json(metrics),
             task_id=self._state.task_id,  # type: ignore[attr-defined]
-        )  # fmt: skip
+        ), where)  # fmt: skip
 
     async def _conclude(self, cause: str) -> EnvObservation:
         """End the episode the client cut short: the env's ``conclude(cause)`` result when it
@@ -175,12 +208,17 @@ class ServedEnv(Environment):
         env, where = self._env, f"{self.entry.id}.conclude"
         conclude = getattr(env, "conclude", None)
         result = None if conclude is None else await self._guarded(lambda: conclude(cause), where)
-        reward, metrics = (None, {}) if result is None else step_outcome(result, where)
+        observation = await self._guarded(lambda: self._concluded(result, where), where)
         await self._close_episode()
-        return EnvObservation(
+        return observation
+
+    def _concluded(self, result: Any, where: str) -> EnvObservation:
+        """The observation of a concluded episode: ``result``'s reward and metrics, checked."""
+        reward, metrics = (None, {}) if result is None else step_outcome(result, where)
+        return sendable(EnvObservation(
             start=len(self._sent), done=True, reward=reward, truncated=True,
             metrics=_as_json(metrics), task_id=self._state.task_id,  # type: ignore[attr-defined]
-        )  # fmt: skip
+        ), where)  # fmt: skip
 
     def _check_open(self, episode: bool = False) -> None:
         if self._closed or (episode and (self._env is None or self._done)):
@@ -190,16 +228,15 @@ class ServedEnv(Environment):
         """``call()`` (awaited within ``step_timeout_s`` when it is a coroutine); on any failure
         (a raise, a timeout, a malformed result) the episode is closed, the error names
         ``where``."""
+        late = f"{where} did not return within {self.step_timeout_s} s; the episode is closed."
         try:
             result = call()
             if asyncio.iscoroutine(result):
-                result = await asyncio.wait_for(result, self.step_timeout_s)
+                result = await within(result, self.step_timeout_s, lambda: _Late(late))
             return result
-        except TimeoutError:
+        except _Late:
             await self._close_episode()
-            raise TimeoutError(
-                f"{where} did not return within {self.step_timeout_s} s; the episode is closed."
-            ) from None
+            raise TimeoutError(late) from None
         except Exception as exc:
             await self._close_episode()
             raise ServedEnvError(
@@ -210,7 +247,7 @@ class ServedEnv(Environment):
         env, self._env, self._done = self._env, None, True
         if env is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(env.close(), self.step_timeout_s)
+                await within(env.close(), self.step_timeout_s, TimeoutError)
 
     # --- OpenEnv's synchronous face ---------------------------------------------------------
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Any:
@@ -272,6 +309,42 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+def sendable(observation: EnvObservation, where: str) -> EnvObservation:
+    """``observation`` when a client that keeps the protocol's rules can read it, as
+    :class:`~llm_gym.integrations.openenv_client.RemoteEnv` reads it: its JSON within a frame
+    (:data:`MAX_FRAME_BYTES`, less :data:`ENVELOPE_BYTES`), read by :func:`read_frame` (count
+    of values, depth) and :func:`check_observation` (at most :data:`MAX_MESSAGES` messages in
+    OpenAI's format, tool specs); the server keeps the rules it holds its clients to.
+
+    Raises:
+        InvalidArgumentError: naming ``where`` (the env's call) and the rule it broke.
+    """
+    text = observation.model_dump_json(exclude={"reward", "done", "metadata"})
+    if (size := len(text.encode())) > MAX_FRAME_BYTES - ENVELOPE_BYTES:
+        raise InvalidArgumentError(
+            f"{where} returned an observation of {size:,} bytes as JSON; a frame carries at "
+            f"most {MAX_FRAME_BYTES - ENVELOPE_BYTES:,} (shorten its messages or metrics)."
+        )
+    try:
+        check_observation(read_frame(text, "observation")[0])
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"{where} returned an observation no client reads: {exc}"
+        ) from None
+    return observation
+
+
+def _countable(messages: Sequence[Any], where: str) -> Sequence[Any]:
+    """``messages`` when one observation may carry them (at most :data:`MAX_MESSAGES`), checked
+    before they are copied as JSON; :func:`sendable` checks the rest."""
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidArgumentError(
+            f"{where} returned {len(messages):,} new messages; an observation carries at most "
+            f"{MAX_MESSAGES:,}."
+        )
+    return messages
 
 
 def _as_json(value: Any) -> Any:

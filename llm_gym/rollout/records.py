@@ -46,6 +46,15 @@ def _count_tool_errors(messages: Sequence[Message]) -> int:
     )
 
 
+def _is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is an int or float that a float holds finitely (an int past float's
+    range, such as a remote env's ``10**400``, is not)."""
+    try:
+        return isinstance(value, int | float) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None:
     rewards = metrics.pop("per_turn_rewards", None)
     if rewards is None:
@@ -53,7 +62,7 @@ def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None
     valid = (
         isinstance(rewards, list | tuple)
         and len(rewards) == len(turns)
-        and all(isinstance(r, int | float) and math.isfinite(r) for r in rewards)
+        and all(_is_finite_number(r) for r in rewards)
     )
     if not valid:
         warnings.warn(

@@ -44,7 +44,6 @@ closes the connection), 503 past ``max_connections``, 500 when generation itself
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -58,7 +57,7 @@ from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_ch
 from llm_gym.serving.engine import DEFAULT_MAX_TOKENS, Engine
 from llm_gym.serving.protocol import parse_completion_request
 from llm_gym.serving.responses import dumps
-from llm_gym.serving.threaded import ThreadedServer, http_url
+from llm_gym.serving.threaded import ThreadedServer, head_timeout_protocol, http_url
 
 __all__ = [
     "DEFAULT_BACKLOG",
@@ -87,41 +86,6 @@ DEFAULT_HEAD_TIMEOUT_S = 30.0
 _SERVE_EXTRA = (
     "llm-gym serve needs the serve extra: pip install 'llm-gym[serve]' (starlette, uvicorn)"
 )
-
-
-def _protocol_with_head_timeout(timeout_s: float) -> type:
-    """uvicorn's h11 protocol, closing a connection whose request head has not arrived within
-    ``timeout_s`` of its opening or of the previous answer (uvicorn itself only times out idle
-    keep-alive connections, and a few bytes reset that: a client that trickles or never sends a
-    request would hold a connection slot for good)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class Protocol(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
-
-        def _arm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(timeout_s, self._head_timeout)
-
-        def _head_timeout(self) -> None:
-            if self.cycle is None or self.cycle.response_complete:  # no request head since
-                self.transport.close()
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            super().connection_lost(exc)
-
-    return Protocol
 
 
 def _listen(host: str, port: int, backlog: int) -> socket.socket:
@@ -223,7 +187,7 @@ class ChatCompletionServer:
                 access=self._access,
             ),
             loop="asyncio",
-            http=_protocol_with_head_timeout(timeout_s),
+            http=head_timeout_protocol(timeout_s),
             ws="none",
             lifespan="off",
             backlog=backlog,

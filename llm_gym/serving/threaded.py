@@ -1,13 +1,14 @@
 """uvicorn serving from a daemon thread: the one way ``llm-gym serve`` and ``llm-gym serve-env``
-start, wait on and stop their servers."""
+start, wait on and stop their servers, and the deadline both keep on a request's head."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
 
-__all__ = ["STARTUP_TIMEOUT_S", "ThreadedServer", "http_url"]
+__all__ = ["STARTUP_TIMEOUT_S", "ThreadedServer", "head_timeout_protocol", "http_url"]
 
 STARTUP_TIMEOUT_S = 30.0
 """Seconds a server thread may take to start listening."""
@@ -21,6 +22,49 @@ def http_url(host: str, port: int, path: str = "") -> str:
         ('http://[::1]:8000/v1', 'http://127.0.0.1:80')
     """
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
+
+
+def head_timeout_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request head has not arrived within
+    ``timeout_s`` of its opening or of the previous answer (uvicorn itself only times out idle
+    keep-alive connections, and a few bytes reset that: a client that trickles or never sends a
+    request would hold a connection, and its file descriptor, for good). A connection upgraded
+    to a WebSocket is the WebSocket protocol's from then on (the deadline ends there)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(timeout_s, self._head_timeout)
+
+        def _head_timeout(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:  # no request head since
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def handle_websocket_upgrade(self, event: Any) -> None:
+            self._disarm()
+            super().handle_websocket_upgrade(event)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return Protocol
 
 
 class ThreadedServer:
