@@ -515,8 +515,8 @@ def test_run_and_report_with_scripted_policies() -> None:
     assert oracle.metrics["success_rate"] == 1.0 and oracle.metrics["turns_mean"] == 1.0
 
 
-def test_readme_example() -> None:
-    # The "Use with reasoning-gym" snippet of the README, as it is written there.
+def test_the_guide_example() -> None:
+    # The "Use with reasoning-gym" snippet of docs/guides/integrations.md, as it is written there.
     import gymnasium as gym
 
     import llm_gym  # noqa: F401  (registers the environments)

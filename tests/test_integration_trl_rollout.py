@@ -284,7 +284,7 @@ def test_trl_trains_two_steps_with_our_rollout(small_model_dir, tmp_path) -> Non
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     warnings.filterwarnings("ignore")
-    # --- as in the README --------------------------------------------------------------------
+    # --- as in docs/guides/integrations.md -----------------------------------------------------
     rollout = rollout_func("ToolUseGame-v0", max_turns=3, max_new_tokens=16)
     calls = []  # what each step's rollout returned, and its episodes
 

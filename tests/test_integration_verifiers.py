@@ -804,8 +804,9 @@ def test_the_docstring_example_runs() -> None:
     assert result.failed == 0 and result.attempted > 0
 
 
-README_SNIPPET = """
+GUIDE_SNIPPET = """
 import verifiers.v1 as vf
+
 from llm_gym.eval import run_and_report
 from llm_gym.integrations.verifiers import load_environment, register_verifiers_env
 
@@ -825,13 +826,13 @@ register_verifiers_env("MyVf-v0", QASet(vf.TasksetConfig()), max_turns=1)
 report = run_and_report("MyVf-v0", "random", split="val", progress=False)
 vf_env = load_environment("ToolUseGame-v0", split="val")  # ours, as a verifiers Env
 """
-"""The README's "Use with verifiers" block, as it stands there."""
+"""The "Use with verifiers" block of docs/guides/integrations.md, as it stands there."""
 
 
-def test_the_readme_snippet_runs() -> None:
-    namespace: dict[str, Any] = {"__name__": "readme_verifiers"}
+def test_the_guide_snippet_runs() -> None:
+    namespace: dict[str, Any] = {"__name__": "guide_verifiers"}
     try:
-        exec(compile(README_SNIPPET, "README.md", "exec"), namespace)
+        exec(compile(GUIDE_SNIPPET, "docs/guides/integrations.md", "exec"), namespace)
     finally:
         unregister_env("MyVf-v0")
     report = namespace["report"]

@@ -85,6 +85,7 @@ from llm_gym.integrations.openenv_protocol import MAX_FRAME_BYTES
 from llm_gym.integrations.openenv_server import serve_env
 from llm_gym.policies import Generation, Policy
 from llm_gym.rollout import collect_groups
+from llm_gym.serving.access import AccessPolicy
 
 # --- a hostile client against the server ---------------------------------------------------------
 
@@ -507,6 +508,23 @@ def test_loopback_pages_and_clients_without_an_origin_are_served(probe_server) -
         answer = httpx.post(f"{probe_server.url}/reset", json={"seed": 1}, headers=headers)
         assert answer.json()["observation"]["task_id"] == "p1"
     assert settled(probe_server) == 0
+
+
+def test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names() -> None:
+    """``serve_env(..., access=AccessPolicy.local(hosts=..., origins=...))``, as
+    docs/guides/serving.md shows it: the named host and origin are answered on top of loopback,
+    and others are still refused."""
+    access = AccessPolicy.local(hosts=["gpu-box.lan"], origins=["https://chat.example.com"])
+    with serve_env("OpenEnvProbe-v0", port=0, access=access) as server:
+        for headers in [{"Host": "gpu-box.lan"}, {"Origin": "https://chat.example.com"}, {}]:
+            answer = httpx.get(f"{server.url}/health", headers=headers)
+            assert answer.status_code == 200, headers
+            assert handshake(server, **headers).startswith(b"HTTP/1.1 101 "), headers
+        assert (
+            httpx.get(f"{server.url}/health", headers={"Host": "evil.example"}).status_code == 400
+        )
+        refused = httpx.get(f"{server.url}/health", headers={"Origin": "https://evil.example"})
+        assert refused.status_code == 403
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])

@@ -1,6 +1,7 @@
-"""The README's tour runs as written: its Python blocks in order in one namespace, and its
-``llm-gym`` commands through the CLI. What cannot run here (a hub download, a served model, the
-main job's outputs) names the test that runs the same code."""
+"""The README and the guides in docs/guides/ run as written: each page's Python blocks in order in
+one namespace of its own, and its ``llm-gym`` commands through the CLI. What cannot run here (a
+hub download, a served model, the main job's outputs) names the test that runs the same code.
+Every relative link of these pages names a file of the repository."""
 
 from __future__ import annotations
 
@@ -15,8 +16,15 @@ from llm_gym.cli import main
 from llm_gym.gym import unregister_env
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+PAGES = [
+    "README.md",
+    *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/guides/*.md")),
+]
+"""The README, then each guide, by its path from the repository root."""
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+THROWAWAY_IDS = ("MyMath-v0", "MyVf-v0")
+"""The ids the pages' blocks register."""
 
 COVERED_ELSEWHERE = {
     # a fragment of the block or line -> the test that runs the same thing here
@@ -42,51 +50,85 @@ COVERED_ELSEWHERE = {
     "--policy openai:MODEL@": (
         "tests/test_openai_policy.py::test_real_server_through_run_and_report"
     ),
+    "llm-gym serve smollm2-135m-instruct": (
+        "tests/test_real_model.py::test_serve_with_the_openai_client"
+    ),
+    "llm-gym leaderboard --policies smollm2-135m-instruct": (
+        "tests/test_real_model.py::test_a_leaderboard_row_for_the_packaged_model"
+    ),
+    "llm-gym serve MODEL --allowed-origins": (
+        "tests/test_serving_access.py::test_both_server_commands_take_the_options"
+    ),
+    'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
+        "tests/test_openenv_hostile.py::"
+        "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"
+    ),
 }
-"""What the README shows but a test elsewhere runs: the Qwen call downloads a model (the seeds'
+"""What the pages show but a test elsewhere runs: the Qwen calls download a model (the seeds'
 test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
-the TRL block a model path (its test trains two steps on the tiny one), the pretrained model the
-package index (the slow real-model tests fetch it)."""
+the TRL blocks a model path (their tests train two steps on the tiny one), the pretrained model
+the package index (the slow real-model tests fetch it), and the serving guide's servers a
+network address and a model (their tests serve on loopback)."""
 
 
-def blocks(language: str) -> list[str]:
-    return [code for lang, code in BLOCK.findall(README) if lang == language]
+def read(page: str) -> str:
+    return (ROOT / page).read_text(encoding="utf-8")
+
+
+def blocks(page: str, language: str) -> list[str]:
+    return [code for lang, code in BLOCK.findall(read(page)) if lang == language]
 
 
 def covering_test(text: str) -> str | None:
     return next((test for key, test in COVERED_ELSEWHERE.items() if key in text), None)
 
 
-def llm_gym_commands() -> list[str]:
-    lines = [line for code in blocks("bash") for line in code.splitlines()]
-    return [line.split("#")[0].strip() for line in lines if line.startswith("llm-gym ")]
+def runnable_python(page: str) -> list[str]:
+    return [code for code in blocks(page, "python") if covering_test(code) is None]
+
+
+def llm_gym_commands() -> list[tuple[str, str]]:
+    """Every ``llm-gym`` line of every page's bash blocks, as (page, command)."""
+    commands = []
+    for page in PAGES:
+        lines = [line for code in blocks(page, "bash") for line in code.splitlines()]
+        commands += [(page, ln.split("#")[0].strip()) for ln in lines if ln.startswith("llm-gym ")]
+    return commands
+
+
+def test_the_pages_are_the_readme_and_the_tour() -> None:
+    tour = {"environments.md", "rollouts.md", "training.md", "integrations.md", "benchmarks.md"}
+    assert tour <= {Path(page).name for page in PAGES}
+    assert sum(len(runnable_python(page)) for page in PAGES) >= 10  # the tour's blocks run here
 
 
 def test_every_covering_test_exists() -> None:
     for test in COVERED_ELSEWHERE.values():
         path, _, name = test.partition("::")
         assert f"def {name}(" in (ROOT / path).read_text(), test
-    text = "\n".join(code for _, code in BLOCK.findall(README))
-    assert all(key in text for key in COVERED_ELSEWHERE)  # each still describes the README
+    text = "\n".join(code for page in PAGES for _, code in BLOCK.findall(read(page)))
+    missing = [key for key in COVERED_ELSEWHERE if key not in text]
+    assert not missing, f"no page shows {missing}: drop them from COVERED_ELSEWHERE"
 
 
-def test_the_python_blocks_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("page", [page for page in PAGES if runnable_python(page)])
+def test_the_python_blocks_run_in_order(
+    page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "readme"}
-    ran = 0
     try:
-        for code in blocks("python"):
-            if covering_test(code) is None:
-                exec(compile(code, "README.md", "exec"), namespace)
-                ran += 1
+        for code in runnable_python(page):
+            exec(compile(code, page, "exec"), namespace)
     finally:
-        unregister_env("MyMath-v0")  # the tour registers them
-        unregister_env("MyVf-v0")
-    assert ran >= 5
+        for env_id in THROWAWAY_IDS:
+            unregister_env(env_id)
 
 
-@pytest.mark.parametrize("command", llm_gym_commands())
-def test_the_commands_run(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("page", "command"), llm_gym_commands())
+def test_the_commands_run(
+    page: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if covering_test(command) is not None:
         pytest.skip(f"{covering_test(command)} runs it")
     monkeypatch.chdir(tmp_path)
@@ -101,3 +143,11 @@ def test_the_commands_run(command: str, tmp_path: Path, monkeypatch: pytest.Monk
         assert re.search(r"success rate\s+1\.000", printed), printed
     if argv[0] == "new-env":
         assert (tmp_path / "my_task" / "README.md").exists()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_relative_links_name_files(page: str) -> None:
+    targets = [t for t in LINK.findall(read(page)) if not re.match(r"[a-z]+:|#", t)]
+    folder = (ROOT / page).parent
+    missing = [t for t in targets if not (folder / t.split("#")[0]).exists()]
+    assert not missing, f"{page} links to {missing}: a link is relative to the page's folder"
