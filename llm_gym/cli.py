@@ -224,11 +224,13 @@ def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.integrations.openenv_server import serve_env
     from llm_gym.serving import access
 
+    limits = {} if args.max_connections is None else {"max_connections": args.max_connections}
     server = serve_env(
         args.env_id,
         host=args.host,
         port=args.port,
         log=args.log,
+        **limits,
         max_sessions=args.max_sessions,
         task_options=_assignments(args.task_option),
         step_timeout_s=args.step_timeout,
@@ -254,6 +256,10 @@ def _add_serve_env(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
     p.add_argument("--port", type=int, default=8001, help="default: 8001 (0: any free port)")
     p.add_argument("--max-sessions", type=int, default=256, help="concurrent sessions (256)")
+    p.add_argument(
+        "--max-connections", type=int, default=None, help="connections at once, HTTP and "
+        "WebSocket together; one more gets a 503 before any session exists (512)",
+    )  # fmt: skip
     p.add_argument(
         "--step-timeout", type=float, default=60.0, help="seconds a reset or step may take (60)"
     )

@@ -30,6 +30,11 @@ frames pipelined without waiting;  contained                              answer
 a step after ``close``; tool                                              connection closed;
 calls of 9 hostile shapes; a                                              named errors, session
 fragmented frame never finished                                           lives; idle timeout
+one connection past                WebSocket handshakes had no cap (uvi-  a 503 with the reason,
+``max_connections`` (a WebSocket   corn's ``limit_concurrency`` lets up-  before any session or
+handshake, an HTTP ``/reset``)     grades pass, and ``serve-env`` did     env; the open sessions
+                                   not set it): HTTP ``/reset`` made an   play on
+                                   env per request, without bound
 =================================  =====================================  ======================
 """
 
@@ -42,16 +47,19 @@ import socket
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("openenv")
 
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from llm_gym import Task, register_env
+from llm_gym.cli import build_parser
 from llm_gym.core import Env, StepResult
-from llm_gym.integrations.openenv_server import serve_env
+from llm_gym.integrations import openenv_server
+from llm_gym.integrations.openenv_server import DEFAULT_MAX_CONNECTIONS, serve_env
 from tests.test_openenv_hostile import active, ask, error, reset, settled, step, ws_url
 
 REQUEST_S = 1.0
@@ -347,3 +355,56 @@ def test_a_fragmented_frame_never_finished_is_closed_at_idle_timeout(server) -> 
     waited, code = asyncio.run(run())
     assert waited < 5.0 and code == 1000
     assert active(server) == 0
+
+
+CAP = 3
+"""max_connections of the capped server below."""
+
+
+def test_one_connection_past_max_connections_is_refused_and_the_open_ones_play_on() -> None:
+    Hostile.recount()
+    with serve_env("OpenEnvHostile-v0", port=0, max_sessions=8, max_connections=CAP,
+                   request_timeout_s=5.0) as capped:  # fmt: skip
+
+        async def run() -> None:
+            sessions = [await connect(ws_url(capped), close_timeout=2) for _ in range(CAP)]
+            for ws in sessions:
+                assert (await ask(ws, reset(task_id="p0")))["type"] == "observation"
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(ws_url(capped), open_timeout=5)
+            answer = refused.value.response
+            assert answer.status_code == 503
+            assert b"at most 3 connections at once" in answer.body
+            http = await asyncio.to_thread(
+                httpx.post, f"{capped.url}/reset", json={"seed": 0}, timeout=5
+            )
+            assert http.status_code == 503
+            for ws in sessions:  # the first ones are still served
+                assert (await ask(ws, step({"content": "a"})))["type"] == "observation"
+            assert Hostile.made == CAP  # no env for the refused handshake or /reset
+            await sessions[0].close()
+            await asyncio.sleep(0.2)
+            assert await asyncio.to_thread(active, capped) == CAP - 1  # no session was made
+            for ws in sessions[1:]:
+                await ws.close()
+
+        asyncio.run(asyncio.wait_for(run(), 30))
+        assert settled(capped) == 0
+
+
+def test_serve_env_checks_max_connections_and_the_cli_passes_it(monkeypatch) -> None:
+    with pytest.raises(Exception, match="max_connections must be an int >= 1"):
+        serve_env("OpenEnvHostile-v0", port=0, max_connections=0)
+    given: dict[str, Any] = {}
+
+    def fake_serve_env(env_id: str, **options: Any) -> Any:
+        given.update(options)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(openenv_server, "serve_env", fake_serve_env)
+    for argv, expected in ((["--max-connections", "7"], 7), ([], DEFAULT_MAX_CONNECTIONS)):
+        args = build_parser().parse_args(["serve-env", "OpenEnvHostile-v0", *argv])
+        given.clear()
+        with pytest.raises(KeyboardInterrupt):
+            args.func(args, None)
+        assert given.get("max_connections", DEFAULT_MAX_CONNECTIONS) == expected

@@ -25,12 +25,14 @@ from a web page of another origin too (403), before any session exists; a body t
 is a 415.
 
 Each step runs on the server's event loop (our envs are async), within ``step_timeout_s``.
-Clients are hostile: a connection whose request head (or HTTP body) does not arrive within
-``request_timeout_s`` is closed; :class:`~llm_gym.integrations.openenv_protocol.FrameGuard`
-reads every frame first (a bad one gets an error, the session goes on) and closes a connection
-silent for ``idle_timeout_s``; a reset is checked before the running episode is touched. So is
-the env: an env that fails, hangs (even one that ignores its cancellation) or returns nonsense
-(``check_step``, a finite reward, an observation past the protocol's limits:
+Clients are hostile: at most ``max_connections`` connections are served at once (one more gets
+a 503 before any session or env exists); a connection whose request head (or HTTP body) does
+not arrive within ``request_timeout_s`` is closed;
+:class:`~llm_gym.integrations.openenv_protocol.FrameGuard` reads every frame first (a bad one
+gets an error, the session goes on) and closes a connection silent for ``idle_timeout_s``; a
+reset is checked before the running episode is touched. So is the env: an env that fails,
+hangs (even one that ignores its cancellation) or returns nonsense (``check_step``, a finite
+reward, an observation past the protocol's limits:
 :func:`~llm_gym.integrations.openenv_session.sendable`) has its episode closed. MCP is not
 served. Any OpenEnv client plays it:
 
@@ -63,7 +65,12 @@ from llm_gym.integrations.openenv_session import (
     finish_closing,
 )
 from llm_gym.serving.access import AccessGuard, AccessPolicy
-from llm_gym.serving.threaded import ThreadedServer, head_timeout_protocol, http_url
+from llm_gym.serving.threaded import (
+    ThreadedServer,
+    connection_limit,
+    head_timeout_protocol,
+    http_url,
+)
 
 try:
     from fastapi import FastAPI, HTTPException, Request
@@ -78,6 +85,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_SESSIONS",
     "EnvAction",
     "EnvObservation",
     "EnvServer",
@@ -89,6 +98,11 @@ __all__ = [
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 DEFAULT_MAX_SESSIONS = 256
+"""WebSocket sessions at once (each one env instance)."""
+DEFAULT_MAX_CONNECTIONS = 2 * DEFAULT_MAX_SESSIONS
+"""Connections at once, HTTP and WebSocket together (a session holds one): past it a request
+gets a 503 and a WebSocket handshake a 503 with the reason, before any session or env exists
+(HTTP ``/reset`` and ``/step`` make an env per request)."""
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 """Seconds a connection may take to send a request's head (and an HTTP body)."""
 
@@ -212,12 +226,14 @@ class EnvServer:
         port: int,
         log: bool,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         import uvicorn
 
         config = uvicorn.Config(
             app, host=host, port=port, loop="asyncio", lifespan="on", ws="websockets-sansio",
-            http=head_timeout_protocol(request_timeout_s),
+            http=head_timeout_protocol(request_timeout_s, max_connections),
+            limit_concurrency=connection_limit(max_connections),
             ws_max_size=MAX_FRAME_BYTES, timeout_graceful_shutdown=5, access_log=log,
             log_level="info" if log else "warning", **({} if log else {"log_config": None}),
         )  # fmt: skip
@@ -261,6 +277,7 @@ def serve_env(
     port: int = 8001,
     *,
     log: bool = False,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
     **options: Any,
 ) -> EnvServer:
     """Serve ``env`` over OpenEnv in a background thread; returns the running server.
@@ -270,8 +287,19 @@ def serve_env(
     loopback, and ``host`` when it is one address). Port 0 takes any free port
     (``server.url``). A connection whose request head (an HTTP request, or a WebSocket
     handshake) has not arrived within ``request_timeout_s`` of its opening or of its previous
-    answer is closed.
+    answer is closed. At most ``max_connections`` connections (HTTP and WebSocket together)
+    are served at once: past it an HTTP request gets uvicorn's 503 and a WebSocket handshake a
+    503 that says why, before any session or env is made (``max_sessions`` caps the sessions
+    among them).
     """
+    if (
+        not isinstance(max_connections, int)
+        or isinstance(max_connections, bool)
+        or max_connections < 1
+    ):
+        raise InvalidArgumentError(
+            f"max_connections must be an int >= 1, actual: {max_connections!r:.80}."
+        )
     options.setdefault("access", AccessPolicy.local(host))
     timeout = options.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S)
-    return EnvServer(build_env_app(env, **options), host, port, log, timeout)
+    return EnvServer(build_env_app(env, **options), host, port, log, timeout, max_connections)

@@ -1,5 +1,6 @@
 """uvicorn serving from a daemon thread: the one way ``llm-gym serve`` and ``llm-gym serve-env``
-start, wait on and stop their servers, and the deadline both keep on a request's head."""
+start, wait on and stop their servers, the deadline both keep on a request's head, and the cap
+on connections a WebSocket handshake meets."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["STARTUP_TIMEOUT_S", "ThreadedServer", "head_timeout_protocol", "http_url"]
+__all__ = [
+    "STARTUP_TIMEOUT_S",
+    "ThreadedServer",
+    "connection_limit",
+    "head_timeout_protocol",
+    "http_url",
+]
 
 STARTUP_TIMEOUT_S = 30.0
 """Seconds a server thread may take to start listening."""
@@ -24,12 +31,30 @@ def http_url(host: str, port: int, path: str = "") -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
 
 
-def head_timeout_protocol(timeout_s: float) -> type:
+def connection_limit(max_connections: int) -> int:
+    """uvicorn's ``limit_concurrency`` that serves ``max_connections`` connections at once:
+    uvicorn answers 503 to a request once that many connections are open, its own included.
+
+    Example:
+        >>> connection_limit(64)
+        65
+    """
+    return max_connections + 1
+
+
+def head_timeout_protocol(timeout_s: float, max_connections: int | None = None) -> type:
     """uvicorn's h11 protocol, closing a connection whose request head has not arrived within
     ``timeout_s`` of its opening or of the previous answer (uvicorn itself only times out idle
     keep-alive connections, and a few bytes reset that: a client that trickles or never sends a
     request would hold a connection, and its file descriptor, for good). A connection upgraded
-    to a WebSocket is the WebSocket protocol's from then on (the deadline ends there)."""
+    to a WebSocket is the WebSocket protocol's from then on (the deadline ends there).
+
+    With ``max_connections``, a WebSocket handshake that arrives while that many connections
+    are open (HTTP and WebSocket, its own not counted) is answered 503, with the reason, and
+    closed before the app sees it: no session is made for it. uvicorn's ``limit_concurrency``
+    (:func:`connection_limit`) refuses HTTP requests past the same count, but lets upgrades
+    pass."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Protocol(H11Protocol):
@@ -58,7 +83,25 @@ def head_timeout_protocol(timeout_s: float) -> type:
 
         def handle_websocket_upgrade(self, event: Any) -> None:
             self._disarm()
+            if max_connections is not None and len(self.connections) > max_connections:
+                self._refuse_upgrade(
+                    f"The server holds at most {max_connections} connections at once and all "
+                    "are open; try again when a session ends."
+                )
+                return
             super().handle_websocket_upgrade(event)
+
+        def _refuse_upgrade(self, reason: str) -> None:
+            body = reason.encode()
+            headers = [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            response = h11.Response(status_code=503, headers=headers, reason=b"Service Unavailable")
+            for part in (response, h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(part))
+            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

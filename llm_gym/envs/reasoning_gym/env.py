@@ -9,6 +9,7 @@ oracle. The tasks come from :mod:`llm_gym.envs.reasoning_gym.tasks`.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -110,8 +111,14 @@ class Score:
 def dataset_scorer(dataset: str, config: str) -> Any:
     """The bound ``score_answer(answer, entry)`` of reasoning-gym's ``dataset`` built with the
     JSON ``config`` (built once per pair). Only an offered dataset's (``check_dataset``: its
-    scorer is the base one or a reviewed one), whatever the task says."""
-    return make_dataset(check_dataset(dataset), config, seed=0, size=1).score_answer
+    scorer is the base one or a reviewed one), whatever the task says, and only with a config
+    that reasoning-gym builds within the generation time limit (``config_key``)."""
+    try:
+        fields = json.loads(config)
+    except ValueError:
+        fields = config  # not JSON: config_key refuses it by name
+    config = config_key(check_dataset(dataset), fields)
+    return make_dataset(dataset, config, seed=0, size=1).score_answer
 
 
 def score_answer(answer: str, entry: Mapping[str, Any], dataset: str, config: str = "{}") -> Score:

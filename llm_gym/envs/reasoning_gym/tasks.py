@@ -12,6 +12,9 @@ the ``split -> tasks`` source every llm_gym environment has:
   every ``test`` question, ``train`` skips both, and no split holds a question twice. Asking for
   ``test`` therefore never builds ``train``.
 * Task ids read ``reasoning_gym/<dataset>/<split>/<i>`` (``i`` counts from 0 in the split).
+* reasoning-gym's generators run in a child process, each dataset build and each entry within
+  ``generation_timeout_s`` (:mod:`llm_gym.envs.reasoning_gym.generation`), and no split is
+  larger than :data:`MAX_SPLIT_SIZE`: options that would generate for minutes are refused.
 
 reasoning-gym is imported on first use, never at ``import llm_gym``: registering the environments
 stores only ``"module:attr"`` strings.
@@ -19,14 +22,22 @@ stores only ``"module:attr"`` strings.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any
 
 from llm_gym.core.factories import SPLITS
 from llm_gym.core.task import Task
+from llm_gym.envs.reasoning_gym.generation import (
+    GENERATION_TIMEOUT_S,
+    INSTALL_HINT,
+    check_timeout,
+    generate_entries,
+    load_reasoning_gym,
+    make_dataset,
+)
 from llm_gym.errors import InvalidArgumentError, did_you_mean
 
 __all__ = [
@@ -34,8 +45,10 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DatasetTasks",
     "EXCLUDED_DATASETS",
+    "GENERATION_TIMEOUT_S",
     "INSTALL_HINT",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_SPLIT_SIZE",
     "REVIEWED_SCORERS",
     "SPLIT_SEED_OFFSETS",
     "SPLIT_SIZES",
@@ -57,8 +70,6 @@ __all__ = [
 
 # --- constants ------------------------------------------------------------------------------------
 
-INSTALL_HINT = "pip install -e '.[interop]'"
-"""How to install the optional dependency (reasoning-gym)."""
 DEFAULT_DATASET = "basic_arithmetic"
 """The dataset of ``ReasoningGym-v0`` when no ``dataset`` option is given."""
 EXCLUDED_DATASETS = {
@@ -83,8 +94,9 @@ UNREVIEWED_SCORER = (
 
 SPLIT_SIZES = {"train": 2000, "val": 200, "test": 200}
 """Tasks per split by default (``sizes=`` overrides any of them)."""
-MAX_SPLIT_SIZE = 1_000_000
-"""The most tasks one split may ask for."""
+MAX_SPLIT_SIZE = 100_000
+"""The most tasks one split may ask for, checked before anything is generated (100,000 entries
+of ``basic_arithmetic`` take about 15 s to generate and a few hundred MB to hold)."""
 TASK_SEED = 20261217
 """The default ``task_seed``: the same seed always gives the same tasks in the same splits."""
 MAX_TASK_SEED = 2**31 - 1
@@ -103,19 +115,7 @@ rewards compare with its published numbers. ``max_attempts=3`` turns on retry wi
 MAX_ATTEMPTS_LIMIT = 10
 """The most answers an episode may allow (and the registered turn limit of these envs)."""
 
-# --- reasoning-gym, loaded on first use ---------------------------------------------------------
-
-
-@functools.cache
-def load_reasoning_gym() -> ModuleType:
-    """The ``reasoning_gym`` module, imported once; a clear error when it is not installed."""
-    try:
-        import reasoning_gym
-    except ImportError as exc:
-        raise ImportError(
-            f"llm_gym's reasoning-gym environments need reasoning-gym: {INSTALL_HINT}"
-        ) from exc
-    return reasoning_gym
+# --- the datasets offered ------------------------------------------------------------------------
 
 
 @functools.cache
@@ -158,9 +158,12 @@ def check_dataset(name: Any) -> str:
     )
 
 
-def dataset_config(dataset: str, config: Mapping[str, Any] | None) -> str:
+def dataset_config(
+    dataset: str, config: Mapping[str, Any] | None, timeout_s: float = GENERATION_TIMEOUT_S
+) -> str:
     """``config`` (keyword arguments of the dataset's config class) checked and written as the
-    canonical JSON text every cache and task carries (``"{}"`` for None)."""
+    canonical JSON text every cache and task carries (``"{}"`` for None). reasoning-gym builds
+    the dataset from it in a child process, within ``timeout_s`` (:func:`generate_entries`)."""
     if config is None:
         return "{}"
     if not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config):
@@ -178,23 +181,9 @@ def dataset_config(dataset: str, config: Mapping[str, Any] | None) -> str:
         raise InvalidArgumentError(
             f"config values must be JSON values (numbers, strings, lists, dicts): {exc}."
         ) from None
-    make_dataset(dataset, text, seed=0, size=1)  # fails here, by name, when a field is wrong
+    for _ in generate_entries(dataset, text, seed=0, size=0, timeout_s=timeout_s):
+        pass  # building the dataset fails here, by name, when a field is wrong or it is too slow
     return text
-
-
-def make_dataset(dataset: str, config: str, *, seed: int, size: int) -> Any:
-    """reasoning-gym's dataset ``dataset`` with the JSON ``config``, ``seed`` and ``size``; a
-    config it refuses becomes an error that lists the config's fields."""
-    rg = load_reasoning_gym()
-    try:
-        return rg.create_dataset(dataset, seed=seed, size=size, **json.loads(config))
-    except Exception as exc:  # the config class's TypeError, validate()'s AssertionError, ...
-        config_cls = rg.factory.DATASETS[dataset][1]
-        fields = sorted(getattr(config_cls, "__dataclass_fields__", {}))
-        raise InvalidArgumentError(
-            f"reasoning-gym refused config {config} for {dataset!r}: {type(exc).__name__}: "
-            f"{exc}. Its config fields: {fields}."
-        ) from exc
 
 
 # --- the splits ---------------------------------------------------------------------------------
@@ -223,28 +212,35 @@ def _split_sizes(sizes: Mapping[str, int] | None) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=64)
 def _split_entries(
-    dataset: str, config: str, task_seed: int, sizes: tuple[int, ...], split: str
+    dataset: str,
+    config: str,
+    task_seed: int,
+    sizes: tuple[int, ...],
+    split: str,
+    timeout_s: float = GENERATION_TIMEOUT_S,
 ) -> tuple[tuple[int, int, dict[str, Any]], ...]:
-    """``(reasoning-gym seed, index, entry)`` of each task of ``split``, in draw order."""
+    """``(reasoning-gym seed, index, entry)`` of each task of ``split``, in draw order; each
+    chunk generated in a child process within ``timeout_s`` an entry (:func:`generate_entries`)."""
     claimed: set[str] = set()
     for earlier in SPLIT_ORDER[: SPLIT_ORDER.index(split)]:
-        drawn = _split_entries(dataset, config, task_seed, sizes, earlier)
+        drawn = _split_entries(dataset, config, task_seed, sizes, earlier, timeout_s)
         claimed.update(entry["question"] for _, _, entry in drawn)
     size = sizes[SPLITS.index(split)]
     seed = task_seed + SPLIT_SEED_OFFSETS[split]
     found: list[tuple[int, int, dict[str, Any]]] = []
-    for _ in range(DRAW_FACTOR):
-        # A chunk of `size` entries from `seed` is entries seed..seed+size-1 of the seed range.
-        chunk = make_dataset(dataset, config, seed=seed, size=size)
-        for index in range(size):
-            entry = chunk[index]
-            question = entry["question"]
+    # A chunk of `size` entries from `seed` is entries seed..seed+size-1 of the seed range; the
+    # child draws chunk after chunk and is stopped once the split is full.
+    draws = generate_entries(
+        dataset, config, seed=seed, size=size, chunks=DRAW_FACTOR, timeout_s=timeout_s
+    )
+    with contextlib.closing(draws):
+        for drawn in draws:
+            question = drawn[2]["question"]
             if question not in claimed:
                 claimed.add(question)
-                found.append((seed, index, entry))
+                found.append(drawn)
                 if len(found) == size:
                     return tuple(found)
-        seed += size
     raise InvalidArgumentError(
         f"reasoning-gym's {dataset!r} gave only {len(found)} of {size} distinct questions for "
         f"the {split!r} split in {DRAW_FACTOR * size} draws (the others repeated a question of "
@@ -261,11 +257,12 @@ def _split_tasks(
     sizes: tuple[int, ...],
     max_attempts: int,
     split: str,
+    timeout_s: float = GENERATION_TIMEOUT_S,
 ) -> tuple[Task, ...]:
     tasks = []
     config_dict = json.loads(config)
     for i, (seed, index, entry) in enumerate(
-        _split_entries(dataset, config, task_seed, sizes, split)
+        _split_entries(dataset, config, task_seed, sizes, split, timeout_s)
     ):
         metadata = {
             "dataset": dataset,
@@ -288,6 +285,7 @@ def get_tasks(
     task_seed: int = TASK_SEED,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     sizes: Mapping[str, int] | None = None,
+    generation_timeout_s: float = GENERATION_TIMEOUT_S,
 ) -> tuple[Task, ...]:
     """The tasks of ``split`` from one reasoning-gym dataset (``ReasoningGym-v0``'s source).
 
@@ -299,29 +297,41 @@ def get_tasks(
         task_seed: Seeds every split (int in [0, 2**31 - 1]); the same seed, the same tasks.
         max_attempts: Answers an episode allows (1 to :data:`MAX_ATTEMPTS_LIMIT`); with more
             than one, a wrong answer gets feedback and another try.
-        sizes: Tasks per split over :data:`SPLIT_SIZES` (``{"train": 500}``).
+        sizes: Tasks per split over :data:`SPLIT_SIZES` (``{"train": 500}``), each at most
+            :data:`MAX_SPLIT_SIZE`.
+        generation_timeout_s: The most seconds reasoning-gym may take to build the dataset or
+            to generate one entry (:data:`GENERATION_TIMEOUT_S` by default); past it the
+            generation is stopped and the options refused. It does not change the tasks.
 
     Each task's ``prompt`` is the entry's question, ``target`` its answer, ``metadata`` holds
     ``dataset``, ``config``, ``max_attempts``, the reasoning-gym seed and index it came from
     (``rg_seed``, ``rg_index``) and the whole ``entry`` (question, answer, metadata) that
     reasoning-gym's scorer reads.
+
+    reasoning-gym's generators run in a child process (:mod:`.generation`), once per split and
+    process: the tasks are cached.
     """
     if split not in SPLITS:
         raise InvalidArgumentError(f"split must be one of {SPLITS}, actual value: {split!r}.")
+    timeout_s = check_timeout(generation_timeout_s)
     return _split_tasks(
         check_dataset(dataset),
-        config_key(dataset, config),
+        config_key(dataset, config, timeout_s),
         _checked_int("task_seed", task_seed, 0, MAX_TASK_SEED),
         _split_sizes(sizes),
         _checked_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS_LIMIT),
         split,
+        timeout_s,
     )
 
 
-def config_key(dataset: str, config: Mapping[str, Any] | None) -> str:
+def config_key(
+    dataset: str, config: Mapping[str, Any] | None, timeout_s: float = GENERATION_TIMEOUT_S
+) -> str:
     """:func:`dataset_config`, remembered: a config checked once is not built again (every
-    reset reads the tasks, and every episode's env reads its task's config)."""
-    if config is None:
+    reset reads the tasks, and every episode's env reads its task's config). No config (None
+    or ``{}``) is reasoning-gym's default one, ``"{}"``."""
+    if config is None or (isinstance(config, Mapping) and not config):
         return "{}"
     try:
         key = json.dumps(dict(config), sort_keys=True, allow_nan=False)
@@ -329,7 +339,7 @@ def config_key(dataset: str, config: Mapping[str, Any] | None) -> str:
         key = None
     if key is not None and (dataset, key) in _CHECKED_CONFIGS:
         return key
-    key = dataset_config(dataset, config)
+    key = dataset_config(dataset, config, timeout_s)
     _CHECKED_CONFIGS.add((dataset, key))
     return key
 
@@ -352,6 +362,7 @@ class DatasetTasks:
         task_seed: int = TASK_SEED,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         sizes: Mapping[str, int] | None = None,
+        generation_timeout_s: float = GENERATION_TIMEOUT_S,
     ) -> tuple[Task, ...]:
         return get_tasks(
             split,
@@ -360,6 +371,7 @@ class DatasetTasks:
             task_seed=task_seed,
             max_attempts=max_attempts,
             sizes=sizes,
+            generation_timeout_s=generation_timeout_s,
         )
 
     def __repr__(self) -> str:

@@ -11,7 +11,14 @@ from llm_gym.gym.text_env import TextEnv
 
 __all__ = ["TASK_OPTION_KEYWORDS", "ReasoningGymTextEnv"]
 
-TASK_OPTION_KEYWORDS = ("dataset", "config", "task_seed", "max_attempts", "sizes")
+TASK_OPTION_KEYWORDS = (
+    "dataset",
+    "config",
+    "task_seed",
+    "max_attempts",
+    "sizes",
+    "generation_timeout_s",
+)
 """The ``gym.make`` keywords that are options of the task source (see ``get_tasks``)."""
 
 
@@ -36,6 +43,7 @@ class ReasoningGymTextEnv(TextEnv):
         task_seed: int | None = None,
         max_attempts: int | None = None,
         sizes: dict[str, int] | None = None,
+        generation_timeout_s: float | None = None,
         task_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -45,6 +53,7 @@ class ReasoningGymTextEnv(TextEnv):
             "task_seed": task_seed,
             "max_attempts": max_attempts,
             "sizes": sizes,
+            "generation_timeout_s": generation_timeout_s,
         }
         options = dict(task_options or {})
         for key, value in given.items():
