@@ -147,6 +147,22 @@ def test_body_limits(served: ChatCompletionServer) -> None:
         assert chunked.startswith(b"HTTP/1.1 413")
 
 
+def test_max_connections_are_served_and_one_more_is_a_503(served: ChatCompletionServer) -> None:
+    with ChatCompletionServer(
+        served.model, served.tokenizer, model_name="tiny", max_connections=2
+    ) as capped:
+        held = [http.client.HTTPConnection(capped.host, capped.port, timeout=10) for _ in range(2)]
+        try:
+            for connection in held:  # two kept-alive connections: both served
+                connection.request("GET", "/health")
+                assert connection.getresponse().read() == b'{"status":"ok"}'
+            third = raw_exchange(capped, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 5)
+            assert third.startswith(b"HTTP/1.1 503")
+        finally:
+            for connection in held:
+                connection.close()
+
+
 def test_slow_clients_are_cut_off(served: ChatCompletionServer) -> None:
     with ChatCompletionServer(
         served.model, served.tokenizer, model_name="tiny", request_timeout_s=1

@@ -57,7 +57,12 @@ from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_ch
 from llm_gym.serving.engine import DEFAULT_MAX_TOKENS, Engine
 from llm_gym.serving.protocol import parse_completion_request
 from llm_gym.serving.responses import dumps
-from llm_gym.serving.threaded import ThreadedServer, head_timeout_protocol, http_url
+from llm_gym.serving.threaded import (
+    ThreadedServer,
+    connection_limit,
+    head_timeout_protocol,
+    http_url,
+)
 
 __all__ = [
     "DEFAULT_BACKLOG",
@@ -191,7 +196,7 @@ class ChatCompletionServer:
             ws="none",
             lifespan="off",
             backlog=backlog,
-            limit_concurrency=max_connections,
+            limit_concurrency=connection_limit(max_connections),
             timeout_graceful_shutdown=5,
             proxy_headers=False,
             server_header=False,
