@@ -2,12 +2,11 @@
 
 Each runs in a subprocess as a user runs it (``python recipes/...``), on the small test model
 (``--model`` / ``--policy``), with W&B offline, and must finish with exit status 0 having done
-its work: GRPO steps logged with the seeds' metric names, an evaluation report printed.
+its work: a GRPO step logged with the seeds' metric names, an evaluation report printed.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,23 +32,17 @@ def run_recipe(path: str, args: list[str], tmp_path: Path) -> subprocess.Complet
     )
 
 
-def logged_steps(tmp_path: Path) -> list[dict]:
-    states = sorted(tmp_path.rglob("trainer_state.json"))
-    assert states, "no trainer_state.json written"
-    history = json.loads(states[-1].read_text())["log_history"]
-    return [row for row in history if "terminated_ratio" in row]
-
-
 @pytest.mark.parametrize(
     "recipe", ["recipes/grpo/tool_use_game.py", "recipes/grpo/tool_use_game_async.py"]
 )
 def test_grpo_recipe_trains(recipe, small_model_dir, tmp_path) -> None:
     done = run_recipe(
-        recipe, ["--model", str(small_model_dir), "--num-steps", "1", "--tasks", "2"], tmp_path
+        recipe, ["--model", str(small_model_dir), "--num-steps", "1", "--tasks", "4"], tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = logged_steps(tmp_path)
-    assert len(steps) == 1 and "zero_variance_skip_ratio" in steps[0]
+    logged = done.stdout + done.stderr  # the step log, as the console shows it
+    assert "'terminated_ratio'" in logged and "'zero_variance_skip_ratio'" in logged
+    assert list(tmp_path.rglob("checkpoint-1"))  # the one step ran to its checkpoint
     assert (tmp_path / "wandb").exists()  # W&B on, as in the cookbook (offline here)
 
 
