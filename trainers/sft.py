@@ -152,7 +152,7 @@ def build_sft_trainer(
         bf16=bf16,
         fp16=False,
         use_cpu=use_cpu,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         report_to="none",
         save_strategy="no",
         eval_strategy="no",
@@ -252,7 +252,7 @@ def sft_warm_start(
     """Supervised warm start of a causal LM on a conversational dataset, assistant turns only.
 
     TRL's ``SFTTrainer`` with ``SFTConfig(assistant_only_loss=True, bf16=False,
-    gradient_checkpointing=False, report_to="none", save_strategy="no")``, plain AdamW, fp32.
+    activation_checkpointing=False, report_to="none", save_strategy="no")``, plain AdamW, fp32.
 
     Args:
         model_path: A directory ``from_pretrained`` loads (model and tokenizer).
