@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,44 @@ os.environ["WANDB_MODE"] = "disabled"
 # Tests name their helpers by "module:attr" references ("tests.seeds.agent_env:load_environment"):
 # they are trusted the way a user trusts a package of their own.
 trust_modules("tests")
+
+
+class LoopbackServer:
+    """An asyncio server on 127.0.0.1 (a free port) in a thread of its own, for the hostile
+    servers of the tests: a subclass sets its attributes, calls ``super().__init__()`` and
+    defines ``async _serve(reader, writer)``. ``url`` is ``http://127.0.0.1:PORT`` plus
+    :attr:`path`; :meth:`stop` closes it and cancels its connections."""
+
+    path = ""
+    """What ``url`` adds after the port (``"/v1"`` for an OpenAI-style endpoint)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(5)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}{self.path}"
+        ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        def shutdown() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_later(0.1, self.loop.stop)
+
+        self.loop.call_soon_threadsafe(shutdown)
 
 
 def play_text_episode(

@@ -41,13 +41,14 @@ import asyncio
 import gzip
 import json
 import re
-import threading
 import time
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from tests.conftest import LoopbackServer
 
 pytest.importorskip("openenv")
 
@@ -175,26 +176,13 @@ def test_a_frame_of_the_wrong_shape_is_a_remote_env_error_in_time(fake, name) ->
     assert time.monotonic() - started < CALL_S + 2.0
 
 
-class RawServer:
+class RawServer(LoopbackServer):
     """A loopback server that answers each connection's first request head with
     ``respond(head, server)``: bytes, None (never answer) or ``async fn(writer)``."""
 
     def __init__(self, respond: Callable[[bytes, RawServer], Any]) -> None:
         self.respond = respond
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(5)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0)
-        )
-        self.port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        ready.set()
-        self.loop.run_forever()
+        super().__init__()
 
     async def _serve(self, reader, writer) -> None:
         try:
@@ -211,15 +199,6 @@ class RawServer:
             pass
         finally:
             writer.close()
-
-    def stop(self) -> None:
-        def shutdown() -> None:
-            self.server.close()
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_later(0.1, self.loop.stop)
-
-        self.loop.call_soon_threadsafe(shutdown)
 
 
 async def endless_head(writer) -> None:

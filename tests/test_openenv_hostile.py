@@ -62,12 +62,13 @@ import json
 import math
 import re
 import socket
-import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.conftest import LoopbackServer
 
 pytest.importorskip("openenv")
 
@@ -566,7 +567,7 @@ async def read_client_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return first & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
 
 
-class FakeServer:
+class FakeServer(LoopbackServer):
     """A hostile OpenEnv server on loopback, on raw sockets: each client frame is answered with
     what ``script(message, session)`` returns (text frames, raw bytes, HANG or CLOSE;
     ``session``: a dict per connection); ``GET /llm_gym/tasks`` with ``listing`` (status,
@@ -578,19 +579,7 @@ class FakeServer:
         self.listing: tuple[int, bytes] = (404, b"{}")
         self.drip_s = 0.0
         self.polite = True
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(5)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0)
-        )
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        ready.set()
-        self.loop.run_forever()
+        super().__init__()
 
     async def _serve(self, reader, writer) -> None:
         try:
@@ -635,15 +624,6 @@ class FakeServer:
             await asyncio.sleep(self.drip_s)
         writer.write(b"" if self.drip_s else body)
         await writer.drain()
-
-    def stop(self) -> None:
-        def shutdown() -> None:
-            self.server.close()
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_later(0.1, self.loop.stop)
-
-        self.loop.call_soon_threadsafe(shutdown)
 
 
 @pytest.fixture

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,32 +38,23 @@ import pytest
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.http import EndpointError, MalformedResponseError
+from tests.conftest import LoopbackServer
 from trainers.teacher_endpoint import LOGPROB_FLOOR, EndpointTeacher
 
 PROMPT = [3, 4, 1]
 BIG = 10**400  # an int of 401 digits: JSON, under Python's 4,300-digit limit, past a float
 
 
-class RawTeacher:
+class RawTeacher(LoopbackServer):
     """An OpenAI-compatible server on raw sockets: each ``POST`` is answered with
     ``respond(request_json)``: the reply's bytes, or ``async fn(writer)`` that writes it."""
+
+    path = "/v1"
 
     def __init__(self) -> None:
         self.respond: Callable[[dict[str, Any]], Any] = lambda body: ok("{}")
         self.requests = 0
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(5)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0)
-        )
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
-        ready.set()
-        self.loop.run_forever()
+        super().__init__()
 
     async def _serve(self, reader, writer) -> None:
         try:
@@ -83,15 +73,6 @@ class RawTeacher:
             pass
         finally:
             writer.close()
-
-    def stop(self) -> None:
-        def shutdown() -> None:
-            self.server.close()
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_later(0.1, self.loop.stop)
-
-        self.loop.call_soon_threadsafe(shutdown)
 
 
 @pytest.fixture
