@@ -7,11 +7,10 @@ Conventions: a *group* is the ``episodes_per_task`` episodes of one task. Shapes
 from __future__ import annotations
 
 import math
-import random
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from llm_gym.core.env import TruncationCause
 from llm_gym.errors import InvalidArgumentError, UnknownNameError, did_you_mean
@@ -23,8 +22,6 @@ __all__ = [
     "group_advantages",
     "per_turn_group_advantages",
     "is_zero_variance",
-    "GroupPool",
-    "refill_tasks",
     "EpisodeOutcome",
     # estimators, by the name of the config's credit_assignment
     "Advantages",
@@ -36,8 +33,6 @@ __all__ = [
     "per_turn_credit",
     "refuse_per_turn_with_native_tools",
 ]
-
-T = TypeVar("T")
 
 ScaleRewards = str
 """``"group"`` (divide by the group's std), ``"batch"`` (by the batch's std) or ``"none"``."""
@@ -153,73 +148,6 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 def is_zero_variance(rewards_G: Sequence[float], tolerance: float = 1e-9) -> bool:
     """True when every episode of a group got the same reward (no learning signal)."""
     return max(rewards_G) - min(rewards_G) <= tolerance
-
-
-def refill_tasks(tasks: Sequence[T], count: int, seed: tuple[int, ...]) -> list[T]:
-    """``count`` tasks drawn with replacement for a dynamic-sampling refill, seeded by ``seed``
-    (the run's task seed, step, attempt and rank: a resumed run draws the same ones).
-
-    Example:
-        >>> refill_tasks(["a", "b", "c"], 4, (0, 1, 0, 0)) == refill_tasks("abc", 4, (0, 1, 0, 0))
-        True
-    """
-    rng = random.Random(hash(seed))
-    return [tasks[rng.randrange(len(tasks))] for _ in range(count)]
-
-
-@dataclass
-class GroupPool:
-    """Dynamic sampling's collected groups, those with a learning signal first.
-
-    A group whose shaped rewards are all equal (:func:`is_zero_variance`) has all-zero
-    advantages: it is kept as a spare that only fills the batch when too few groups carry a
-    signal.
-
-    Example:
-        >>> pool = GroupPool(wanted=2)
-        >>> pool.add("a", [1.0, 1.0])
-        >>> pool.add("b", [0.0, 1.0])
-        >>> pool.deficit, pool.zero_variance, pool.collected
-        (1, 1, 2)
-        >>> pool.batch()
-        (['b', 'a'], [[0.0, 1.0], [1.0, 1.0]])
-    """
-
-    wanted: int
-    """The groups a batch takes."""
-    kept: list[tuple[Any, list[float]]] = field(default_factory=list)
-    """The groups with a learning signal, with their shaped rewards, in collection order."""
-    spare: list[tuple[Any, list[float]]] = field(default_factory=list)
-    """The zero-variance groups, with their shaped rewards, in collection order."""
-    keep_all: bool = False
-    """Every group carries a signal (on-policy distillation's is per token; under RFT a group that
-    succeeded every time is its strongest one): none is spare."""
-
-    def add(self, group: Any, rewards_G: list[float]) -> None:
-        """Pool a collected group with its shaped rewards."""
-        spare = not self.keep_all and is_zero_variance(rewards_G)
-        (self.spare if spare else self.kept).append((group, rewards_G))
-
-    @property
-    def deficit(self) -> int:
-        """Groups with a signal still missing from a full batch."""
-        return max(0, self.wanted - len(self.kept))
-
-    @property
-    def collected(self) -> int:
-        """Groups pooled so far."""
-        return len(self.kept) + len(self.spare)
-
-    @property
-    def zero_variance(self) -> int:
-        """Zero-variance groups pooled so far."""
-        return len(self.spare)
-
-    def batch(self) -> tuple[list[Any], list[list[float]]]:
-        """The batch's groups and their shaped rewards: ``wanted`` groups (fewer when fewer
-        were collected), signal-carrying ones first."""
-        chosen = (self.kept + self.spare)[: self.wanted]
-        return [group for group, _ in chosen], [rewards for _, rewards in chosen]
 
 
 def group_advantages(

@@ -12,8 +12,9 @@ loaded). It
 - :meth:`~AsyncCollector.publish` es the trainer's weights after every optimizer step, in the
   configured :class:`~trainers.weight_sync.WeightSyncType`;
 - :meth:`~AsyncCollector.take` s a batch: groups older than ``max_steps_off_policy`` are dropped
-  and counted, zero-variance groups are skipped as dynamic sampling skips them in lockstep
-  (``max_sampling_attempts`` x the batch's groups at most), and the async metrics are measured.
+  and counted, groups without a learning signal (:func:`trainers.rejection_sampling.group_signal`)
+  are skipped as dynamic sampling skips them in lockstep (``max_sampling_attempts`` x the batch's
+  groups at most), and the async metrics are measured.
 
 On CPU the generators and the trainer split the process's torch threads (``generator_threads``
 each, the trainer the rest): on a 2-core machine each gets its own core.
@@ -37,10 +38,10 @@ from llm_gym.policies.vllm import generation_lock
 from llm_gym.policies.weights import VersionedWeights
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups_async
-from trainers.advantages import GroupPool
 from trainers.async_rollout import RolloutWorker
 from trainers.config import MultiTurnGRPOConfig
-from trainers.rejection_sampling import keeps_uniform_groups
+from trainers.dynamic_sampling import GroupPool
+from trainers.rejection_sampling import group_signal
 from trainers.weight_sync import CallbackPublisher, InProcessPublisher, WeightSyncType
 
 __all__ = ["AsyncBatch", "AsyncCollector"]
@@ -262,7 +263,7 @@ class AsyncCollector:
         args = self.args
         limit = args.max_steps_off_policy or 0
         out = AsyncBatch()
-        pool = GroupPool(wanted, keep_all=keeps_uniform_groups(self.args))
+        pool = GroupPool(wanted, signal=group_signal(self.args))
         budget = wanted * args.max_sampling_attempts
         usable = 0
         while True:

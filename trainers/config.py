@@ -118,8 +118,9 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     max_sampling_attempts: int = field(
         default=1,
         metadata={
-            "help": "Dynamic sampling: groups whose episodes all got the same reward carry no "
-            "signal and are skipped; up to this many collection rounds refill the batch."
+            "help": "Dynamic sampling: groups without a learning signal (GRPO: every episode "
+            "got the same reward; rejection_sampling: no episode succeeded) are skipped; up to "
+            "this many collection rounds refill the batch."
         },
     )
     overlong_masking: bool = field(
@@ -144,7 +145,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         default="per_episode",
         metadata={
             "help": "per_episode (the episode's advantage on every turn), per_turn, or "
-            "rejection_sampling (RFT: 1 for a successful episode, else 0)."
+            "rejection_sampling (RFT: 1 for an episode its environment judged a success, "
+            "else 0)."
         },
     )
     max_model_length: int = field(

@@ -6,9 +6,9 @@ it runs groups of episodes with llm_gym's rollout engine (token-in/token-out, on
 generation per wave), shapes the rewards (failed parse, soft overlong penalty), computes
 group-relative advantages (per episode or per turn), applies overlong masking and dynamic
 sampling, and hands TRL the tensors its loss reads. The pure parts live in
-:mod:`trainers.advantages` (shaping, advantages, dynamic sampling's pool), :mod:`trainers.batch`
-(episodes to tensors), :mod:`trainers.shared_prefix` (scoring), :mod:`trainers.rollout_metrics`
-and :mod:`trainers.checkpoints` (atomic saves).
+:mod:`trainers.advantages` (shaping, advantages), :mod:`trainers.dynamic_sampling` (its pool
+and refills), :mod:`trainers.batch` (episodes to tensors), :mod:`trainers.shared_prefix`
+(scoring), :mod:`trainers.rollout_metrics` and :mod:`trainers.checkpoints` (atomic saves).
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.pretrained import resolve_model_path
 from llm_gym.rollout.episode import Episode
 from trainers.advantages import (
-    GroupPool,
     advantage_estimator,
-    refill_tasks,
     refuse_per_turn_with_native_tools,
     warn_per_turn_fallback,
     without_void_episodes,
@@ -41,7 +39,8 @@ from trainers.advantages import (
 from trainers.async_collect import AsyncCollector
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
-from trainers.rejection_sampling import keeps_uniform_groups
+from trainers.dynamic_sampling import GroupPool, refill_tasks
+from trainers.rejection_sampling import credit_rewards, group_signal
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
 from trainers.rollout_metrics import (
     RolloutPart,
@@ -266,7 +265,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             pool, async_metrics = self._async_pool(wanted)
         else:
             pool = self._lockstep_pool(inputs, wanted)
-        # Fill the batch: signal-carrying groups first, then zero-variance ones (their
+        # Fill the batch: signal-carrying groups first, then those without a signal (their
         # advantages are all zero, so they only keep the batch shape).
         all_groups, all_rewards = pool.batch()
         rollout_seconds = time.perf_counter() - start
@@ -275,7 +274,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         groups, rewards = without_void_episodes(all_groups, all_rewards)
         turn_rewards = [[e.per_turn_rewards for e in group] for group in groups]
         advantages = advantage_estimator(args.credit_assignment)(
-            rewards, turn_rewards, args.scale_rewards
+            credit_rewards(args, groups, rewards), turn_rewards, args.scale_rewards
         )
         if args.credit_assignment == "per_turn":
             warn_per_turn_fallback(groups)
@@ -305,7 +304,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         size = args.episodes_per_task
         task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
         tasks = [self.tasks[i] for i in task_indices]
-        pool = GroupPool(wanted, keep_all=keeps_uniform_groups(args))
+        pool = GroupPool(wanted, signal=group_signal(args))
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm_gym.core.env import TruncationCause
@@ -16,6 +16,7 @@ __all__ = [
     "mean_pass_at_k",
     "summarize_episodes",
     "success_by_type",
+    "episode_succeeded",
     "is_success",
 ]
 
@@ -96,12 +97,41 @@ def mean_pass_at_k(per_task: Sequence[tuple[int, int]], k: int) -> float:
     return sum(pass_at_k(n, c, k) for n, c in per_task) / len(per_task)
 
 
-def is_success(episode: Any, threshold: float = 1.0) -> bool:
-    """An episode succeeded when its env says so (``metrics["success"]``) or reward ≥ threshold."""
-    flag = episode.metrics.get("success") if episode.metrics else None
-    if isinstance(flag, bool | int | float) and not isinstance(flag, str):
+def episode_succeeded(
+    reward: float, metrics: Mapping[str, Any] | None = None, threshold: float = 1.0
+) -> bool:
+    """Whether an episode succeeded, by its environment's own judgement.
+
+    ``reward`` and ``metrics`` are the environment's, from the step that ended the episode (an
+    :class:`~llm_gym.rollout.Episode`'s ``reward`` and ``metrics``: ``failed_parse_reward`` on a
+    parse failure, 0.0 when the loop cut the episode short or the environment raised). Reward
+    shaping (the soft overlong penalty) and a trainer's reward functions never enter this test.
+
+    The environment's ``metrics["success"]`` decides when it is a flag: a bool, or the number 0
+    or 1 (a flag that went through JSON). Anything else there (absent, NaN, 0.5, text) is no
+    flag, and the episode succeeded when ``reward >= threshold``.
+
+    Evaluation's success rate and rejection sampling's choice of episodes both use this test.
+
+    Example:
+        >>> episode_succeeded(1.0), episode_succeeded(0.9)
+        (True, False)
+        >>> episode_succeeded(0.4, {"success": True})
+        True
+        >>> episode_succeeded(1.0, {"success": 0}), episode_succeeded(1.0, {"success": "no"})
+        (False, True)
+    """
+    flag = metrics.get("success") if metrics else None
+    if isinstance(flag, bool):
+        return flag
+    if isinstance(flag, int | float) and flag in (0, 1):
         return bool(flag)
-    return episode.reward >= threshold
+    return reward >= threshold
+
+
+def is_success(episode: Any, threshold: float = 1.0) -> bool:
+    """:func:`episode_succeeded` for an episode record (its ``reward`` and ``metrics``)."""
+    return episode_succeeded(episode.reward, episode.metrics, threshold)
 
 
 MAX_REPORTED_COUNT = 10**9
