@@ -72,7 +72,8 @@ class RolloutPart:
     collected_groups: int
     """Groups collected, dynamic-sampling refills included."""
     zero_variance: int
-    """Collected groups whose shaped rewards are all equal (no learning signal)."""
+    """Collected groups without a learning signal, set aside by dynamic sampling (GRPO: their
+    shaped rewards are all equal; RFT: no episode succeeded)."""
     dropped: int
     """Token samples dropped over ``max_samples_per_episode``."""
 
