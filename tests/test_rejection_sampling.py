@@ -256,3 +256,39 @@ def test_rft_keeps_a_group_that_always_succeeded_and_never_draws_more(scripted_t
     assert rft_tasks == [0, 1] and (rft.collected, rft.deficit) == (2, 0)
     groups, shaped = rft.batch()
     assert _rft_advantages(groups, shaped) == [[1.0, 1.0], [1.0, 0.0]]
+
+
+def _async_take(credit_assignment: str, script: list[list[float]], wanted: int):
+    """Async dynamic sampling (``AsyncCollector.take``, ``max_sampling_attempts=2``) over a
+    worker that hands out groups with the env rewards of ``script`` in order: the groups taken,
+    and the pool."""
+    from trainers.async_collect import AsyncCollector
+    from trainers.async_rollout import RolloutGroup
+
+    queue = [[_episode(r, index=e) for e, r in enumerate(rewards)] for rewards in script]
+
+    def take(need: int):
+        groups = [RolloutGroup(queue.pop(0), 0, 0, 0, 0.0) for _ in range(need)]
+        return groups, 0.0
+
+    collector = AsyncCollector.__new__(AsyncCollector)  # its worker only: no generators
+    collector.args = SimpleNamespace(
+        max_steps_off_policy=1, max_sampling_attempts=2, distillation=None,
+        credit_assignment=credit_assignment,
+    )  # fmt: skip
+    collector.version, collector.worker = 0, SimpleNamespace(take=take)
+    batch = collector.take(wanted, lambda episodes: [e.reward for e in episodes])
+    return batch.taken, batch.pool
+
+
+def test_async_batches_refill_all_failed_groups_within_the_same_budget() -> None:
+    # Budget: 2 groups x 2 attempts = 4. After [FAILS, MIXED] one group is missing; both refill
+    # one at a time: FAILS, then FAILS again, and the budget is spent.
+    script = [FAILS, MIXED, FAILS, FAILS, MIXED]
+    grpo_taken, grpo = _async_take("per_episode", list(script), wanted=2)
+    rft_taken, rft = _async_take("rejection_sampling", list(script), wanted=2)
+    assert grpo_taken == rft_taken == 4 and rft.zero_variance == grpo.zero_variance == 3
+    # A group that succeeded every time fills RFT's batch; GRPO spends its budget.
+    script = [SOLVED, MIXED, FAILS, FAILS]
+    assert _async_take("rejection_sampling", list(script), wanted=2)[0] == 2
+    assert _async_take("per_episode", list(script), wanted=2)[0] == 4
