@@ -351,3 +351,25 @@ def test_gpu_rollout_check_runs_on_cpu(small_model_dir) -> None:
     assert 0 < low <= result["ratio_to_replay_limit"]["median"] <= high
     assert result["sampled_tokens"] > 0 and result["roofline_share_of_replay"] > 0
     assert "replay limit" in lines[0] and copy_bandwidth_gbps("cpu", gib=0.01, repeats=1) > 0
+
+
+@pytest.mark.slow  # a child process imports torch and loads the model: 15-25 s
+def test_real_model_eval_smoke(small_model_dir, tmp_path) -> None:
+    """``--quick``: ``llm-gym eval`` as a child process on the tiny model, then one env in
+    process; the markdown, JSON and PNG go to ``--out-dir`` with the budget each run used."""
+    from benchmarks import real_model_eval
+
+    args = real_model_eval.parse_args(
+        ["--quick", "--model", str(small_model_dir), "--out-dir", str(tmp_path)]
+    )
+    results = real_model_eval.main(args)
+    headline = results["headline"]
+    assert headline["episodes"] == 2 and headline["wall_s"] > headline["episodes_wall_s"] > 0
+    assert (headline["max_new_tokens"], headline["max_new_tokens_source"]) == (16, "env")
+    assert headline["sampled_tokens_per_episode"] <= 16 * headline["turns_per_episode"]
+    assert results["per_env"]["GuessNumber-v0"]["max_new_tokens"] == 16
+    data = json.loads((tmp_path / "real_model_eval.json").read_text())
+    assert data["conditions"]["quick"] and data["conditions"]["threads"]["torch_threads"] == 2
+    assert (tmp_path / "real_model_eval.md").exists() and (
+        tmp_path / "real_model_eval.png"
+    ).exists()

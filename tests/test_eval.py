@@ -9,6 +9,8 @@ import pytest
 
 from llm_gym import InvalidArgumentError
 from llm_gym.eval import mean_pass_at_k, pass_at_k, run_and_report, select_tasks, wilson_interval
+from llm_gym.eval.metrics import format_rate
+from llm_gym.policies import Generation, Policy
 
 
 @pytest.mark.parametrize(
@@ -171,3 +173,88 @@ def test_tool_counts_of_text_protocol_envs_come_from_their_metrics() -> None:
     summary = summarize_episodes([structured, text_protocol, no_tools])
     assert summary["tool_calls_mean"] == pytest.approx(5 / 3)
     assert summary["tool_error_rate"] == pytest.approx(3 / 5)
+
+
+class BudgetRecorder(Policy):
+    """Guesses 50 with three sampled tokens; records each request's ``max_new_tokens``."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.budgets: list[int | None] = []
+
+    async def act(self, requests):
+        self.budgets += [r.max_new_tokens for r in requests]
+        return [Generation("50", token_ids=[5, 0, 2]) for _ in requests]
+
+
+def test_eval_uses_the_env_budget_unless_the_user_sets_one(tmp_path) -> None:
+    """No ``max_new_tokens``: every turn asks for GuessNumber's own 16 tokens, and the record
+    says so; the user's value wins over it."""
+    policy = BudgetRecorder()
+    kwargs = dict(episodes=2, max_turns=2, progress=False, print_report=False)
+    report = run_and_report("GuessNumber-v0", policy, output=tmp_path / "r.json", **kwargs)
+    assert policy.budgets and set(policy.budgets) == {16}
+    settings = json.loads((tmp_path / "r.json").read_text())["settings"]
+    assert (settings["max_new_tokens"], settings["max_new_tokens_source"]) == (16, "env")
+    assert "16 tokens (GuessNumber-v0's own" in report.format_table()
+    policy = BudgetRecorder()
+    report = run_and_report("GuessNumber-v0", policy, max_new_tokens=5, **kwargs)
+    assert set(policy.budgets) == {5}
+    assert (report.settings["max_new_tokens"], report.settings["max_new_tokens_source"]) == (
+        5,
+        "user",
+    )
+    assert "5 tokens (set by the user)" in report.format_table()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.0417, "0.0417"),  # 1 episode in 24 s: never "0.0"
+        (0.16, "0.160"),
+        (1 / 3, "0.333"),
+        (9.996, "10.0"),  # rounds up into one more integer digit
+        (52.34, "52.3"),
+        (999.6, "1000"),
+        (1359.4, "1359"),  # more integer digits than figures: a whole number
+        (0.000123, "1.23e-04"),
+        (0.0, "0"),
+        (math.inf, "inf"),
+    ],
+)
+def test_format_rate_by_hand(value: float, expected: str) -> None:
+    assert format_rate(value) == expected
+
+
+def test_report_prints_rates_in_significant_figures_and_the_budget() -> None:
+    """16 episodes of 3 sampled tokens in 384 s: 0.0417 episodes/s and 0.125 tokens/s."""
+    report = run_and_report(
+        "GuessNumber-v0", BudgetRecorder(), episodes=16, max_turns=1, progress=False,
+        print_report=False,
+    )  # fmt: skip
+    assert report.metrics["completion_tokens_mean"] == 3.0
+    assert report.metrics["tokens_per_second"] == pytest.approx(48 / report.wall_time_s)
+    report.metrics.update(episodes_per_second=16 / 384, tokens_per_second=48 / 384)
+    rows = dict(line.split("  ", 1) for line in report.format_table().splitlines())
+    assert rows["episodes per second"].strip() == "0.0417"
+    assert rows["sampled tokens per second"].strip() == "0.125"
+    assert rows["tokens per episode"].strip().startswith("3.0 sampled")
+    assert rows["per-turn token budget"].strip().startswith("16 tokens")
+
+
+def test_cli_eval_records_the_budget_it_used(tmp_path) -> None:
+    import io
+
+    from llm_gym.cli import main
+
+    path = tmp_path / "r.json"
+    argv = ["eval", "ToolUseGame-v0", "--episodes", "2", "--no-progress", "--output", str(path)]
+    out = io.StringIO()
+    assert main(argv, out=out) == 0
+    settings = json.loads(path.read_text())["settings"]
+    assert (settings["max_new_tokens"], settings["max_new_tokens_source"]) == (64, "env")
+    assert "64 tokens (ToolUseGame-v0's own; --max-new-tokens sets another)" in out.getvalue()
+    assert main([*argv, "--max-new-tokens", "7"], out=io.StringIO()) == 0
+    settings = json.loads(path.read_text())["settings"]
+    assert (settings["max_new_tokens"], settings["max_new_tokens_source"]) == (7, "user")

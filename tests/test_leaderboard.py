@@ -384,6 +384,7 @@ def numbers(record: lb.Record) -> dict:
     for name in ("date", "machine", "wall_time_s"):
         data.pop(name)
     data["metrics"].pop("episodes_per_second")
+    data["metrics"].pop("tokens_per_second")
     return data
 
 
@@ -472,3 +473,48 @@ def test_a_hostile_leaderboard_json_is_one_line_naming_the_file(
     err = capsys.readouterr().err
     assert err.startswith(f"llm-gym leaderboard: error: {path}: ") and message in err, err
     assert err.count("\n") == 1 and "move the file away" in err and len(err) < 600
+
+
+def test_model_policies_sample_each_envs_budget_unless_one_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``--max-new-tokens``: a model policy's turns ask for each env's own budget, which its
+    record keeps (the key does not hold it); a value the user sets goes to every env."""
+    from llm_gym.policies import Generation, Policy
+
+    class Recorder(Policy):
+        budgets: list[int | None] = []
+
+        async def act(self, requests):
+            self.budgets += [r.max_new_tokens for r in requests]
+            return [Generation("50") for _ in requests]
+
+        def describe(self):
+            return {"name": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1"}
+
+    built: list[dict] = []
+
+    def from_spec(spec: str, **options):
+        built.append(options)
+        return Recorder()
+
+    monkeypatch.setattr(lbrun, "policy_from_spec", from_spec)
+    label = "openai:m@http://127.0.0.1:1/v1"
+    args = quiet_args(tmp_path, envs=["GuessNumber-v0", "Math-v0"], policies=[label], episodes=2)
+    assert "--max-new-tokens" not in lbrun.format_command(args)
+    records = {r.env_id: r for r in lbrun.main(args).records}
+    assert "max_new_tokens" not in built[0] and set(Recorder.budgets) == {16, 96}
+    assert records["GuessNumber-v0"].settings["max_new_tokens"] == 16
+    assert records["Math-v0"].settings["max_new_tokens_source"] == "env"
+    assert (
+        "each environment's own token budget per turn" in (tmp_path / "leaderboard.md").read_text()
+    )
+    Recorder.budgets = []
+    args = quiet_args(tmp_path / "set", envs=["GuessNumber-v0"], policies=[label], episodes=2)
+    args.max_new_tokens = 5
+    assert "--max-new-tokens 5" in lbrun.format_command(args)
+    record = lbrun.main(args).records[0]
+    assert built[-1]["max_new_tokens"] == 5 and set(Recorder.budgets) == {5}
+    assert record.sampling["max_new_tokens"] == 5 and record.settings["max_new_tokens"] == 5
+    with pytest.raises(InvalidArgumentError, match="max_new_tokens must be None"):
+        lbrun.main(quiet_args(tmp_path, max_new_tokens=0))

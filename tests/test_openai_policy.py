@@ -502,6 +502,21 @@ def test_real_server_through_run_and_report(served: Any) -> None:
     assert all(episode.error is None for episode in report.episodes)
 
 
+def test_served_model_eval_samples_the_envs_budget(served: Any) -> None:
+    """A policy with no budget of its own against ``llm-gym serve``: each request asks for
+    GuessNumber's 16 tokens per turn (the report says whose), never the server's default."""
+    from llm_gym.eval import run_and_report
+
+    policy = RecordingPolicy(model="tiny", base_url=served.url, seed=2)
+    assert policy.max_new_tokens is None
+    report = run_and_report(
+        "GuessNumber-v0", policy, episodes=2, max_turns=2, progress=False, print_report=False
+    )
+    assert report.settings["max_new_tokens"] == 16
+    assert policy.generations
+    assert all(1 <= g.metadata["usage"]["completion_tokens"] <= 16 for g in policy.generations)
+
+
 def post(url: str, body: Any, method: str = "POST") -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(

@@ -98,3 +98,48 @@ def test_catalogue_entry(env_id: str) -> None:
     entry = env_entry(env_id)
     assert entry.description and entry.version
     assert gym.make(env_id).unwrapped.version == entry.version
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_every_env_has_a_per_turn_token_budget(env_id: str) -> None:
+    """Each registered env declares (or inherits) the tokens one turn may sample: a positive
+    int, which a built-in env chooses for its own actions."""
+    from llm_gym.envs.builtin import BUILTIN_ENVS
+
+    budget, source = env_entry(env_id).token_budget()
+    assert type(budget) is int and budget >= 1
+    if env_id in {row.id for row in BUILTIN_ENVS}:
+        assert source == "env"
+
+
+def test_token_budget_comes_from_registration_then_env_then_default() -> None:
+    from llm_gym import InvalidArgumentError
+    from llm_gym.core.env import DEFAULT_MAX_TOKENS_PER_TURN
+    from llm_gym.core.registry import as_env_entry
+    from llm_gym.envs.guess_number import GuessNumberEnv
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv
+    from llm_gym.gym import register_env, unregister_env
+
+    spec = "llm_gym.envs.guess_number:GuessNumberEnv"
+    tasks = "llm_gym.envs.guess_number:get_tasks"
+    try:
+        entry = register_env("BudgetedGuess-v0", env=spec, tasks=tasks, max_tokens_per_turn=5)
+        assert entry.token_budget() == (5, "registration")
+        assert register_env("PlainGuess-v0", env=spec, tasks=tasks).token_budget() == (16, "env")
+        for bad in (0, -1, True, 2.5, "16"):
+            with pytest.raises(InvalidArgumentError, match="max_tokens_per_turn"):
+                register_env("BadGuess-v0", env=spec, tasks=tasks, max_tokens_per_turn=bad)
+    finally:
+        for env_id in ("BudgetedGuess-v0", "PlainGuess-v0", "BadGuess-v0"):
+            unregister_env(env_id)
+    assert as_env_entry(GuessNumberEnv).token_budget() == (16, "env")
+
+    class Undeclared(ToolUseGameEnv):
+        max_tokens_per_turn = None
+
+    class Broken(ToolUseGameEnv):
+        max_tokens_per_turn = 0
+
+    assert as_env_entry(Undeclared).token_budget() == (DEFAULT_MAX_TOKENS_PER_TURN, "default")
+    with pytest.raises(InvalidArgumentError, match=r"Broken\.max_tokens_per_turn must be"):
+        as_env_entry(Broken).token_budget()

@@ -18,17 +18,24 @@ from llm_gym.core.types import FrozenMessage, Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS_PER_TURN",
     "Env",
     "StepResult",
     "SyncEnv",
     "TruncationCause",
     "check_messages",
     "check_step",
+    "declared_token_budget",
     "finite_reward",
     "require_turn_limit",
     "step_outcome",
     "step_within_cap",
 ]
+
+
+DEFAULT_MAX_TOKENS_PER_TURN = 256
+"""Tokens one assistant turn may sample in an environment that declares no budget of its own
+(:attr:`Env.max_tokens_per_turn`): room for a few sentences of reasoning and a reply."""
 
 
 class TruncationCause(enum.StrEnum):
@@ -148,6 +155,30 @@ def require_turn_limit(value: object, name: str = "max_turns") -> int:
     return value
 
 
+def declared_token_budget(env: Any) -> int | None:
+    """The per-turn token budget ``env`` (an env, its class, or a factory carrying the
+    attribute) declares as ``max_tokens_per_turn``; None when it declares none.
+
+    Example:
+        >>> class Guessing: max_tokens_per_turn = 16
+        >>> declared_token_budget(Guessing), declared_token_budget(object())
+        (16, None)
+
+    Raises:
+        InvalidArgumentError: the declared value is not an int >= 1 (naming the class).
+    """
+    budget = getattr(env, "max_tokens_per_turn", None)
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        owner = env if isinstance(env, type) else type(env)
+        raise InvalidArgumentError(
+            f"{getattr(owner, '__qualname__', owner)}.max_tokens_per_turn must be None or an "
+            f"int >= 1 (tokens one assistant turn may sample), actual value: {budget!r}."
+        )
+    return budget
+
+
 def turn_cap(env: Any) -> int | None:
     """``env``'s own cap on assistant turns (:attr:`Env.max_turns`) when it declares a valid one
     (an int >= 1), else None.
@@ -250,6 +281,14 @@ class Env(abc.ABC):
     ``conclude`` scores it, where the env has one). None (default): the run's limit applies.
     An env that ends an episode itself returns ``truncated=True``: that is ``ENV``, at any
     turn."""
+
+    max_tokens_per_turn: ClassVar[int | None] = None
+    """Tokens one assistant turn may sample: what the env's actions need (a guess, a tool call,
+    a reply), so that an evaluation of a real model samples no more than the game asks for.
+    ``llm-gym eval``, ``llm-gym leaderboard`` and :func:`~llm_gym.eval.run_and_report` use it
+    unless the user sets ``max_new_tokens``; a registration may set another
+    (``register_env(..., max_tokens_per_turn=...)``). None (default):
+    :data:`DEFAULT_MAX_TOKENS_PER_TURN`."""
 
     @abc.abstractmethod
     async def reset(self, task: Task) -> list[Message]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.core.env import DEFAULT_MAX_TOKENS_PER_TURN, declared_token_budget
 from llm_gym.core.factories import (
     SPLITS,
     EnvFactory,
@@ -55,8 +56,19 @@ class EnvEntry:
     """The scripted expert as registered, if any."""
     make_kwargs: dict[str, Any]
     """The keyword arguments ``gym.make`` passes to ``TextEnv``."""
+    max_tokens_per_turn: int | None = None
+    """Tokens one assistant turn may sample, as registered; None: what the env declares
+    (:attr:`~llm_gym.core.Env.max_tokens_per_turn`). See :meth:`token_budget`."""
 
     def __post_init__(self) -> None:
+        budget = self.max_tokens_per_turn
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+        ):
+            raise InvalidArgumentError(
+                f"{self.id}: max_tokens_per_turn must be None (the env's own budget) or an int "
+                f">= 1 (tokens one assistant turn may sample), actual value: {budget!r}."
+            )
         # What the entry resolved, kept beside its fields (not one: equality, asdict and repr
         # see only what was registered).
         object.__setattr__(self, "_resolved", {})
@@ -71,6 +83,24 @@ class EnvEntry:
     def action_format(self) -> str:
         """The registered action format's name."""
         return str(self.make_kwargs["action_format"])
+
+    def token_budget(self) -> tuple[int, str]:
+        """The per-turn token budget of an evaluation that sets none, and where it comes from:
+        ``"registration"`` (:attr:`max_tokens_per_turn`), ``"env"`` (the env class, or factory,
+        declares ``max_tokens_per_turn``) or ``"default"``
+        (:data:`~llm_gym.core.env.DEFAULT_MAX_TOKENS_PER_TURN`). Resolved once.
+
+        Example:
+            >>> env_entry("GuessNumber-v0").token_budget()
+            (16, 'env')
+
+        Raises:
+            InvalidArgumentError: the registered or declared budget is not an int >= 1.
+        """
+        if self.max_tokens_per_turn is not None:
+            return self.max_tokens_per_turn, "registration"
+        declared = self._once("budget", lambda: declared_token_budget(resolve(self.env_spec)))
+        return (DEFAULT_MAX_TOKENS_PER_TURN, "default") if declared is None else (declared, "env")
 
     def _once(self, key: str, make: Callable[[], Any]) -> Any:
         with self._lock:

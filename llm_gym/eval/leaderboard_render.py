@@ -94,7 +94,13 @@ def describe_policy(record: Record) -> str:
         return f"the scripted policy {md_code(record.policy)}"
     temperature = md_text(s.get("temperature"))
     decoding = "greedy" if s.get("temperature") == 0 else f"temperature {temperature}"
-    how = f"{decoding}, {md_text(s.get('max_new_tokens'))} new tokens per turn"
+    budget = s.get("max_new_tokens")
+    per_turn = (
+        "each environment's own token budget per turn"
+        if budget is None
+        else f"{md_text(budget)} new tokens per turn"
+    )
+    how = f"{decoding}, {per_turn}"
     if record.model_path is not None:
         weights = md_text(record.model_hash)
         return f"local model {md_code(record.model_path)} (weights sha256 {weights}), {how}"

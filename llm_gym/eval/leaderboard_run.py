@@ -124,8 +124,11 @@ class Args:
         default=None,
         metadata=_help("model policies; 0: greedy (default: 0 if k == 1, else 1)", type=float),
     )
-    max_new_tokens: int = field(
-        default=64, metadata=_help("model policies: tokens per assistant turn", type=int)
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            "model policies: tokens per assistant turn (default: each env's own budget)", type=int
+        ),
     )
     max_model_length: int = field(
         default=4096, metadata=_help("local models: context budget in tokens", type=int)
@@ -201,13 +204,17 @@ def is_model_policy(label: str) -> bool:
 
 
 def sampling_settings(label: str, args: Args) -> dict[str, Any]:
-    """The generation settings that change a model policy's numbers ({} for scripted ones)."""
+    """The generation settings that change a model policy's numbers ({} for scripted ones);
+    ``max_new_tokens`` only when the user set it (else each env's own budget, which the
+    record's ``settings`` hold)."""
     if not is_model_policy(label):
         return {}
     temperature = args.temperature
     if temperature is None:
         temperature = 0.0 if args.k == 1 else 1.0
-    settings = {"temperature": temperature, "top_p": 1.0, "max_new_tokens": args.max_new_tokens}
+    settings: dict[str, Any] = {"temperature": temperature, "top_p": 1.0}
+    if args.max_new_tokens is not None:  # else each env's own budget (the record's settings)
+        settings["max_new_tokens"] = args.max_new_tokens
     if not label.startswith("openai:"):
         settings["max_model_length"] = args.max_model_length
     return settings
@@ -225,7 +232,8 @@ def format_command(args: Args) -> str:
     if any(is_model_policy(p) for p in args.policies):
         if args.temperature is not None:
             parts += ["--temperature", str(args.temperature)]
-        parts += ["--max-new-tokens", str(args.max_new_tokens)]
+        if args.max_new_tokens is not None:
+            parts += ["--max-new-tokens", str(args.max_new_tokens)]
         parts += ["--max-model-length", str(args.max_model_length)]
     return shlex.join(parts)
 
@@ -384,6 +392,11 @@ def main(args: Args, runner: Runner | None = None) -> Outcome:
     if args.max_turns is not None and args.max_turns < 1:  # 0 read as "the registered limit"
         raise InvalidArgumentError(
             f"max_turns must be None (each env's own) or >= 1, actual value: {args.max_turns}."
+        )
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise InvalidArgumentError(
+            f"max_new_tokens must be None (each env's own budget) or >= 1, actual value: "
+            f"{args.max_new_tokens}."
         )
     entries = registered_envs()
     now = Registry({e.id: e.version for e in entries}, {e.id: e.max_turns for e in entries})

@@ -10,6 +10,7 @@ from llm_gym.core.env import TruncationCause
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
+    "format_rate",
     "wilson_interval",
     "paired_difference_interval",
     "pass_at_k",
@@ -19,6 +20,27 @@ __all__ = [
     "episode_succeeded",
     "is_success",
 ]
+
+
+def format_rate(value: float, digits: int = 3) -> str:
+    """``value`` (a rate: episodes or tokens per second) to ``digits`` significant figures, so
+    that a positive rate never reads as zero; whole numbers once it has more integer digits
+    than that, and scientific notation below a thousandth.
+
+    Example:
+        >>> [format_rate(v) for v in (0.0123456, 0.16, 9.996, 52.3456, 1234.5, 0.0)]
+        ['0.0123', '0.160', '10.0', '52.3', '1234', '0']
+        >>> format_rate(0.00004567), format_rate(float("inf"))
+        ('4.57e-05', 'inf')
+    """
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)  # inf, nan
+    if abs(value) < 1e-3:
+        return f"{value:.{digits - 1}e}"
+    places = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    value = round(value, places)  # 9.996 -> 10.0: one integer digit more, one place less
+    places = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{places}f}"
 
 
 def wilson_interval(successes: int, total: int, z: float = 1.959964) -> tuple[float, float]:

@@ -22,7 +22,13 @@ from llm_gym.core.registry import EnvEntry, as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.files import write_atomic, write_target
-from llm_gym.eval.metrics import is_success, mean_pass_at_k, success_by_type, summarize_episodes
+from llm_gym.eval.metrics import (
+    format_rate,
+    is_success,
+    mean_pass_at_k,
+    success_by_type,
+    summarize_episodes,
+)
 from llm_gym.policies.base import Policy
 from llm_gym.policies.registry import policy_from_spec
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
@@ -78,10 +84,13 @@ class EvalReport:
     policy: dict[str, Any]
     """The policy's own description (name, model, sampling settings)."""
     settings: dict[str, Any]
-    """Rollout settings: max_turns, action format, token budgets."""
+    """Rollout settings: max_turns, action format, token budgets. ``max_new_tokens`` is the
+    per-turn budget the run used and ``max_new_tokens_source`` where it came from (``"user"``,
+    or :meth:`~llm_gym.core.EnvEntry.token_budget`'s ``"registration"``, ``"env"`` or
+    ``"default"``)."""
     metrics: dict[str, float]
-    """See :func:`~llm_gym.eval.metrics.summarize_episodes`, plus ``pass_at_k`` and
-    ``episodes_per_second``."""
+    """See :func:`~llm_gym.eval.metrics.summarize_episodes`, plus ``pass_at_k``,
+    ``episodes_per_second`` and ``tokens_per_second`` (sampled tokens over the wall time)."""
     by_type: dict[str, dict[str, float]] = field(default_factory=dict)
     """Success per kind of task (:func:`~llm_gym.eval.metrics.success_by_type`; empty when the
     tasks name no kind)."""
@@ -105,6 +114,21 @@ class EvalReport:
         path = Path(path)
         write_atomic(path, json.dumps(self.to_dict(), indent=2, default=str) + "\n")
         return path
+
+    def budget_text(self) -> str:
+        """The per-turn token budget the run used and where it came from, in words."""
+        budget = self.settings.get("max_new_tokens")
+        source = self.settings.get("max_new_tokens_source")
+        if budget is None:
+            return "the policy's own"
+        whose = {
+            "user": "set by the user",
+            "registration": f"{self.env_id}'s registration",
+            "env": f"{self.env_id}'s own",
+            "default": "the default of envs that declare none",
+        }.get(source, str(source))
+        change = "" if source == "user" else "; --max-new-tokens sets another"
+        return f"{budget} tokens ({whose}{change})"
 
     def format_table(self) -> str:
         """The report as a small two-column table a person reads."""
@@ -132,7 +156,9 @@ class EvalReport:
                 "tokens per episode",
                 f"{m['completion_tokens_mean']:.1f} sampled, {m['prompt_tokens_mean']:.1f} prompt",
             ),
-            ("episodes per second", f"{m['episodes_per_second']:.1f}"),
+            ("per-turn token budget", self.budget_text()),
+            ("episodes per second", format_rate(m["episodes_per_second"])),
+            ("sampled tokens per second", format_rate(m.get("tokens_per_second", 0.0))),
         ]
         by_type = [
             (f"  on {kind}", f"{v['success_rate']:.3f} ({int(v['episodes'])} episodes)")
@@ -241,7 +267,9 @@ def run_and_report(
         seed: Seed of the task selection (and of a ``random`` policy built from a spec).
         max_turns: Assistant turns per episode (default: the registered value, else 8).
         max_model_length: Context budget in tokens (model policies).
-        max_new_tokens: Tokens per assistant turn (model policies).
+        max_new_tokens: Tokens per assistant turn (model policies). Default: the env's own
+            budget (:meth:`~llm_gym.core.EnvEntry.token_budget`: what its actions need), which
+            every request carries, so a policy's own ``max_new_tokens`` is not used.
         action_format: ``"hermes"`` or ``"json"`` (default: the registered one).
         failed_parse_reward: Reward of an episode that ends on an unparseable action.
         success_threshold: An episode succeeds when its reward reaches this (unless its
@@ -272,11 +300,15 @@ def run_and_report(
         )
     if isinstance(policy, str):
         policy = policy_from_spec(policy, seed=seed)
+    budget, source = (
+        (max_new_tokens, "user") if max_new_tokens is not None else entry.token_budget()
+    )
     settings = {
         "max_turns": entry.max_turns if max_turns is None else max_turns,  # 0 is refused
         "action_format": action_format or entry.action_format,
         "max_model_length": max_model_length,
-        "max_new_tokens": max_new_tokens,
+        "max_new_tokens": budget,
+        "max_new_tokens_source": source,
         "failed_parse_reward": failed_parse_reward,
         "success_threshold": success_threshold,
     }
@@ -288,7 +320,7 @@ def run_and_report(
         episodes_per_task=k,
         max_turns=settings["max_turns"],
         max_model_length=max_model_length,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=budget,
         action_format=settings["action_format"],
         failed_parse_reward=failed_parse_reward,
         oracle=oracle or entry.oracle(),
@@ -301,6 +333,10 @@ def run_and_report(
         [(len(g), sum(is_success(e, success_threshold) for e in g)) for g in groups], k
     )
     metrics["episodes_per_second"] = len(flat) / wall if wall > 0 else float("inf")
+    sampled = sum(episode.completion_tokens for episode in flat)
+    metrics["tokens_per_second"] = (
+        sampled / wall if wall > 0 else (float("inf") if sampled else 0.0)
+    )
     report = EvalReport(
         env_id=entry.id,
         env_version=entry.version,

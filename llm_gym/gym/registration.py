@@ -23,6 +23,7 @@ def register_env(
     description: str = "",
     action_format: str = "hermes",
     max_turns: int = 8,
+    max_tokens_per_turn: int | None = None,
     oracle: str | Callable[..., Any] | None = None,
     version: str = "0",
     entry_point: str = TEXT_ENV_ENTRY_POINT,
@@ -54,7 +55,9 @@ def register_env(
         "version": version,
         **kwargs,
     }
-    entry = add_env_entry(EnvEntry(id, description, env, tasks, version, oracle, make_kwargs))
+    entry = add_env_entry(
+        EnvEntry(id, description, env, tasks, version, oracle, make_kwargs, max_tokens_per_turn)
+    )
     if id not in gymnasium.registry:
         # TextEnv enforces reset-before-step itself and passes check_env (tested for every
         # registered id), so gym.make adds neither wrapper to the hot path by default;

@@ -134,6 +134,8 @@ class CodeEnv(ToolEnv):
     """
 
     system_prompt = SYSTEM_PROMPT
+    max_tokens_per_turn = 512
+    """A turn is a complete function: in a run_tests call or the final fenced block."""
 
     def __init__(
         self,

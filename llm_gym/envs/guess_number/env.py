@@ -281,6 +281,9 @@ class GuessNumberEnv(SyncEnv):
 
     raw_text_actions: ClassVar[bool] = True
     """The env parses the assistant text itself (no tool-call parsing, no parse failures)."""
+    max_tokens_per_turn: ClassVar[int] = 16
+    """A reply is one guess ("My guess is 500." is 8 tokens); longer prose is cut there and
+    read for its last integer."""
 
     def __init__(self) -> None:
         self._task: Task | None = None

@@ -393,6 +393,9 @@ class MathEnv(ToolEnv):
 
     system_prompt = SYSTEM_PROMPT
     tools = (CalculatorTool(),)
+    max_tokens_per_turn = 96
+    """A turn is one calculator call (a four-operation expression is about 52 tokens) or the
+    final number."""
 
     def score(self, answer: str, task: Task) -> float:
         """1.0 for the exact answer, else 0.0."""

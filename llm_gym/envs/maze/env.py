@@ -231,6 +231,8 @@ class MazeEnv(ToolEnv):
     """
 
     system_prompt = SYSTEM_PROMPT
+    max_tokens_per_turn = 128
+    """A turn is up to ``MAX_CALLS_PER_TURN`` look or move calls (about 28 tokens each)."""
 
     def __init__(self) -> None:
         super().__init__(tools=[_LookTool(self), _MoveTool(self)])

@@ -219,6 +219,9 @@ class ReasoningGymEnv(SyncEnv):
 
     raw_text_actions: ClassVar[bool] = True
     """The env parses the assistant text itself (no tool calls, no parse failures)."""
+    max_tokens_per_turn: ClassVar[int] = 256
+    """A reply reasons step by step (reasoning-gym's own prompt asks for it) before its
+    ``<answer>`` tag."""
 
     def __init__(self) -> None:
         self._task: Task | None = None

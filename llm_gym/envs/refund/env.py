@@ -100,6 +100,9 @@ class RefundEnv(EnvironmentMultiTurn):
     version: ClassVar[str] = VERSION
     tool_specs: ClassVar[list[ToolSpec]] = TOOL_SPECS
     """The tools as specs, so chat templates and the random policy see them."""
+    max_tokens_per_turn: ClassVar[int] = 192
+    """A turn is a few tool calls (a refund is about 57 tokens) or a short reply to the
+    customer."""
 
     def __init__(self, *, split: str = "train", max_turns: int = MAX_EPISODE_TURNS) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:

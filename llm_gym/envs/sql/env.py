@@ -136,6 +136,9 @@ class SQLEnv(ToolEnv):
     """
 
     system_prompt = SYSTEM_PROMPT
+    max_tokens_per_turn = 160
+    """A turn is one tool call (a query with a join, a grouping and an order is about 75
+    tokens) or the short answer."""
 
     def __init__(self) -> None:
         self._db: ReadOnlyDatabase | None = None

@@ -396,6 +396,8 @@ class ToolUseGameEnv(ToolEnv):
 
     system_prompt = SYSTEM_PROMPT
     tools = (list_fact_keys, lookup, CalculatorTool())
+    max_tokens_per_turn = 64
+    """A turn is one tool call (a lookup is about 32 tokens) or the short answer."""
 
     def __init__(
         self,

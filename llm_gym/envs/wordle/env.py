@@ -256,6 +256,8 @@ class WordleEnv(SyncEnv):
     """The env parses the assistant text itself (no tool-call parsing, no parse failures)."""
     max_turns: ClassVar[int] = MAX_REPLIES
     """Replies per game (the loop and ``TextEnv`` cap episodes here, not at six)."""
+    max_tokens_per_turn: ClassVar[int] = 16
+    """A reply is one word, bracketed in prose ("My guess is [crane]." is 7 tokens)."""
 
     def __init__(self, shaped_reward: bool = False) -> None:
         """Create the environment.
