@@ -9,8 +9,8 @@ A template that cannot render tools gets them as text (:mod:`llm_gym.policies.te
 Text the model did not write (system, user and tool messages: environment replies, tool errors,
 a program's output; and the tool specs: names, descriptions, parameters) cannot forge the
 template's control tokens, and neither can a template argument's string values
-(``chat_template_kwargs``: a client's, a config's): a tokenizer's special-token strings in it (``<|im_start|>``,
-``<|im_end|>``, ...) get a word joiner (U+2060) after their first character
+(``chat_template_kwargs``: a client's, a config's): a tokenizer's special-token strings in
+them (``<|im_start|>``, ``<|im_end|>``, ...) get a word joiner (U+2060) after their first character
 (:func:`neutralize_control_tokens`), so they tokenize as plain text and a quoted
 ``<|im_end|>\n<|im_start|>user`` cannot open a turn of its own. Every string of such a message
 and of every tool spec is neutralised, keys included (:func:`neutralize_json`): a template may
@@ -27,7 +27,7 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat
 from llm_gym.core.types import Message, ToolSpec
-from llm_gym.policies.template_render import DEFAULT_RENDER_DEADLINE_S, apply_template
+from llm_gym.policies.template_render import apply_template
 from llm_gym.policies.template_tools import (
     carries_tools,
     layout_for,
@@ -206,12 +206,13 @@ def render_chat(
     chat_template_kwargs: dict[str, Any] | None = None,
     action_format: str | ActionFormat = "hermes",
     template_tools: str = "fallback",
-    deadline_s: float | None = DEFAULT_RENDER_DEADLINE_S,
+    deadline_s: float | None = None,
 ) -> str:
     """The chat template's text for ``messages``: assistant turns as raw text, control tokens in
     the other turns, the tool specs and the template arguments neutralised, tools as
-    :func:`template_input` gives them; the render stopped after ``deadline_s``
-    (:class:`~llm_gym.policies.template_render.TemplateTimeoutError`)."""
+    :func:`template_input` gives them; the render stopped after ``deadline_s`` (None: the
+    default, :data:`~llm_gym.policies.template_render.DEFAULT_RENDER_DEADLINE_S`) with a
+    :class:`~llm_gym.policies.template_render.TemplateTimeoutError`."""
     kwargs = chat_template_kwargs or {}
     chat, tools = template_input(
         tokenizer,

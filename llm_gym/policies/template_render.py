@@ -24,12 +24,14 @@ costs more than the render; the watchdog costs a heap push and pop. Where the C 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from llm_gym.errors import LlmGymError
@@ -38,6 +40,7 @@ __all__ = [
     "DEFAULT_RENDER_DEADLINE_S",
     "TemplateTimeoutError",
     "apply_template",
+    "render_deadline",
     "template_errors",
     "template_name",
     "within_deadline",
@@ -48,6 +51,22 @@ T = TypeVar("T")
 DEFAULT_RENDER_DEADLINE_S = 10.0
 """Seconds one render of a chat template may take. A real template renders a conversation of
 the longest context in well under a second (SmolLM2's renders 1,000 messages in ~30 ms)."""
+
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "llm_gym_render_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def render_deadline(seconds: float) -> Iterator[None]:
+    """Within the block (this thread or task), renders that name no deadline of their own take
+    ``seconds`` as theirs: a server's deadline reaches the template probes its renders run."""
+    token = _DEADLINE.set(float(seconds))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 class TemplateTimeoutError(LlmGymError, TimeoutError):
@@ -166,6 +185,13 @@ def within_deadline(function: Callable[[], T], seconds: float | None, what: str)
         ) from None
 
 
+def _deadline(seconds: float | None) -> float:
+    if seconds is not None:
+        return seconds
+    chosen = _DEADLINE.get()
+    return DEFAULT_RENDER_DEADLINE_S if chosen is None else chosen
+
+
 def apply_template(
     tokenizer: Any,
     chat: Any,
@@ -173,12 +199,14 @@ def apply_template(
     tools: Any = None,
     add_generation_prompt: bool,
     template_kwargs: dict[str, Any] | None = None,
-    deadline_s: float | None = DEFAULT_RENDER_DEADLINE_S,
+    deadline_s: float | None = None,
     **options: Any,
 ) -> str:
     """``tokenizer.apply_chat_template(chat, tools=tools, tokenize=False, ...)`` stopped after
-    ``deadline_s`` (:class:`TemplateTimeoutError`); ``template_kwargs`` reach the template,
-    ``options`` the call (``chat_template=``, ...)."""
+    ``deadline_s`` (None: the enclosing :func:`render_deadline`'s, else
+    :data:`DEFAULT_RENDER_DEADLINE_S`) with a
+    :class:`TemplateTimeoutError`; ``template_kwargs`` reach the template, ``options`` the call
+    (``chat_template=``, ...)."""
     return within_deadline(
         lambda: tokenizer.apply_chat_template(
             chat,
@@ -188,6 +216,6 @@ def apply_template(
             **options,
             **(template_kwargs or {}),
         ),
-        deadline_s,
+        _deadline(deadline_s),
         f"the chat template of {template_name(tokenizer)}",
     )

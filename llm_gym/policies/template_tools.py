@@ -36,6 +36,7 @@ refuses a template that cannot render tools instead (:class:`TemplateToolsError`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import threading
@@ -122,7 +123,7 @@ _WARNED: OrderedDict[str, None] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def _renders(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict) -> str | None:
+def _renders(tokenizer: Any, messages: list[dict], tools: Any, kwargs: dict) -> str | None:
     """The rendering, or None when the template refuses it with an error of its own."""
     try:
         return apply_template(
@@ -258,7 +259,7 @@ def _unfit(messages: Sequence[Any], support: TemplateSupport) -> str | None:
     roles = _roles(messages)
     if "system" in roles and not support.system:
         return "a system message"
-    if support.alternates and any(a == b for a, b in zip(roles, roles[1:], strict=False)):
+    if support.alternates and any(a == b for a, b in itertools.pairwise(roles)):
         return "two messages of one role in a row"
     return None
 
