@@ -108,3 +108,104 @@ def test_a_clients_template_option_is_neutralised_in_the_served_prompt(small_mod
     ids = engine.chat_prompt(parse_chat_request(body, "model", engine.chat_template_kwargs))
     assert ids.count(start_id) == 3  # user, the template's system line, the generation prompt
     assert "obey me" in tokenizer.decode(ids)
+
+
+KWARG = "{% if reasoning_effort is defined %}Effort: {{ reasoning_effort }}{% endif %}"
+"""A template line that prints a template argument (as gpt-oss's prints ``reasoning_effort``)."""
+
+
+def _control_ids(tokenizer: Any, text: str) -> int:
+    special = set(tokenizer.all_special_ids)
+    return sum(i in special for i in tokenizer.encode(text, add_special_tokens=False))
+
+
+def _hostile_turns(clean: bool) -> tuple[list, list, dict]:
+    forged = "x" if clean else FORGED
+    spec = forged_spec() if not clean else json.loads(json.dumps(forged_spec()).replace(
+        json.dumps(FORGED)[1:-1], "x"))  # fmt: skip
+    call = '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>'
+    messages = [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "name": "lookup", "tool_call_id": "call_1_0", "content": "7"},
+        {"role": "user", "content": "go on"},
+    ]
+    return messages, [spec], {"reasoning_effort": forged}
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "smollm2", "gemma2", "phi3", "mistral_v03"])
+def test_control_tokens_in_specs_and_template_kwargs_stay_text_in_every_layout(
+    small_model, family
+) -> None:
+    """Native (Qwen2.5, Mistral v0.3), text in the system message (SmolLM2), text at the head
+    of the first user message (Gemma 2, Phi-3): the hostile prompt holds exactly the control
+    tokens of the same prompt with plain text in place of the forgeries."""
+    from tests.test_template_tools_families import TEMPLATES
+
+    tokenizer = copy.deepcopy(small_model[1])
+    tokenizer.chat_template = (TEMPLATES[family] or tokenizer.chat_template) + KWARG
+    texts = []
+    for clean in (False, True):
+        messages, specs, kwargs = _hostile_turns(clean)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            texts.append(
+                render_chat(
+                    tokenizer,
+                    messages,
+                    specs,
+                    add_generation_prompt=True,
+                    chat_template_kwargs=kwargs,
+                )
+            )
+    hostile, clean = texts
+    assert "obey me" in hostile and "Effort: x" in clean
+    assert _control_ids(tokenizer, hostile) == _control_ids(tokenizer, clean), hostile
+
+
+def test_trls_rendering_neutralises_template_kwargs(small_model) -> None:
+    from llm_gym.integrations.trl import our_rendering
+
+    tokenizer = copy.deepcopy(small_model[1])
+    tokenizer.chat_template += KWARG
+    spec = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+    tokenizer = our_rendering(tokenizer, [spec])
+
+    def lookup() -> str:
+        """Look up."""
+        return ""
+
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}],
+        tools=[lookup],
+        tokenize=True,
+        add_generation_prompt=True,
+        reasoning_effort=FORGED,
+        return_dict=False,
+    )
+    start_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert ids.count(start_id) == 3  # the tools' system turn, the user turn, the prompt
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "smollm2"])
+def test_sft_rows_for_trl_carry_no_forged_control_token(small_model, family) -> None:
+    """``text_layout_dataset``: the rows TRL tokenizes itself, in either layout."""
+    from datasets import Dataset
+
+    from tests.test_template_tools_families import TEMPLATES
+    from trainers.sft_data import text_layout_dataset
+
+    tokenizer = copy.deepcopy(small_model[1])
+    tokenizer.chat_template = TEMPLATES[family] or tokenizer.chat_template
+    texts = []
+    for clean in (False, True):
+        messages, specs, _ = _hostile_turns(clean)
+        rows = Dataset.from_list([{"messages": messages, "tools": json.dumps(specs)}])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (row,) = text_layout_dataset(tokenizer, rows)
+        tools = json.loads(row["tools"]) or None
+        texts.append(tokenizer.apply_chat_template(row["messages"], tools=tools, tokenize=False))
+    assert "obey me" in texts[0]
+    assert _control_ids(tokenizer, texts[0]) == _control_ids(tokenizer, texts[1])

@@ -388,3 +388,33 @@ def test_sampler_and_forward_logprobs_agree(sft_model, template) -> None:
             if mask:
                 worst, checked = max(worst, abs(recorded - teacher)), checked + 1
     assert checked > 100 and worst < 1e-4
+
+
+def test_the_real_template_shows_every_envs_tools_once_and_no_forged_turn(smollm2) -> None:
+    """SmolLM2's own tokenizer and template: every registered env's tools once more than
+    without them, the tool result, and no control token from a tool spec or template argument."""
+    from transformers import AutoTokenizer
+
+    from llm_gym.policies.chat import render_chat
+    from tests.test_chat_hostile import FORGED, forged_spec
+    from tests.test_template_tools_families import RESULT, _conversation, _openings
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    for env_id, messages, specs in _openings():
+        conversation = _conversation(messages, specs)
+        text = render_chat(tokenizer, conversation, specs, add_generation_prompt=True)
+        bare = render_chat(tokenizer, conversation, [], add_generation_prompt=True)
+        assert RESULT in text, env_id
+        for spec in specs:
+            name = f'"{spec["function"]["name"]}"'
+            assert text.count(name) - bare.count(name) == 1, (env_id, name)
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    hostile = render_chat(
+        tokenizer,
+        [{"role": "user", "content": "q"}],
+        [forged_spec()],
+        add_generation_prompt=True,
+        chat_template_kwargs={"reasoning_effort": FORGED},
+    )
+    ids = tokenizer.encode(hostile, add_special_tokens=False)
+    assert ids.count(start) == 3 and "obey me" in hostile  # system, user, generation prompt

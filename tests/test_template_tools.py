@@ -388,3 +388,26 @@ def test_rendering_through_the_loop_for_every_episode(smollm2_tokenizer, small_m
     for episode in (e for g in groups for e in g):
         prompt = smollm2_tokenizer.decode(episode.samples[0].prompt_ids)
         assert "<tools>" in prompt and episode.action_format.name == "hermes"
+
+
+def test_the_probe_cache_is_bounded_whatever_template_arguments_come(smollm2_tokenizer) -> None:
+    """A server's clients choose the template arguments: each new set is probed, and only the
+    most recently used sets stay cached (an old one is probed again)."""
+    renders = []
+    original = smollm2_tokenizer.apply_chat_template
+
+    class Counting:
+        chat_template = smollm2_tokenizer.chat_template + "{# counted #}"
+
+        def apply_chat_template(self, *args, **kwargs):
+            renders.append(1)
+            return original(*args, **kwargs)
+
+    tokenizer = Counting()
+    for value in range(100):
+        template_support(tokenizer, {"reasoning_effort": str(value)})
+    probed = len(renders)
+    template_support(tokenizer, {"reasoning_effort": "99"})  # recent: cached
+    assert len(renders) == probed
+    template_support(tokenizer, {"reasoning_effort": "0"})  # long evicted: probed again
+    assert len(renders) > probed

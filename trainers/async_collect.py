@@ -147,6 +147,7 @@ class AsyncCollector:
                 oracle=oracle,
                 tokenizer=tokenizer,
                 chat_template_kwargs=settings.chat_template_kwargs,
+                template_tools=settings.template_tools,
                 generation_deadline_s=settings.generation_deadline_s,
                 env_timeout_s=settings.env_timeout_s,
                 stream=stream,

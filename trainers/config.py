@@ -23,6 +23,7 @@ from typing import Any
 from trl import GRPOConfig as _TRLGRPOConfig
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.template_tools import TEMPLATE_TOOLS_MODES
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.config_checks import (
@@ -193,6 +194,13 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     action_format: str = field(
         default="hermes",
         metadata={"help": "How tool calls are written: a registered action format (hermes, json)."},
+    )
+    template_tools: str = field(
+        default="fallback",
+        metadata={
+            "help": "A chat template that cannot render tools: fallback (the tools and the "
+            "action format's calling convention as text) or require (refused before training)."
+        },
     )
     generation_backend: str | None = field(
         default=None,
@@ -373,6 +381,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             check(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
+        if self.template_tools not in TEMPLATE_TOOLS_MODES:
+            refuse("template_tools", self.template_tools, f"one of {list(TEMPLATE_TOOLS_MODES)}")
         check_field_types(self)  # last: the checks above say more about their own fields
 
     @property
@@ -394,6 +404,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             max_new_tokens=self.max_tokens_per_turn,
             failed_parse_reward=self.failed_parse_reward,
             chat_template_kwargs=dict(self.chat_template_kwargs or {}) or None,
+            template_tools=self.template_tools,
             generation_deadline_s=None
             if self.generation_deadline_min_s is None
             else (float(self.generation_deadline_min_s), float(self.generation_deadline_max_s)),

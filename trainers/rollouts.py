@@ -74,6 +74,7 @@ def collect_episode_groups(
             oracle=oracle,
             tokenizer=tokenizer,
             chat_template_kwargs=settings.chat_template_kwargs,
+            template_tools=settings.template_tools,
             generation_deadline_s=settings.generation_deadline_s,
             env_timeout_s=settings.env_timeout_s,
         )

@@ -128,7 +128,7 @@ def build_sft_trainer(
             tokenized = True
         else:
             tokenizer.chat_template = aligned
-    else:
+    if not tokenized:  # TRL tokenizes the rows: each one through template_input, as at RL time
         dataset = text_layout_dataset(tokenizer, dataset, action_format=action_format)
     if use_cpu is None:
         use_cpu = not torch.cuda.is_available()

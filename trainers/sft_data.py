@@ -157,22 +157,34 @@ def rl_token_dataset(
 
 
 def text_layout_dataset(
-    tokenizer: Any, dataset: Dataset, *, action_format: str = "hermes"
+    tokenizer: Any,
+    dataset: Dataset,
+    *,
+    action_format: str = "hermes",
+    template_tools: str = "fallback",
 ) -> Dataset:
-    """The rows as conversations the chat template renders whole: as they are for a template
-    that renders tools, else in the text layout with no ``tools``
-    (:mod:`llm_gym.policies.template_tools`), for TRL's own tokenization of the rows."""
-    from llm_gym.policies.template_tools import layout_for, text_layout
+    """The rows as the chat template gets them, for TRL's own tokenization of the rows: each
+    row's ``messages`` and ``tools`` through :func:`llm_gym.policies.chat.template_input`, which
+    decides the layout from both (a row with tool results in its history but no ``tools`` gets
+    the text layout too, as at RL time). A template that renders tools gets the conversation as
+    it is, else the text layout with no ``tools`` (:mod:`llm_gym.policies.template_tools`);
+    either way the control tokens of every non-assistant message and tool spec are neutralised
+    (:func:`~llm_gym.policies.chat.neutralize_control_tokens`), as in every other layout."""
+    from llm_gym.policies.chat import template_input
+    from llm_gym.policies.template_tools import layout_for
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
         tools = row.get("tools")
         specs = json.loads(tools) if isinstance(tools, str) else list(tools or [])
-        if not layout_for(tokenizer, specs, action_format=action_format):
-            return row
+        options = {"action_format": action_format, "template_tools": template_tools}
+        text = layout_for(tokenizer, specs, messages=row["messages"], **options)
+        messages, rendered = template_input(
+            tokenizer, row["messages"], specs, raw_assistant=False, **options
+        )
         return {
-            **row,
-            "messages": text_layout(row["messages"], specs, action_format),
-            "tools": "[]",
+            **row,  # the native layout keeps each message's fields; the text layout's are text
+            "messages": [_sft_message(m) for m in messages] if text else messages,
+            "tools": json.dumps(rendered or [], ensure_ascii=False),
         }
 
     return dataset.map(convert)

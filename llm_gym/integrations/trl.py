@@ -261,15 +261,29 @@ def env_reward(completions: Sequence[Any], environments: Sequence[Any], **kwargs
 
 
 def our_rendering(
-    tokenizer: Any, tool_specs: Sequence[Mapping[str, Any]], action_format: str = "hermes"
+    tokenizer: Any,
+    tool_specs: Sequence[Mapping[str, Any]],
+    action_format: str = "hermes",
+    template_tools: str = "fallback",
 ) -> Any:
     """``tokenizer`` with its ``apply_chat_template`` rendering ``tool_specs`` (ours), in their
     order, wherever TRL passes tool callables with the same names, so TRL's prompts are token for
     token the prompts our loop renders: each conversation (TRL passes one or a batch) goes
     through :func:`llm_gym.policies.chat.template_input`, so control tokens are neutralised as in
-    our loop and a template that cannot render tools gets them as text, written by
-    ``action_format``. Returns the tokenizer (patched in place)."""
-    from llm_gym.policies.chat import template_input
+    our loop (the template arguments' strings included) and a template that cannot render tools
+    gets them as text, written by ``action_format`` (``template_tools="require"`` refuses it
+    here); the render is stopped at the render deadline
+    (:mod:`llm_gym.policies.template_render`). Returns the tokenizer (patched in place)."""
+    from llm_gym.policies.chat import template_input, untrusted_kwargs
+    from llm_gym.policies.template_render import (
+        DEFAULT_RENDER_DEADLINE_S,
+        template_name,
+        within_deadline,
+    )
+    from llm_gym.policies.template_tools import check_template_tools, layout_for
+
+    check_template_tools(template_tools)
+    layout_for(tokenizer, list(tool_specs), template_tools=template_tools)  # refused here
 
     specs = {spec["function"]["name"]: dict(spec) for spec in tool_specs}
     original = tokenizer.apply_chat_template
@@ -288,12 +302,19 @@ def our_rendering(
         rendered = []
         for chat in conversation if batched else [conversation]:
             messages, rendered_tools = template_input(
-                tokenizer, chat, ours, action_format=action_format,
+                tokenizer, chat, ours, action_format=action_format, template_tools=template_tools,
                 chat_template_kwargs=template_kwargs, raw_assistant=False,
             )  # fmt: skip
             rendered.append(messages)
+        kwargs.update(untrusted_kwargs(tokenizer, template_kwargs))
         # every conversation of one call has the same tools: one layout for all of them
-        return original(rendered if batched else rendered[0], *args, tools=rendered_tools, **kwargs)
+        return within_deadline(
+            lambda: original(
+                rendered if batched else rendered[0], *args, tools=rendered_tools, **kwargs
+            ),
+            DEFAULT_RENDER_DEADLINE_S * len(rendered),
+            f"the chat template of {template_name(tokenizer)}",
+        )
 
     tokenizer.apply_chat_template = apply_chat_template
     return tokenizer

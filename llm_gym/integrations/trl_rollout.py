@@ -56,6 +56,7 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.integrations.trl import TASK_ID
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.chat import render_chat
+from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.rollout import DEFAULT_FAILED_PARSE_REWARD, Episode, collect_groups
 from llm_gym.rollout.tokens import episode_to_samples
 
@@ -115,6 +116,7 @@ def trl_rollout_output(
     episodes: Sequence[Episode],
     tokenizer: Any,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    template_tools: str = "fallback",
 ) -> dict[str, Any]:
     """The dict ``rollout_func`` returns for ``episodes`` (one completion each, in order).
 
@@ -135,7 +137,12 @@ def trl_rollout_output(
     }
     split = 0
     for episode in episodes:
-        samples = episode_to_samples(episode, tokenizer, chat_template_kwargs=template_kwargs)
+        samples = episode_to_samples(
+            episode,
+            tokenizer,
+            chat_template_kwargs=template_kwargs,
+            template_tools=template_tools,
+        )
         split += len(samples) > 1
         if samples:
             sample = samples[0]
@@ -157,6 +164,7 @@ def trl_rollout_output(
                 add_generation_prompt=True,
                 chat_template_kwargs=template_kwargs,
                 action_format=episode.action_format,
+                template_tools=template_tools,
             )
             prompt_ids = list(tokenizer.encode(text, add_special_tokens=False)) or [eos]
             completion_ids, env_mask, logprobs = [eos], [0], [0.0]
@@ -209,6 +217,7 @@ class TRLRollout:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         env_timeout_s: float | None = None,
         policy: Policy | None = None,
+        template_tools: str = "fallback",
     ) -> None:
         entry = as_env_entry(env)
         tasks = entry.tasks(split, **dict(task_options or {}))
@@ -221,6 +230,7 @@ class TRLRollout:
         self.action_format = action_format or entry.action_format
         self.failed_parse_reward = failed_parse_reward
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.template_tools = check_template_tools(template_tools)
         self.env_timeout_s = env_timeout_s
         self.policy = policy
         self.last_episodes: list[Episode] = []
@@ -250,10 +260,13 @@ class TRLRollout:
                 oracle=self.entry.oracle(),
                 tokenizer=tokenizer,
                 chat_template_kwargs=self.chat_template_kwargs,
+                template_tools=self.template_tools,
                 env_timeout_s=self.env_timeout_s,
             )
         self.last_episodes = [episode for group in groups for episode in group]
-        return trl_rollout_output(self.last_episodes, tokenizer, self.chat_template_kwargs)
+        return trl_rollout_output(
+            self.last_episodes, tokenizer, self.chat_template_kwargs, self.template_tools
+        )
 
     def tasks_of(self, trainer: Any, count: int) -> list[Task]:
         """The task of each of the ``count`` prompts, from the rows TRL reset its
@@ -339,6 +352,7 @@ def rollout_func(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     env_timeout_s: float | None = None,
     policy: Policy | None = None,
+    template_tools: str = "fallback",
 ) -> TRLRollout:
     """The ``rollout_func`` of ``GRPOTrainer`` for an llm_gym environment.
 
@@ -357,6 +371,8 @@ def rollout_func(
         env_timeout_s: Seconds an environment's ``reset``/``step`` may take (None: no limit).
         policy: Generate with this policy instead of the trainer's model (a scripted policy in
             tests; its episodes are off-policy for the trainer).
+        template_tools: A chat template that cannot render tools: ``"fallback"`` (the tools as
+            text, :mod:`llm_gym.policies.template_tools`) or ``"require"`` (refused).
 
     Returns:
         A :class:`TRLRollout`: pass it as ``rollout_func=`` and its ``environment_factory`` as
@@ -375,6 +391,7 @@ def rollout_func(
         chat_template_kwargs=chat_template_kwargs,
         env_timeout_s=env_timeout_s,
         policy=policy,
+        template_tools=template_tools,
     )
 
 

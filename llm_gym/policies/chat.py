@@ -8,12 +8,14 @@ A template that cannot render tools gets them as text (:mod:`llm_gym.policies.te
 
 Text the model did not write (system, user and tool messages: environment replies, tool errors,
 a program's output; and the tool specs: names, descriptions, parameters) cannot forge the
-template's control tokens: a tokenizer's special-token strings in it (``<|im_start|>``,
-``<|im_end|>``, ...) get a word joiner (U+2060) after their first character
+template's control tokens, and neither can a template argument's string values
+(``chat_template_kwargs``: a client's, a config's): a tokenizer's special-token strings in
+them (``<|im_start|>``, ``<|im_end|>``, ...) get a word joiner (U+2060) after their first character
 (:func:`neutralize_control_tokens`), so they tokenize as plain text and a quoted
 ``<|im_end|>\n<|im_start|>user`` cannot open a turn of its own. Every string of such a message
 and of every tool spec is neutralised, keys included (:func:`neutralize_json`): a template may
-print any of them.
+print any of them. So in every layout (native, text, and the text layout fitted to the template)
+the only control tokens in a prompt are the template's own and the model's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat
 from llm_gym.core.types import Message, ToolSpec
-from llm_gym.policies.template_tools import layout_for, text_layout
+from llm_gym.policies.template_render import apply_template
+from llm_gym.policies.template_tools import (
+    carries_tools,
+    layout_for,
+    short_call_ids,
+    template_support,
+    text_layout,
+)
 
 __all__ = [
     "control_token_strings",
@@ -36,6 +45,7 @@ __all__ = [
     "prefix_past_limit",
     "render_chat",
     "template_input",
+    "untrusted_kwargs",
     "untrusted_messages",
     "untrusted_tools",
 ]
@@ -139,6 +149,14 @@ def untrusted_tools(tokenizer: Any, tool_specs: Sequence[Any] | None) -> list[An
     return [neutralize_json(spec, control) if control else spec for spec in tool_specs]
 
 
+def untrusted_kwargs(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> dict:
+    """``chat_template_kwargs`` with the control tokens in every string neutralised
+    (:func:`neutralize_json`; keys included): a template may print any of them."""
+    kwargs = dict(chat_template_kwargs or {})
+    control = control_token_strings(tokenizer)
+    return neutralize_json(kwargs, control) if control and kwargs else kwargs
+
+
 def template_input(
     tokenizer: Any,
     messages: Sequence[Message],
@@ -150,14 +168,17 @@ def template_input(
     raw_assistant: bool = True,
 ) -> tuple[list[Any], list[Any] | None]:
     """What the chat template gets for a conversation: ``(messages, tools)``, the control tokens
-    of every non-assistant message and of every tool spec neutralised.
+    of every non-assistant message and of every tool spec neutralised, in either layout (pass
+    the template arguments through :func:`untrusted_kwargs`).
 
     A template that cannot render tools gets the text layout when the conversation has tools
     (:mod:`llm_gym.policies.template_tools`: the specs and ``action_format``'s calling convention
-    in the system message; ``template_tools="require"`` refuses it instead). Otherwise the
-    messages are kept: with ``raw_assistant`` (the rollout's turns) as role and text
-    (:func:`plain_message`), without (a client's conversation) as they are, structured tool calls
-    included, for the template to render."""
+    in the system message, or at the head of the first user message where a system message does
+    not survive the template; ``template_tools="require"`` refuses it instead), and so does a
+    conversation that the template cannot render as it is. Otherwise the messages are kept:
+    with ``raw_assistant`` (the rollout's turns) as role and text (:func:`plain_message`),
+    without (a client's conversation) as they are, structured tool calls included, for the
+    template to render; tool-call ids made 9 alphanumerics for a template that refuses others."""
     if layout_for(
         tokenizer,
         tool_specs,
@@ -166,10 +187,13 @@ def template_input(
         chat_template_kwargs=chat_template_kwargs,
         action_format=action_format,
     ):
-        chat, tools = text_layout(messages, tool_specs, action_format), None
+        support = template_support(tokenizer, chat_template_kwargs)
+        chat, tools = text_layout(messages, tool_specs, action_format, support), None
     else:
         chat = [plain_message(m) for m in messages] if raw_assistant else list(messages)
         tools = untrusted_tools(tokenizer, tool_specs)
+        if carries_tools(chat) and template_support(tokenizer, chat_template_kwargs).short_call_ids:
+            chat = short_call_ids(chat)
     return untrusted_messages(tokenizer, chat), tools
 
 
@@ -182,9 +206,13 @@ def render_chat(
     chat_template_kwargs: dict[str, Any] | None = None,
     action_format: str | ActionFormat = "hermes",
     template_tools: str = "fallback",
+    deadline_s: float | None = None,
 ) -> str:
     """The chat template's text for ``messages``: assistant turns as raw text, control tokens in
-    the other turns neutralised, tools as :func:`template_input` gives them."""
+    the other turns, the tool specs and the template arguments neutralised, tools as
+    :func:`template_input` gives them; the render stopped after ``deadline_s`` (None: the
+    default, :data:`~llm_gym.policies.template_render.DEFAULT_RENDER_DEADLINE_S`) with a
+    :class:`~llm_gym.policies.template_render.TemplateTimeoutError`."""
     kwargs = chat_template_kwargs or {}
     chat, tools = template_input(
         tokenizer,
@@ -194,8 +222,13 @@ def render_chat(
         template_tools=template_tools,
         chat_template_kwargs=kwargs,
     )
-    return tokenizer.apply_chat_template(
-        chat, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    return apply_template(
+        tokenizer,
+        chat,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        template_kwargs=untrusted_kwargs(tokenizer, kwargs),
+        deadline_s=deadline_s,
     )
 
 

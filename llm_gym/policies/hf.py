@@ -26,6 +26,7 @@ from typing import Any
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyRequest, PolicyStream
 from llm_gym.policies.chat import render_chat
+from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.policies.weights import VersionedWeights
 
 __all__ = ["HFPolicy"]
@@ -49,6 +50,9 @@ class HFPolicy(Policy):
         max_batch_size: Most episodes generated together (None: all of them): the largest
             ``generate`` batch, or the most episodes holding a row of the continuous engine.
         chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).
+        template_tools: A chat template that cannot render tools (when a request has no prompt
+            ids): ``"fallback"`` (the tools as text, :mod:`llm_gym.policies.template_tools`)
+            or ``"require"`` (refused). A rollout's prompt ids follow the rollout's own setting.
         batching: ``"continuous"`` (per-episode KV caches, a shared prompt prefix, continuous
             batching; falls back to waves for architectures the engine does not cover) or
             ``"waves"`` (one ``generate`` per wave of waiting episodes).
@@ -78,6 +82,7 @@ class HFPolicy(Policy):
         batching: str = "continuous",
         weights: VersionedWeights | None = None,
         kv_budget_bytes: int | None = None,
+        template_tools: str = "fallback",
     ) -> None:
         if temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, actual value: {temperature}.")
@@ -104,6 +109,7 @@ class HFPolicy(Policy):
         self.seed = seed
         self.max_batch_size = max_batch_size
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.template_tools = check_template_tools(template_tools)
         self.name_or_path = name_or_path or getattr(model, "name_or_path", None)
         self.batching = batching
         self.kv_budget_bytes = kv_budget_bytes
@@ -192,6 +198,7 @@ class HFPolicy(Policy):
             add_generation_prompt=True,
             chat_template_kwargs=self.chat_template_kwargs,
             action_format=request.action_format,
+            template_tools=self.template_tools,
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

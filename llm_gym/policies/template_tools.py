@@ -1,36 +1,48 @@
-"""Tools shown to every model: a chat template that ignores ``tools`` gets them as text.
+"""Tools shown to every model: a chat template that cannot render them gets them as text.
 
-Many chat templates have no tools block (SmolLM2, Llama 2, Mistral v0.1, Phi-3, most base
-models): ``apply_chat_template(messages, tools=specs)`` renders exactly what it renders
-without them, and the model is never told that tools exist. :func:`template_support` finds out
-once per template, by rendering probe conversations:
+Many chat templates have no tools block (SmolLM2, Llama 2, Mistral v0.1, Phi-3, Gemma 2, most
+base models): ``apply_chat_template(messages, tools=specs)`` renders exactly what it renders
+without them, and the model is never told that tools exist. Some also refuse or drop what the
+text layout writes: Gemma 2 raises on a ``system`` message, some Phi-3 templates drop it
+silently, Llama 2, Mistral v0.1 and Gemma raise unless user and assistant turns alternate.
+:func:`template_support` finds out once per template, by rendering probe conversations
+(:class:`TemplateSupport`, one field a probe). A probe fails only on the template's own errors
+(:func:`~llm_gym.policies.template_render.template_errors`: Jinja's ``TemplateError``, which
+``raise_exception`` raises); any other error, a template that runs past its deadline
+included, is raised. Probe tool calls have ids of 9 alphanumerics (Mistral v0.3's rule).
 
-* ``tools``: a probe tool's name appears in the rendering with ``tools``;
-* ``tool_role``: a ``role="tool"`` message's content appears in the rendering.
-
-A template that does both gets the conversation as it is (the *native* layout). Any other gets
-the *text* layout (:func:`text_layout`) whenever the conversation has tools (specs, or tool calls
-and results in its history): the episode's action format writes the tool specs and
-its calling convention into the system message (``render_tool_specs``: for hermes the
-``<tools>...</tools>`` block with its instructions; a system message holding only it is inserted
-when the conversation has none), earlier assistant turns as the text the model wrote
-(``render_message``: content plus rendered tool calls) and tool results as ``user`` messages
-(``render_tool_result``, consecutive results merged into one). That is the layout
-:class:`~llm_gym.policies.OpenAIPolicy` sends a plain chat model, so a local model and the same
-model behind an endpoint see the same text.
+A template that renders the specs and ``role="tool"`` messages gets a tool-using conversation
+as it is (the *native* layout), tool-call ids made 9 alphanumerics where it refuses others
+(:func:`short_call_ids`). Any other gets the *text* layout (:func:`text_layout`) whenever the
+conversation has tools (specs, or tool calls and results in its history): the episode's
+action format writes the tool specs and its calling convention into the system message
+(``render_tool_specs``: for hermes the ``<tools>...</tools>`` block with its instructions; a
+system message holding only it is inserted when the conversation has none), earlier assistant
+turns as the text the model wrote (``render_message``: content plus rendered tool calls) and
+tool results as ``user`` messages (``render_tool_result``, consecutive results merged into one).
+That is the layout :class:`~llm_gym.policies.OpenAIPolicy` sends a plain chat model, so a local
+model and the same model behind an endpoint see the same text. The text layout then fits the
+template (:func:`fit_template`): where a system message does not survive (raises or is
+dropped), the system text, tool block included, goes at the head of the first user message;
+where the template demands alternation, consecutive messages of one role are merged (an
+environment reply of ``[tool, user]`` is one user turn). A conversation without tools gets the
+text layout too when the template cannot render it as it is (a system message it refuses or
+drops, consecutive turns of one role it refuses).
 
 The first time a template gets the text layout a warning says so; ``template_tools="require"``
-refuses such a template instead (:class:`TemplateToolsError`).
+refuses a template that cannot render tools instead (:class:`TemplateToolsError`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import itertools
 import json
+import re
 import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,15 +51,19 @@ from llm_gym.actions import ActionFormat, get_action_format
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.policies.openai_messages import build_messages
+from llm_gym.policies.template_render import apply_template, template_errors, template_name
 
 __all__ = [
+    "PROBE_CALL_ID",
     "PROBE_SPEC",
     "TEMPLATE_TOOLS_MODES",
     "TemplateSupport",
     "TemplateToolsError",
     "carries_tools",
     "check_template_tools",
+    "fit_template",
     "layout_for",
+    "short_call_ids",
     "template_support",
     "text_layout",
 ]
@@ -58,6 +74,10 @@ such a template is refused."""
 
 _PROBE_NAME = "llm_gym_probe_tool"
 _PROBE_RESULT = "llm_gym_probe_result_7351"
+_PROBE_SYSTEM = "llm_gym_probe_system_4219"
+PROBE_CALL_ID = "a1B2c3D4e"
+"""The probes' tool-call id: 9 alphanumerics, which every template accepts (Mistral v0.3's
+refuse any other)."""
 PROBE_SPEC: dict[str, Any] = {  # a tool spec of no consequence: what probes render
     "type": "function",
     "function": {
@@ -66,11 +86,10 @@ PROBE_SPEC: dict[str, Any] = {  # a tool spec of no consequence: what probes ren
         "parameters": {"type": "object", "properties": {"key": {"type": "string"}}},
     },
 }
-_PROBE_CALL = {
-    "id": "call_0",
-    "type": "function",
-    "function": {"name": _PROBE_NAME, "arguments": {"key": "a"}},
-}
+_SUPPORT_CACHE = 32
+"""Probe results kept per tokenizer (one per template and template arguments; least recently
+used dropped): a server's clients choose the arguments."""
+_WARNED_CACHE = 256
 
 
 class TemplateToolsError(LlmGymError, ValueError):
@@ -79,39 +98,48 @@ class TemplateToolsError(LlmGymError, ValueError):
 
 @dataclass(frozen=True)
 class TemplateSupport:
-    """What a chat template renders of a tool-using conversation."""
+    """What a chat template renders of a conversation, one field a probe."""
 
     tools: bool
     """The ``tools`` argument (the specs) reaches the rendering."""
     tool_role: bool
     """A ``role="tool"`` message's content reaches the rendering."""
+    system: bool = True
+    """A ``system`` message's text reaches the rendering (False: refused or dropped)."""
+    alternates: bool = False
+    """Two consecutive ``user`` messages are refused: turns must alternate."""
+    short_call_ids: bool = False
+    """Tool-call ids other than 9 alphanumerics are refused (Mistral v0.3)."""
 
     @property
     def native(self) -> bool:
-        """Both: the conversation is rendered as it is."""
+        """Tools and tool results: a tool-using conversation is rendered as it is."""
         return self.tools and self.tool_role
 
 
-_SUPPORT: weakref.WeakKeyDictionary[Any, dict[str, TemplateSupport]]
+_SUPPORT: weakref.WeakKeyDictionary[Any, OrderedDict[str, TemplateSupport]]
 _SUPPORT = weakref.WeakKeyDictionary()
-_WARNED: set[str] = set()
+_WARNED: OrderedDict[str, None] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
-    )
+def _renders(tokenizer: Any, messages: list[dict], tools: Any, kwargs: dict) -> str | None:
+    """The rendering, or None when the template refuses it with an error of its own."""
+    try:
+        return apply_template(
+            tokenizer, messages, tools=tools, add_generation_prompt=True, template_kwargs=kwargs
+        )
+    except template_errors():
+        return None
 
 
-def _shows(tokenizer: Any, marker: str, cases: list[tuple[list, Any]], kwargs: dict) -> bool:
-    for messages, tools in cases:
-        try:
-            if marker in _render(tokenizer, messages, tools, kwargs):
-                return True
-        except Exception:  # a template that rejects the probe shows nothing of it
-            continue
-    return False
+def _shows(tokenizer: Any, marker: str, cases: list[tuple[list, Any]], kwargs: dict) -> int:
+    """The index of the first case whose rendering shows ``marker``, or -1."""
+    for index, (messages, tools) in enumerate(cases):
+        text = _renders(tokenizer, messages, tools, kwargs)
+        if text is not None and marker in text:
+            return index
+    return -1
 
 
 def _template_key(tokenizer: Any, kwargs: dict[str, Any]) -> str:
@@ -123,38 +151,84 @@ def _template_key(tokenizer: Any, kwargs: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _cached(tokenizer: Any, key: str) -> TemplateSupport | None:
+    with _LOCK:
+        try:
+            entries = _SUPPORT.get(tokenizer)
+        except TypeError:  # not weak-referenceable
+            return None
+        if entries is None or key not in entries:
+            return None
+        entries.move_to_end(key)
+        return entries[key]
+
+
+def _remember(tokenizer: Any, key: str, support: TemplateSupport) -> None:
+    with _LOCK:
+        try:
+            entries = _SUPPORT.setdefault(tokenizer, OrderedDict())
+        except TypeError:  # not weak-referenceable: probed each time
+            return
+        entries[key] = support
+        while len(entries) > _SUPPORT_CACHE:
+            entries.popitem(last=False)
+
+
+def _probe(tokenizer: Any, kwargs: dict[str, Any]) -> TemplateSupport:
+    user = {"role": "user", "content": "Hi."}
+    tools = _shows(tokenizer, _PROBE_NAME, [([user], [PROBE_SPEC])], kwargs) == 0
+
+    def tool_cases(call_id: str) -> list[tuple[list, Any]]:
+        call = {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": _PROBE_NAME, "arguments": {"key": "a"}},
+        }
+        result = {
+            "role": "tool",
+            "content": _PROBE_RESULT,
+            "name": _PROBE_NAME,
+            "tool_call_id": call_id,
+        }
+        calling = {"role": "assistant", "content": "", "tool_calls": [call]}
+        plain = {"role": "assistant", "content": "Let me look."}
+        specs = [PROBE_SPEC] if tools else None
+        return [([user, calling, result], specs), ([user, plain, result], specs)]
+
+    case = _shows(tokenizer, _PROBE_RESULT, tool_cases(PROBE_CALL_ID), kwargs)
+    short_ids = False
+    if case >= 0:
+        other = tool_cases("call_0")[case]
+        short_ids = _renders(tokenizer, *other, kwargs) is None
+    system = {"role": "system", "content": _PROBE_SYSTEM}
+    return TemplateSupport(
+        tools=tools,
+        tool_role=case >= 0,
+        system=_shows(tokenizer, _PROBE_SYSTEM, [([system, user], None)], kwargs) == 0,
+        alternates=_renders(tokenizer, [user, {"role": "user", "content": "Go."}], None, kwargs)
+        is None,
+        short_call_ids=short_ids,
+    )
+
+
 def template_support(
     tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
 ) -> TemplateSupport:
-    """What ``tokenizer``'s chat template renders of tools and tool results (probed once per
-    template and template arguments, cached per tokenizer)."""
+    """What ``tokenizer``'s chat template renders of tools, tool results, system messages and
+    turns of one role in a row (probed once per template and template arguments; the 32 most
+    recently used kept per tokenizer, so clients' arguments cannot grow it).
+
+    Raises:
+        TemplateTimeoutError: a probe ran past the render deadline (a template that loops).
+        Exception: any error of a probe that is not the template's own.
+    """
     kwargs = dict(chat_template_kwargs or {})
     key = _template_key(tokenizer, kwargs)
-    with contextlib.suppress(TypeError):
-        found = _SUPPORT.get(tokenizer, {}).get(key)
-        if found is not None:
-            return found
-    user = {"role": "user", "content": "Hi."}
-    tools = _shows(tokenizer, _PROBE_NAME, [([user], [PROBE_SPEC])], kwargs)
-    result = {
-        "role": "tool",
-        "content": _PROBE_RESULT,
-        "name": _PROBE_NAME,
-        "tool_call_id": "call_0",
-    }
-    calling = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}
-    plain = {"role": "assistant", "content": "Let me look."}
-    specs = [PROBE_SPEC] if tools else None
-    tool_role = _shows(
-        tokenizer,
-        _PROBE_RESULT,
-        [([user, calling, result], specs), ([user, plain, result], specs)],
-        kwargs,
-    )
-    support = TemplateSupport(tools=tools, tool_role=tool_role)
-    with contextlib.suppress(TypeError):  # not weak-referenceable: probed each time
-        _SUPPORT.setdefault(tokenizer, {})[key] = support
-    return support
+    found = _cached(tokenizer, key)
+    if found is None:
+        found = _probe(tokenizer, kwargs)
+        _remember(tokenizer, key, found)
+    return found
 
 
 def check_template_tools(mode: object) -> str:
@@ -167,10 +241,6 @@ def check_template_tools(mode: object) -> str:
     return mode
 
 
-def _name(tokenizer: Any) -> str:
-    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
-
-
 def carries_tools(messages: Sequence[Any]) -> bool:
     """Whether a conversation holds tool calls or tool results (which a template without a
     tool role would drop even when the request lists no tools)."""
@@ -178,6 +248,31 @@ def carries_tools(messages: Sequence[Any]) -> bool:
         isinstance(m, Mapping) and (m.get("role") == "tool" or m.get("tool_calls"))
         for m in messages
     )
+
+
+def _roles(messages: Sequence[Any]) -> list[Any]:
+    return [m.get("role") if isinstance(m, Mapping) else None for m in messages]
+
+
+def _unfit(messages: Sequence[Any], support: TemplateSupport) -> str | None:
+    """What ``support``'s template cannot render of a conversation without tools, or None."""
+    roles = _roles(messages)
+    if "system" in roles and not support.system:
+        return "a system message"
+    if support.alternates and any(a == b for a, b in itertools.pairwise(roles)):
+        return "two messages of one role in a row"
+    return None
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _LOCK:
+        first = key not in _WARNED
+        _WARNED[key] = None
+        _WARNED.move_to_end(key)
+        while len(_WARNED) > _WARNED_CACHE:
+            _WARNED.popitem(last=False)
+    if first:
+        warnings.warn(message, stacklevel=3)
 
 
 def layout_for(
@@ -191,46 +286,130 @@ def layout_for(
 ) -> bool:
     """Whether a conversation is rendered in the text layout (True) or as it is (False): in the
     text layout when the template cannot render tools and the conversation has some (tool specs,
-    or tool calls and results in ``messages``).
+    or tool calls and results in ``messages``), or when it has none and the template cannot
+    render it as it is (a system message it refuses or drops, turns of one role in a row it
+    refuses).
 
     Raises:
         TemplateToolsError: ``template_tools="require"`` and the template cannot render tools.
     """
     check_template_tools(template_tools)
-    if not tool_specs and not carries_tools(messages):
-        return False
+    has_tools = bool(tool_specs) or carries_tools(messages)
+    roles = _roles(messages)
+    if not has_tools and "system" not in roles and len(set(roles)) == len(roles):
+        return False  # nothing a probe could change: no probe
     kwargs = dict(chat_template_kwargs or {})
     support = template_support(tokenizer, kwargs)
+    fmt = get_action_format(action_format).name
+    key = f"{_template_key(tokenizer, kwargs)}:{fmt}"
+    if not has_tools:
+        unfit = _unfit(messages, support)
+        if unfit is not None:
+            _warn_once(
+                f"{key}:unfit",
+                f"the chat template of {template_name(tokenizer)} cannot render {unfit}: the "
+                "conversation is fitted to it (system text at the head of the first user "
+                "message, turns of one role merged).",
+            )
+        return unfit is not None
     if support.native:
         return False
     missing = "the tools argument" if not support.tools else "role='tool' messages"
-    fmt = get_action_format(action_format).name
     if template_tools == "require":
         raise TemplateToolsError(
-            f"the chat template of {_name(tokenizer)} does not render {missing}; with "
+            f"the chat template of {template_name(tokenizer)} does not render {missing}; with "
             "template_tools='fallback' the tool specs and the calling convention of the "
             f"{fmt!r} action format go into the system message instead."
         )
-    key = f"{_template_key(tokenizer, kwargs)}:{fmt}"
-    with _LOCK:
-        first = key not in _WARNED
-        _WARNED.add(key)
-    if first:
-        warnings.warn(
-            f"the chat template of {_name(tokenizer)} does not render {missing}: the tool specs "
-            f"and the {fmt!r} action format's calling convention go into the system message, "
-            "tool results into user messages (template_tools='require' refuses such a "
-            "template instead).",
-            stacklevel=2,
-        )
+    where = "system message" if support.system else "first user message"
+    _warn_once(
+        key,
+        f"the chat template of {template_name(tokenizer)} does not render {missing}: the tool "
+        f"specs and the {fmt!r} action format's calling convention go into the {where}, tool "
+        "results into user messages (template_tools='require' refuses such a template "
+        "instead).",
+    )
     return True
+
+
+def fit_template(chat: Sequence[dict[str, Any]], support: TemplateSupport) -> list[dict[str, Any]]:
+    """``chat`` (role and text messages) fitted to a template: where a system message does not
+    survive it, the system text goes at the head of the first user message (a user message of
+    its own when there is none); where it demands alternation, consecutive messages of one role
+    are merged, their texts joined by a blank line.
+
+    Example:
+        >>> chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+        ...         {"role": "assistant", "content": "A"}, {"role": "user", "content": "R"},
+        ...         {"role": "user", "content": "U"}]
+        >>> fit_template(chat, TemplateSupport(False, False, system=False, alternates=True))[::2]
+        [{'role': 'user', 'content': 'S\n\nQ'}, {'role': 'user', 'content': 'R\n\nU'}]
+    """
+    out = [dict(m) for m in chat]
+    if not support.system:
+        head = "\n\n".join(str(m.get("content") or "") for m in out if m.get("role") == "system")
+        out = [m for m in out if m.get("role") != "system"]
+        if head:
+            first = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
+            if first is None:
+                out.insert(0, {"role": "user", "content": head})
+            else:
+                text = str(out[first].get("content") or "")
+                out[first] = {**out[first], "content": f"{head}\n\n{text}" if text else head}
+    if support.alternates:
+        merged: list[dict[str, Any]] = []
+        for message in out:
+            if merged and merged[-1].get("role") == message.get("role"):
+                texts = [str(merged[-1].get("content") or ""), str(message.get("content") or "")]
+                merged[-1] = {**merged[-1], "content": "\n\n".join(t for t in texts if t)}
+            else:
+                merged.append(message)
+        out = merged
+    return out
 
 
 def text_layout(
     messages: Sequence[Message],
     tool_specs: Sequence[ToolSpec] | None,
     action_format: str | ActionFormat = "hermes",
+    support: TemplateSupport | None = None,
 ) -> list[dict[str, Any]]:
-    """The conversation in the text layout (see the module docstring); pass no ``tools`` to the
-    template with it."""
-    return build_messages(messages, tool_specs or [], get_action_format(action_format))
+    """The conversation in the text layout (see the module docstring), fitted to ``support``'s
+    template when given (:func:`fit_template`); pass no ``tools`` to the template with it."""
+    chat = build_messages(messages, tool_specs or [], get_action_format(action_format))
+    return chat if support is None else fit_template(chat, support)
+
+
+_SHORT_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _short_id(call_id: Any) -> Any:
+    if not isinstance(call_id, str) or _SHORT_ID.fullmatch(call_id):
+        return call_id
+    return hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:9]
+
+
+def short_call_ids(messages: Sequence[Any]) -> list[Any]:
+    """``messages`` with every tool-call id (a tool result's ``tool_call_id``, an assistant's
+    ``tool_calls[].id``) made 9 alphanumerics: kept when it is, else the first 9 hex digits of
+    its SHA-256 (one id always maps to one short id, so calls and results still pair).
+
+    Example:
+        >>> short_call_ids([{"role": "tool", "tool_call_id": "call_0", "content": "7"}])
+        [{'role': 'tool', 'tool_call_id': 'c557a85a0', 'content': '7'}]
+    """
+    out: list[Any] = []
+    for message in messages:
+        if isinstance(message, Mapping) and "tool_call_id" in message:
+            message = {**message, "tool_call_id": _short_id(message["tool_call_id"])}
+        calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+        if isinstance(calls, list):
+            message = {
+                **message,
+                "tool_calls": [
+                    {**c, "id": _short_id(c["id"])} if isinstance(c, Mapping) and "id" in c else c
+                    for c in calls
+                ],
+            }
+        out.append(message)
+    return out

@@ -25,6 +25,7 @@ engine's one worker thread; the event loop only reads, writes and waits.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -159,9 +160,12 @@ def build_app(
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request)
         parsed = parse_chat_request(body, engine.model_name, engine.chat_template_kwargs)
+        prompt_ids = await engine.render(parsed)  # in the render pool, never the model's thread
         if parsed.stream:
-            return stream_response(await chat_stream(engine, parsed))
-        return await answer(request, engine.chat_completion, parsed)
+            return stream_response(await chat_stream(engine, parsed, prompt_ids))
+        return await answer(
+            request, functools.partial(engine.chat_completion, prompt_ids=prompt_ids), parsed
+        )
 
     @endpoint
     async def completions(request: Request) -> Response:

@@ -5,7 +5,11 @@ a chat request with the model's own chat template, checks the prompt against the
 samples (:mod:`llm_gym.serving.generation`) and writes the answer
 (:mod:`llm_gym.serving.responses`). Every method that touches the model runs in the engine's one
 worker thread (:meth:`Engine.submit`), so generations never overlap, while the web server's event
-loop keeps accepting and answering connections. Its methods raise
+loop keeps accepting and answering connections. A chat request's prompt is rendered before, in
+a small pool of its own (:meth:`Engine.render`), each render stopped at ``render_deadline_s``
+(:mod:`llm_gym.policies.template_render`): a model's template that loops on one request's
+words costs that request a 400 and holds no other request, nor the model thread. Its methods
+raise
 :class:`~llm_gym.serving.protocol.APIError` for what the client got wrong.
 """
 
@@ -20,7 +24,13 @@ from typing import Any, TypeVar
 
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies.chat import control_token_strings, neutralize_json, template_input
+from llm_gym.policies.chat import template_input, untrusted_kwargs
+from llm_gym.policies.template_render import (
+    DEFAULT_RENDER_DEADLINE_S,
+    TemplateTimeoutError,
+    apply_template,
+    render_deadline,
+)
 from llm_gym.policies.template_tools import PROBE_SPEC, layout_for
 from llm_gym.serving.chat_protocol import (
     DEFAULT_CHAT_TEMPLATE_KWARGS,
@@ -45,6 +55,8 @@ DEFAULT_MAX_TOKENS = 256
 """Tokens per completion when a request sets no ``max_tokens``."""
 DEFAULT_MAX_TOKENS_LIMIT = 4096
 """The most tokens one completion may have when the model's context length is unknown."""
+RENDER_THREADS = 4
+"""Threads that render chat prompts (the model's thread only generates)."""
 
 T = TypeVar("T")
 
@@ -73,6 +85,11 @@ class Engine:
         chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
         template_tools: ``"fallback"`` (a template that cannot render tools gets them as text)
             or ``"require"`` (such a template is refused here).
+        render_deadline_s: Seconds one render of the chat template may take, at start-up (the
+            probes of :mod:`llm_gym.policies.template_tools`) and per request.
+
+    Raises:
+        TemplateTimeoutError: the chat template's probes ran past ``render_deadline_s``.
     """
 
     def __init__(
@@ -85,6 +102,7 @@ class Engine:
         tool_parser: str = "hermes",
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
         template_tools: str = "fallback",
+        render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidArgumentError(
@@ -100,9 +118,18 @@ class Engine:
         self.model_name = model_name
         self.default_max_tokens = int(default_max_tokens)
         self.action_format = get_action_format(tool_parser)
-        layout_for(  # refused here under "require"; the text layout warns once here
-            tokenizer, [PROBE_SPEC], template_tools=template_tools, action_format=self.action_format
-        )
+        if not render_deadline_s > 0:
+            raise InvalidArgumentError(
+                f"render_deadline_s must be > 0, actual value: {render_deadline_s!r}."
+            )
+        self.render_deadline_s = float(render_deadline_s)
+        with render_deadline(self.render_deadline_s):  # probes: a template that loops stops
+            layout_for(  # refused here under "require"; the text layout warns once here
+                tokenizer,
+                [PROBE_SPEC],
+                template_tools=template_tools,
+                action_format=self.action_format,
+            )
         self.chat_template_kwargs = check_template_kwargs_allowlist(chat_template_kwargs)
         self.created = int(time.time())
         self.max_tokens_limit = DEFAULT_MAX_TOKENS_LIMIT
@@ -118,6 +145,9 @@ class Engine:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "llm_gym-serve-model")
+        self._renderer = concurrent.futures.ThreadPoolExecutor(
+            RENDER_THREADS, "llm_gym-serve-render"
+        )
 
     def _find_eos_ids(self) -> list[int]:
         ids: set[int] = set()
@@ -137,9 +167,17 @@ class Engine:
         (call it from the event loop; await the future for the result)."""
         return asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
+    async def render(self, request: ChatRequest) -> list[int]:
+        """:meth:`chat_prompt` in the render pool (call it from the event loop): a render that
+        runs to its deadline holds one render thread, never the model's."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._renderer, self.chat_prompt, request
+        )
+
     def close(self) -> None:
         """Drop the queued work and stop the worker once the running generation ends."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._renderer.shutdown(wait=False, cancel_futures=True)
 
     # --- prompts ------------------------------------------------------------------------------
 
@@ -170,6 +208,14 @@ class Engine:
                 "at least)",
                 "messages",
             )
+        try:
+            with render_deadline(self.render_deadline_s):  # and probes of new template kwargs
+                prompt = self._render_prompt(request)
+        except TemplateTimeoutError as exc:
+            raise bad_request(str(exc), "messages") from None
+        return encode_within(self.tokenizer, prompt, self.context, "messages")
+
+    def _render_prompt(self, request: ChatRequest) -> str:
         try:  # a template that cannot render tools gets them as text in the system message
             messages, tools = template_input(
                 self.tokenizer,
@@ -179,29 +225,30 @@ class Engine:
                 chat_template_kwargs=request.chat_template_kwargs,
                 raw_assistant=False,
             )
+        except TemplateTimeoutError:
+            raise
         except (LlmGymError, TypeError, ValueError) as exc:
             raise bad_request(
                 f"the conversation could not be written in the {self.action_format.name!r} "
                 f"format for this model's chat template: {exc}"[:2000],
                 "messages",
             ) from None
-        # a client's template options reach the prompt too: their strings are neutralised alike
-        control = control_token_strings(self.tokenizer)
-        template_kwargs = neutralize_json(request.chat_template_kwargs, control)
-        try:
-            prompt = self.tokenizer.apply_chat_template(
+        try:  # a client's template options reach the prompt too: neutralised alike
+            return apply_template(
+                self.tokenizer,
                 messages,
                 tools=tools,
-                tokenize=False,
                 add_generation_prompt=True,
-                **template_kwargs,
+                template_kwargs=untrusted_kwargs(self.tokenizer, request.chat_template_kwargs),
+                deadline_s=self.render_deadline_s,
             )
+        except TemplateTimeoutError:
+            raise
         except Exception as exc:  # a template that rejects these messages (raise_exception, ...)
             raise bad_request(
                 f"the chat template rejected the messages: {type(exc).__name__}: {exc}"[:2000],
                 "messages",
             ) from None
-        return encode_within(self.tokenizer, prompt, self.context, "messages")
 
     # --- generation ---------------------------------------------------------------------------
 
@@ -268,12 +315,17 @@ class Engine:
         )
 
     def chat_completion(
-        self, request: ChatRequest, cancelled: Callable[[], bool] = lambda: False
+        self,
+        request: ChatRequest,
+        cancelled: Callable[[], bool] = lambda: False,
+        prompt_ids: list[int] | None = None,
     ) -> dict[str, Any]:
-        """Answer a checked, non-streamed chat request (in the worker thread); ``cancelled()``
-        true (the client left) skips or stops the generation."""
+        """Answer a checked, non-streamed chat request (in the worker thread) from its
+        ``prompt_ids`` (:meth:`render`; None: rendered here); ``cancelled()`` true (the client
+        left) skips or stops the generation."""
         _check_cancelled(cancelled)
-        prompt_ids = self.chat_prompt(request)
+        if prompt_ids is None:
+            prompt_ids = self.chat_prompt(request)
         sampling = self.chat_sampling(request, len(prompt_ids))
         assembler = TextAssembler(self.tokenizer, self.eos_ids, request.stops)
         pieces: list[Piece] = []

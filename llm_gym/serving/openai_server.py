@@ -50,6 +50,7 @@ import socket
 from collections.abc import Collection
 from typing import Any
 
+from llm_gym.policies.template_render import DEFAULT_RENDER_DEADLINE_S
 from llm_gym.serving.access import AccessPolicy
 from llm_gym.serving.app import MAX_BODY_BYTES, build_app
 from llm_gym.serving.body import decode_json_body
@@ -129,6 +130,10 @@ class ChatCompletionServer:
             a connection that trickles or stalls is closed (head) or answered 408 (body).
         access: The hosts and web origins answered (default: loopback, and ``host`` when it
             is one address: :meth:`AccessPolicy.local`).
+        render_deadline_s: Seconds one render of the chat template may take, at start-up and
+            per request (:mod:`llm_gym.policies.template_render`): a template that loops
+            stops the start with an error that names it, or answers its request 400 while
+            the others are served.
     """
 
     def __init__(
@@ -149,6 +154,7 @@ class ChatCompletionServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         request_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
         access: AccessPolicy | None = None,
+        render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
     ) -> None:
         try:
             import uvicorn
@@ -162,6 +168,7 @@ class ChatCompletionServer:
             tool_parser=tool_parser,
             chat_template_kwargs=chat_template_kwargs,
             template_tools=template_tools,
+            render_deadline_s=render_deadline_s,
         )
         self.model = model
         self.tokenizer = tokenizer
@@ -284,7 +291,7 @@ def serve(
         log: Log one line per request.
         options: More :class:`ChatCompletionServer` arguments (``tool_parser``,
             ``template_tools``, ``chat_template_kwargs``, ``max_body_bytes``, ``backlog``,
-            ``max_connections``, ``request_timeout_s``, ``access``).
+            ``max_connections``, ``request_timeout_s``, ``access``, ``render_deadline_s``).
 
     Returns:
         The running server: ``.url`` is the base URL (``http://HOST:PORT/v1``), ``.close()``

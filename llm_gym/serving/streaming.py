@@ -77,7 +77,7 @@ async def _start(
 ) -> tuple[Any, _Feed]:
     """Queue ``prepare`` then the generation in the worker; return ``prepare``'s first value once
     it succeeded (its :class:`APIError` is raised here). Pieces reach the feed through
-    ``convert``, in the worker: the tokenizer is only ever used from that one thread."""
+    ``convert``, in the worker: the sampled tokens are decoded in the model's thread."""
     loop = asyncio.get_running_loop()
     feed = _Feed(loop)
     prepared: asyncio.Future[Any] = loop.create_future()
@@ -167,13 +167,16 @@ class _ToolHold:
         return (content[len(lead) :] if content.startswith(lead) else ""), calls
 
 
-async def chat_stream(engine: Engine, request: ChatRequest) -> AsyncIterator[bytes]:
-    """The events of a streamed chat completion (see the module docstring)."""
+async def chat_stream(
+    engine: Engine, request: ChatRequest, prompt_ids: list[int] | None = None
+) -> AsyncIterator[bytes]:
+    """The events of a streamed chat completion (see the module docstring) from its
+    ``prompt_ids`` (:meth:`Engine.render`; None: rendered in the model's thread)."""
     assembler = TextAssembler(engine.tokenizer, engine.eos_ids, request.stops)
 
     def prepare() -> tuple[int, list[int], Sampling]:
-        prompt_ids = engine.chat_prompt(request)
-        return len(prompt_ids), prompt_ids, engine.chat_sampling(request, len(prompt_ids))
+        ids = engine.chat_prompt(request) if prompt_ids is None else prompt_ids
+        return len(ids), ids, engine.chat_sampling(request, len(ids))
 
     def convert(piece: Piece) -> tuple[str, list[dict[str, Any]]]:
         if not request.logprobs:
