@@ -284,3 +284,21 @@ def test_document_002_hook_matches_the_rl_side(small_model_dir, small_model, tmp
         [i for i, m in zip(row["input_ids"], _label_mask(row), strict=True) if m]
     )
     assert trained == "".join(t + "<|im_end|>" for t in texts)
+
+
+class _JudgedFailedEnv(ToolUseGameEnv):
+    """ToolUseGame whose final step flags every episode failed, at the full reward."""
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        result = super().step(action)
+        if result.terminated:
+            result.metrics = {**result.metrics, "success": False}
+        return result
+
+
+def test_only_successful_follows_the_env_judgement() -> None:
+    tasks = _tasks()[:2]
+    with pytest.raises(ValueError, match="every transcript was filtered out"):
+        oracle_sft_dataset(_JudgedFailedEnv, tasks, oracle=oracle_action)  # reward 1.0, flag False
+    kept = oracle_sft_dataset(_JudgedFailedEnv, tasks, oracle=oracle_action, only_successful=False)
+    assert len(kept) == 2 and all(row["reward"] == 1.0 for row in kept)

@@ -228,8 +228,9 @@ def oracle_sft_dataset(
         action_format: ``"hermes"`` or ``"json"`` (default: the registered one, else hermes).
         split: The split of a registered environment, when ``tasks`` is None.
         max_turns: Assistant turns per episode (default: the registered value, else 8).
-        only_successful: Drop episodes whose reward is below ``success_threshold``, so the
-            model never imitates a failed transcript (False: keep them, as an imperfect
+        only_successful: Drop episodes the environment judged failed
+            (:func:`llm_gym.eval.metrics.episode_succeeded`: its ``success`` flag, else its reward
+            against ``success_threshold``), so the model never imitates a failed transcript (False: keep them, as an imperfect
             demonstrator's data would). Episodes that raised are always dropped.
         success_threshold: See ``only_successful``.
 
@@ -240,6 +241,7 @@ def oracle_sft_dataset(
         into the system prompt), ``task_id``, ``reward``.
     """
     from llm_gym.core.registry import as_env_entry
+    from llm_gym.eval.metrics import episode_succeeded
     from llm_gym.policies import OraclePolicy
     from llm_gym.rollout import collect_groups
 
@@ -268,8 +270,12 @@ def oracle_sft_dataset(
     rows = []
     for group in groups:
         for episode in group:
-            if episode.error or (only_successful and episode.reward < success_threshold):
+            if episode.error:
                 continue  # an episode that raised is never a demonstration
+            if only_successful and not episode_succeeded(
+                episode.reward, episode.metrics, success_threshold
+            ):
+                continue
             rows.append(
                 {
                     "messages": episode_to_messages(episode),
