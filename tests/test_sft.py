@@ -289,8 +289,8 @@ def test_document_002_hook_matches_the_rl_side(small_model_dir, small_model, tmp
 class _JudgedFailedEnv(ToolUseGameEnv):
     """ToolUseGame whose final step flags every episode failed, at the full reward."""
 
-    def step(self, action):  # type: ignore[no-untyped-def]
-        result = super().step(action)
+    async def step(self, action):  # type: ignore[no-untyped-def]
+        result = await super().step(action)
         if result.terminated:
             result.metrics = {**result.metrics, "success": False}
         return result
