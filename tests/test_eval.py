@@ -171,3 +171,33 @@ def test_tool_counts_of_text_protocol_envs_come_from_their_metrics() -> None:
     summary = summarize_episodes([structured, text_protocol, no_tools])
     assert summary["tool_calls_mean"] == pytest.approx(5 / 3)
     assert summary["tool_error_rate"] == pytest.approx(3 / 5)
+
+
+def test_the_report_records_one_token_budget_per_turn_the_one_used(small_model) -> None:
+    from llm_gym.policies import HFPolicy
+
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, max_new_tokens=5, seed=0)
+    common = dict(episodes=1, max_turns=1, progress=False, print_report=False)
+    own = run_and_report("GuessNumber-v0", policy, **common).to_dict()
+    assert own["settings"]["max_new_tokens"] == 5 and "max_new_tokens" not in own["policy"]
+    assert own["metrics"]["completion_tokens_mean"] <= 5
+    given = run_and_report("GuessNumber-v0", policy, max_new_tokens=2, **common).to_dict()
+    assert given["settings"]["max_new_tokens"] == 2 and "max_new_tokens" not in given["policy"]
+    assert given["metrics"]["completion_tokens_mean"] <= 2
+    assert "max_new_tokens" not in json.dumps(given["policy"])
+
+
+def test_an_architecture_the_engine_does_not_cover_is_said_once(small_model, monkeypatch) -> None:
+    from llm_gym.policies import HFPolicy, hf_engine
+
+    monkeypatch.setattr(hf_engine, "unsupported_reason", lambda model: "model_type 'x'")
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, max_new_tokens=2, seed=0)
+    with pytest.warns(UserWarning, match="batches in waves"):
+        report = run_and_report(
+            "GuessNumber-v0", policy, episodes=2, max_turns=1, progress=False, print_report=False
+        )
+    assert "model_type 'x'" in report.policy["batching_note"]
+    table = report.format_table()
+    assert table.count("batches in waves") == 1 and report.policy["batching"] == "waves"

@@ -23,6 +23,7 @@ from typing import Any
 from trl import GRPOConfig as _TRLGRPOConfig
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.chat_templates import resolve_chat_template
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.config_checks import (
@@ -295,6 +296,14 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     task_seed: int = field(
         default=0, metadata={"help": "Seed of the task order and of dynamic-sampling refills."}
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "The chat template for a model without one (a base model): a named "
+            "template (chatml, gemma; its turn tokens added where missing, the embeddings "
+            "resized) or a .jinja file. None: the model's own; a model with none is refused."
+        },
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -371,6 +380,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             check(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
+        if self.chat_template is not None:  # a misspelt name: here, before any model loads
+            resolve_chat_template(self.chat_template)
         check_field_types(self)  # last: the checks above say more about their own fields
 
     @property

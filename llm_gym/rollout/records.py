@@ -19,7 +19,7 @@ from typing import Any
 from llm_gym.core.env import TruncationCause, step_outcome
 from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import Message
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
 from llm_gym.policies.base import Generation, PolicyError
 from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
@@ -85,8 +85,10 @@ class Ended:
     tracker: TokenTracker | None
     env: Any
     start: float
-    failure: PolicyError | None = None
-    """The policy's error, when it ended the episode (``POLICY_ERROR``)."""
+    failure: PolicyError | ChatTemplateError | TokenizerError | None = None
+    """The error that ended the episode outside the environment: the policy's
+    (``POLICY_ERROR``), the chat template's (``TEMPLATE``) or the tokenizer's
+    (``TOKENIZER``)."""
 
 
 async def score_group(ended: list[Ended]) -> None:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.policies.chat import control_token_strings, neutralize_json, template_input
+from llm_gym.policies.chat_templates import require_chat_template
 from llm_gym.policies.template_tools import PROBE_SPEC, layout_for
 from llm_gym.serving.chat_protocol import (
     DEFAULT_CHAT_TEMPLATE_KWARGS,
@@ -86,11 +87,7 @@ class Engine:
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
         template_tools: str = "fallback",
     ) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise InvalidArgumentError(
-                "The tokenizer has no chat template; the server renders every request with it. "
-                "Set tokenizer.chat_template (or save a model directory that has one)."
-            )
+        require_chat_template(tokenizer, model, what=f"model {model_name!r}")  # the remedy named
         if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
             raise InvalidArgumentError(
                 f"default_max_tokens must be >= 1, actual value: {default_max_tokens}."
