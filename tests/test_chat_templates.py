@@ -135,3 +135,26 @@ def test_eval_with_a_chat_template_runs_and_records_it(base_model_dir, tmp_path)
     record = json.loads(report.read_text())
     assert record["policy"]["chat_template"] == "chatml"
     assert record["metrics"]["template_ratio"] == 0.0 and record["metrics"]["episodes"] == 2
+
+
+def test_grpo_takes_the_option_and_loads_the_model_only_to_grow_it(base_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trainers import GRPOConfig
+    from trainers.chat_template import with_chat_template
+
+    with pytest.raises(InvalidArgumentError, match="Did you mean 'chatml'"):
+        GRPOConfig(output_dir=str(tmp_path), max_turns=2, use_cpu=True, chat_template="chatlm")
+    assert GRPOConfig(output_dir=str(tmp_path), max_turns=2, chat_template="gemma").chat_template
+    path = str(base_model_dir)
+    loaded: list[str] = []
+
+    def load(where: str):
+        loaded.append(where)
+        return AutoModelForCausalLM.from_pretrained(where)
+
+    model, tokenizer = with_chat_template(path, None, "chatml", load, _tokenizer)
+    assert model == path and loaded == []  # its tokens are there: TRL loads the model
+    assert "<|im_start|>" in tokenizer.chat_template
+    model, tokenizer = with_chat_template(path, None, "gemma", load, _tokenizer)
+    assert loaded == [path] and model.get_input_embeddings().weight.shape[0] == len(tokenizer)

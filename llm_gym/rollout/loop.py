@@ -47,6 +47,7 @@ from llm_gym.rollout.driver import (
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.records import (
     Ended,
+    every_episode_failed,
     finalize,
     score_group,
     take_tokens,
@@ -431,26 +432,10 @@ async def collect_groups_async(
             fatal=True,
         ) from failures[0]
     if model_failures and len(model_failures) == total:
-        raise _every_episode_failed(model_failures, total)
+        raise every_episode_failed(model_failures, total)
     if stats is not None:
         stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
     return list(groups)
-
-
-def _every_episode_failed(
-    failures: Sequence[ChatTemplateError | TokenizerError], total: int
-) -> ChatTemplateError | TokenizerError:
-    """The error of a collection whose every episode the model's chat template or tokenizer
-    ended: no episode ran, so no score would mean anything."""
-    first = failures[0]
-    what = "chat template" if isinstance(first, ChatTemplateError) else "tokenizer"
-    error = type(first)(
-        f"the model's {what} failed every one of the {total} episodes of this collection; the "
-        f"first error: {first} (give the model a template that renders these "
-        "conversations: the chat_template option, --chat-template)"
-    )
-    error.__cause__ = first
-    return error
 
 
 def collect_groups(*args: Any, **kwargs: Any) -> list[list[Episode]]:

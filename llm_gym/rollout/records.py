@@ -29,6 +29,7 @@ __all__ = [
     "MAX_TOKEN_COUNT",
     "Ended",
     "count_tokens",
+    "every_episode_failed",
     "finalize",
     "score_group",
     "take_tokens",
@@ -235,3 +236,19 @@ def count_tokens(episode: Episode, generation: Generation, *, first: bool) -> No
         if first:
             episode.prompt_tokens = usage_count(usage.get("prompt_tokens"))
     episode.completion_tokens = min(episode.completion_tokens + sampled, MAX_TOKEN_COUNT)
+
+
+def every_episode_failed(
+    failures: list[ChatTemplateError | TokenizerError], total: int
+) -> ChatTemplateError | TokenizerError:
+    """The error of a collection whose every episode the model's chat template or tokenizer
+    ended: no episode ran, so no score would mean anything."""
+    first = failures[0]
+    what = "chat template" if isinstance(first, ChatTemplateError) else "tokenizer"
+    error = type(first)(
+        f"the model's {what} failed every one of the {total} episodes of this collection; the "
+        f"first error: {first} (give the model a template that renders these "
+        "conversations: the chat_template option, --chat-template)"
+    )
+    error.__cause__ = first
+    return error
