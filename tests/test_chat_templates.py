@@ -158,3 +158,18 @@ def test_grpo_takes_the_option_and_loads_the_model_only_to_grow_it(base_model_di
     assert "<|im_start|>" in tokenizer.chat_template
     model, tokenizer = with_chat_template(path, None, "gemma", load, _tokenizer)
     assert loaded == [path] and model.get_input_embeddings().weight.shape[0] == len(tokenizer)
+
+
+def test_serve_gives_a_base_model_the_template_it_is_told(base_model_dir) -> None:
+    pytest.importorskip("uvicorn")
+    from llm_gym.cli import build_parser
+    from llm_gym.serving import serve
+
+    args = build_parser().parse_args(["serve", str(base_model_dir), "--chat-template", "gemma"])
+    assert args.chat_template == "gemma"
+    with pytest.raises(ChatTemplateError, match="--chat-template chatml"):
+        serve(str(base_model_dir), port=0)
+    with serve(str(base_model_dir), port=0, chat_template="chatml", model_name="m") as server:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert server.chat_completion(body)["choices"]
+        assert "<|im_start|>" in server.tokenizer.chat_template
