@@ -135,6 +135,8 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
     options: dict[str, object] = {"seed": args.seed}
     if args.temperature is not None and not policy_backend(args.policy.partition(":")[0]).scripted:
         options["temperature"] = args.temperature  # sampling settings are a model's
+    if args.chat_template is not None:  # refused by name for a policy that renders no template
+        options["chat_template"] = args.chat_template
     policy = policy_from_spec(args.policy, **options)
     tasks = None
     if args.task_option:
@@ -370,6 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--max-model-length", type=int, default=None)
+    p.add_argument(
+        "--chat-template", default=None, metavar="NAME|PATH.jinja",
+        help="hf: policies: the chat template for a model without one (a base model): "
+        "chatml, gemma, or a .jinja file",
+    )  # fmt: skip
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
     _add_task_option(p)

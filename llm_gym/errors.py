@@ -12,11 +12,13 @@ from collections.abc import Iterable
 
 __all__ = [  # the exception classes; did_you_mean (below) is the registries' shared hint
     "CalculatorError",
+    "ChatTemplateError",
     "EnvTimeoutError",
     "InvalidArgumentError",
     "LlmGymError",
     "RemoteEnvError",
     "ToolArgumentError",
+    "TokenizerError",
     "UnknownNameError",
 ]
 
@@ -35,6 +37,16 @@ class ToolArgumentError(LlmGymError, ValueError):
 
 class CalculatorError(LlmGymError, ValueError):
     """The safe arithmetic evaluator refused or could not evaluate an expression."""
+
+
+class ChatTemplateError(LlmGymError, ValueError):
+    """A model's chat template is missing, or raised while rendering a conversation; an
+    episode it ends is ``TruncationCause.TEMPLATE``, never an environment's error."""
+
+
+class TokenizerError(LlmGymError, ValueError):
+    """A tokenizer failed to encode or decode an episode's text; the episode it ends is
+    ``TruncationCause.TOKENIZER``, never an environment's error."""
 
 
 class EnvTimeoutError(LlmGymError, TimeoutError):

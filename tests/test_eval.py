@@ -258,3 +258,33 @@ def test_cli_eval_records_the_budget_it_used(tmp_path) -> None:
     assert main([*argv, "--max-new-tokens", "7"], out=io.StringIO()) == 0
     settings = json.loads(path.read_text())["settings"]
     assert (settings["max_new_tokens"], settings["max_new_tokens_source"]) == (7, "user")
+
+
+def test_the_report_records_one_token_budget_per_turn_the_one_used(small_model) -> None:
+    from llm_gym.policies import HFPolicy
+
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, max_new_tokens=5, seed=0)
+    common = dict(episodes=1, max_turns=1, progress=False, print_report=False)
+    own = run_and_report("GuessNumber-v0", policy, **common).to_dict()  # the env's 16 tokens
+    assert own["settings"]["max_new_tokens"] == 16 and "max_new_tokens" not in own["policy"]
+    assert own["metrics"]["completion_tokens_mean"] <= 16
+    given = run_and_report("GuessNumber-v0", policy, max_new_tokens=2, **common).to_dict()
+    assert given["settings"]["max_new_tokens"] == 2 and "max_new_tokens" not in given["policy"]
+    assert given["metrics"]["completion_tokens_mean"] <= 2
+    assert "max_new_tokens" not in json.dumps(given["policy"])
+
+
+def test_an_architecture_the_engine_does_not_cover_is_said_once(small_model, monkeypatch) -> None:
+    from llm_gym.policies import HFPolicy, hf_engine
+
+    monkeypatch.setattr(hf_engine, "unsupported_reason", lambda model: "model_type 'x'")
+    model, tokenizer = small_model
+    policy = HFPolicy(model, tokenizer, max_new_tokens=2, seed=0)
+    with pytest.warns(UserWarning, match="batches in waves"):
+        report = run_and_report(
+            "GuessNumber-v0", policy, episodes=2, max_turns=1, progress=False, print_report=False
+        )
+    assert "model_type 'x'" in report.policy["batching_note"]
+    table = report.format_table()
+    assert table.count("batches in waves") == 1 and report.policy["batching"] == "waves"

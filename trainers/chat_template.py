@@ -14,10 +14,21 @@ own template renders.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["RL_ALIGNED_QWEN2_5_TEMPLATE", "rl_aligned_chat_template"]
+from llm_gym.policies.chat_templates import (
+    apply_chat_template,
+    missing_tokens,
+    require_chat_template,
+)
+
+__all__ = [
+    "RL_ALIGNED_QWEN2_5_TEMPLATE",
+    "grpo_start",
+    "rl_aligned_chat_template",
+    "with_chat_template",
+]
 
 RL_ALIGNED_QWEN2_5_TEMPLATE = """\
 {%- if tools %}
@@ -166,3 +177,60 @@ def rl_aligned_chat_template(tokenizer: Any, examples: Iterable[dict[str, Any]] 
     except Exception:
         return None
     return RL_ALIGNED_QWEN2_5_TEMPLATE
+
+
+def with_chat_template(
+    model: Any,
+    tokenizer: Any,
+    option: str | None,
+    load_model: Callable[[str], Any],
+    load_tokenizer: Callable[[str], Any],
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` a trainer starts from, the tokenizer holding a chat template.
+
+    ``model`` is a model or a path; ``tokenizer`` None is loaded from the path with
+    ``load_tokenizer``. ``option`` (the config's ``chat_template``) is applied
+    (:func:`llm_gym.policies.chat_templates.apply_chat_template`); a named template whose turn
+    tokens the tokenizer lacks loads the model from its path with ``load_model`` first, so its
+    embeddings can grow.
+
+    Raises:
+        ChatTemplateError: no chat template, from the tokenizer or ``option``: refused before
+            the weights are read (when ``model`` is a path) and before any episode.
+    """
+    if tokenizer is None and isinstance(model, str):
+        tokenizer = load_tokenizer(model)
+    if tokenizer is None:
+        return model, tokenizer  # the trainer loads it from the model's config (TRL)
+    text = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's own tokenizer
+    if option is None:
+        require_chat_template(text, None if isinstance(model, str) else model)
+        return model, tokenizer
+    if isinstance(model, str) and missing_tokens(text, option):
+        model = load_model(model)
+    apply_chat_template(text, option, None if isinstance(model, str) else model)
+    return model, tokenizer
+
+
+def grpo_start(model: Any, processing_class: Any, args: Any) -> tuple[Any, Any]:
+    """:func:`with_chat_template` for :class:`~trainers.MultiTurnGRPOTrainer`: the tokenizer
+    loaded as TRL's ``GRPOTrainer`` loads it (padded and truncated on the left), a model as
+    TRL's ``create_model_from_path`` does from ``args.model_init_kwargs``."""
+
+    def load_tokenizer(path: str) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, truncation_side="left", padding_side="left")
+
+    def load_model(path: str) -> Any:
+        from trl.trainer.utils import create_model_from_path
+
+        kwargs = dict(args.model_init_kwargs or {})
+        if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
+            kwargs["device_map"] = None  # as TRL: distributed training fails with "auto"
+        kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        return create_model_from_path(path, **kwargs)
+
+    return with_chat_template(
+        model, processing_class, args.chat_template, load_model, load_tokenizer
+    )

@@ -23,17 +23,16 @@ from typing import Any
 from trl import GRPOConfig as _TRLGRPOConfig
 
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.policies.template_tools import TEMPLATE_TOOLS_MODES
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.config_checks import (
     check_async,
     check_backend,
-    check_chat_template_kwargs,
     check_counts,
     check_deadline,
     check_distillation,
     check_sampling,
+    check_templates,
 )
 from trainers.distillation import DistillationConfig
 from trainers.field_types import check_field_types
@@ -305,6 +304,14 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     task_seed: int = field(
         default=0, metadata={"help": "Seed of the task order and of dynamic-sampling refills."}
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "The chat template for a model without one (a base model): a named "
+            "template (chatml, gemma; its turn tokens added where missing, the embeddings "
+            "resized) or a .jinja file. None: the model's own; a model with none is refused."
+        },
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -377,12 +384,10 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                 stacklevel=4,
             )
         checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-        for check in (*checks, check_chat_template_kwargs):
+        for check in (*checks, check_templates):
             check(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")
-        if self.template_tools not in TEMPLATE_TOOLS_MODES:
-            refuse("template_tools", self.template_tools, f"one of {list(TEMPLATE_TOOLS_MODES)}")
         check_field_types(self)  # last: the checks above say more about their own fields
 
     @property

@@ -23,7 +23,7 @@ __all__ = [
     "check_async",
     "check_counts",
     "check_backend",
-    "check_chat_template_kwargs",
+    "check_templates",
     "check_deadline",
     "check_distillation",
     "check_sampling",
@@ -197,9 +197,17 @@ def check_distillation(value: Any, refuse: Any) -> dict[str, Any] | None:
     return settings
 
 
-def check_chat_template_kwargs(config: Any, refuse: Any) -> None:
+def check_templates(config: Any, refuse: Any) -> None:
     """``chat_template_kwargs``: None, a dict, or a JSON object (TRL's CLI passes one), parsed
-    in place."""
+    in place; ``template_tools`` one of its modes; ``chat_template`` a known name or file (a
+    misspelt name refused here, before any model loads)."""
+    from llm_gym.policies.chat_templates import resolve_chat_template
+    from llm_gym.policies.template_tools import TEMPLATE_TOOLS_MODES
+
+    if config.template_tools not in TEMPLATE_TOOLS_MODES:
+        refuse("template_tools", config.template_tools, f"one of {list(TEMPLATE_TOOLS_MODES)}")
+    if config.chat_template is not None:
+        resolve_chat_template(config.chat_template)
     value = config.chat_template_kwargs
     if isinstance(value, str):
         try:

@@ -149,8 +149,9 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             if sft.short_context_steps > 0:
                 short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
         model_path = sft_stage(
-            model_path, out, full, sft, config.seed, short=short, action_format=action_format
-        )
+            model_path, out, full, sft, config.seed, short=short, action_format=action_format,
+            chat_template=grpo_fields.get("chat_template"),
+        )  # fmt: skip
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 
@@ -168,8 +169,9 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     def evaluate(path: str, when: str, tasks: Any = None, tag: str = "") -> dict[str, Any]:
         assert config.evaluation is not None
         common = dict(
-            seed=config.seed, output_dir=config.output_dir, max_turns=eval_turns, tasks=tasks
-        )
+            seed=config.seed, output_dir=config.output_dir, max_turns=eval_turns, tasks=tasks,
+            chat_template=grpo_fields.get("chat_template"),
+        )  # fmt: skip
         label = f"{when}_grpo{tag}"
         reports = {"greedy": evaluate_model(path, entry, config.evaluation, label=label, **common)}
         per_task = summary.setdefault("task_success", {})  # to pair runs by task afterwards

@@ -31,6 +31,7 @@ def evaluate_model(
     top_p: float = 1.0,
     samples: int = 1,
     tasks: Any = None,
+    chat_template: str | None = None,
 ) -> Any:
     """``run_and_report`` of the model at ``model_path`` on ``settings.split`` of ``entry``.
 
@@ -47,6 +48,7 @@ def evaluate_model(
         top_p=top_p,
         max_new_tokens=settings.max_new_tokens,
         seed=seed,
+        chat_template=chat_template,
     )
     policy.name = label
     return run_and_report(

@@ -30,6 +30,7 @@ def sft_stage(
     seed: int,
     short: Any = None,
     action_format: str = "hermes",
+    chat_template: str | None = None,
 ) -> str:
     """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then
     the full transcripts of ``dataset``."""
@@ -43,6 +44,7 @@ def sft_stage(
         seed=seed,
         action_format=action_format,
         lora=sft.lora,
+        chat_template=chat_template,  # the run's (the grpo table's), for a model without one
     )
     warmup = sft.warmup_steps
     if sft.short_context_steps > 0:

@@ -41,6 +41,8 @@ EPISODE_KEYS = (
     "env_truncated_ratio",
     "deadline_ratio",
     "policy_error_ratio",
+    "template_ratio",
+    "tokenizer_ratio",
     "success_rate",
     "turns_mean",
     "tool_calls_mean",

@@ -32,6 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.chat_templates import (
+    apply_chat_template,
+    require_chat_template,
+    resolve_chat_template,
+)
 from llm_gym.policies.pretrained import resolve_model_path
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
 from trainers.labelled_head import labelled_head_forward, unsupported_reason
@@ -99,6 +104,7 @@ def build_sft_trainer(
     progress: bool = True,
     action_format: str = "hermes",
     lora: dict[str, Any] | None = None,
+    chat_template: str | None = None,
     **config_kwargs: Any,
 ) -> SFTTrainer:
     """The ``SFTTrainer`` :func:`sft_warm_start` runs (arguments as there); its
@@ -116,8 +122,14 @@ def build_sft_trainer(
     if loss_mask not in ("rl", "trl"):
         raise InvalidArgumentError(f"loss_mask must be 'rl' or 'trl', actual value: {loss_mask!r}.")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if chat_template is not None:
+        resolve_chat_template(chat_template)  # a misspelt name: before the model loads
     model_path = resolve_model_path(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if chat_template is None:
+        require_chat_template(tokenizer, what=f"model {model_path!r}")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    apply_chat_template(tokenizer, chat_template, model)  # tokens added as TRL's clone does
     original_template = tokenizer.chat_template
     tokenized = False
     if loss_mask == "rl":
@@ -132,7 +144,6 @@ def build_sft_trainer(
         dataset = text_layout_dataset(tokenizer, dataset, action_format=action_format)
     if use_cpu is None:
         use_cpu = not torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     config = SFTConfig(
         output_dir=str(output_dir),
         assistant_only_loss=not tokenized,  # tokenized rows carry their assistant_masks
@@ -247,6 +258,7 @@ def sft_warm_start(
     progress: bool = True,
     action_format: str = "hermes",
     lora: dict[str, Any] | None = None,
+    chat_template: str | None = None,
     **config_kwargs: Any,
 ) -> Path:
     """Supervised warm start of a causal LM on a conversational dataset, assistant turns only.
@@ -307,6 +319,10 @@ def sft_warm_start(
         lora: Train a LoRA adapter instead of every weight: ``peft.LoraConfig`` arguments
             (``{"r": 16, "lora_alpha": 32}``; ``target_modules`` defaults to ``"all-linear"``).
             The saved model has the adapter merged in.
+        chat_template: The chat template for a model without one (a base model): a named
+            template (``"chatml"``, ``"gemma"``: its turn tokens added where missing, the
+            embeddings resized, as TRL's ``clone_chat_template``) or a ``.jinja`` file; the
+            saved model keeps it. None: the model's own (a model with none is refused).
         **config_kwargs: More ``SFTConfig`` fields.
 
     Returns:
@@ -338,6 +354,7 @@ def sft_warm_start(
         progress=progress,
         action_format=action_format,
         lora=lora,
+        chat_template=chat_template,
         **config_kwargs,
     )
     result = trainer.train()

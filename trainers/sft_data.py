@@ -230,8 +230,9 @@ def oracle_sft_dataset(
         max_turns: Assistant turns per episode (default: the registered value, else 8).
         only_successful: Drop episodes the environment judged failed
             (:func:`llm_gym.eval.metrics.episode_succeeded`: its ``success`` flag, else its reward
-            against ``success_threshold``), so the model never imitates a failed transcript (False: keep them, as an imperfect
-            demonstrator's data would). Episodes that raised are always dropped.
+            against ``success_threshold``), so the model never imitates a failed transcript
+            (False: keep them, as an imperfect demonstrator's data would). Episodes that
+            raised are always dropped.
         success_threshold: See ``only_successful``.
 
     Returns:

@@ -37,6 +37,7 @@ from trainers.advantages import (
     without_void_episodes,
 )
 from trainers.async_collect import AsyncCollector
+from trainers.chat_template import grpo_start
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
 from trainers.dynamic_sampling import GroupPool, refill_tasks
@@ -141,6 +142,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             model = resolve_model_path(model)
         if model is None:
             raise InvalidArgumentError("No model: pass model= or set the config's model field.")
+        model, processing_class = grpo_start(model, processing_class, args)  # its chat template
         tasks = list(tasks)
         if len(tasks) < args.batch_size:
             raise InvalidArgumentError(

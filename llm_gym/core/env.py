@@ -60,6 +60,15 @@ class TruncationCause(enum.StrEnum):
     that outlasted the policy's own retries, a request the backend refused); the error is in
     the episode's ``error`` and nothing reached the environment. Reward 0. The other episodes
     go on; a collection whose every episode ends this way raises the ``PolicyError``."""
+    TEMPLATE = "template"
+    """The model's chat template raised while rendering the episode's conversation
+    (:class:`~llm_gym.errors.ChatTemplateError`, its traceback in the episode's ``error``).
+    Reward 0; not the environment's error. A collection whose every episode ends this way
+    raises the ``ChatTemplateError``."""
+    TOKENIZER = "tokenizer"
+    """The tokenizer failed to encode or decode the episode's text
+    (:class:`~llm_gym.errors.TokenizerError`). Reward 0; not the environment's error. A
+    collection whose every episode ends this way raises the ``TokenizerError``."""
 
     @property
     def gets_overlong_penalty(self) -> bool:
@@ -69,9 +78,15 @@ class TruncationCause(enum.StrEnum):
     @property
     def is_void(self) -> bool:
         """Whether the infrastructure, not the policy, cut the episode short (a policy error, a
-        missed generation deadline): such an episode says nothing about the policy and trains
-        nothing (it is left out of its group's baseline)."""
-        return self in (TruncationCause.POLICY_ERROR, TruncationCause.DEADLINE)
+        missed generation deadline, a chat template or tokenizer that failed): such an episode
+        says nothing about the policy and trains nothing (it is left out of its group's
+        baseline)."""
+        return self in (
+            TruncationCause.POLICY_ERROR,
+            TruncationCause.DEADLINE,
+            TruncationCause.TEMPLATE,
+            TruncationCause.TOKENIZER,
+        )
 
 
 @dataclass(slots=True)

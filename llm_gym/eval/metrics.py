@@ -189,6 +189,10 @@ def _tool_counts(episode: Any) -> tuple[int, int]:
     return calls, errors
 
 
+_NOT_THE_ENV = (TruncationCause.POLICY_ERROR, TruncationCause.TEMPLATE, TruncationCause.TOKENIZER)
+"""Endings whose error is the policy's, the chat template's or the tokenizer's."""
+
+
 def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[str, float]:
     """The per-episode averages a report and a training log show.
 
@@ -197,7 +201,8 @@ def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[
     :class:`TruncationCause` (plus ``env_truncated_ratio`` as an alias of ``env_ratio``),
     ``turns_mean``, ``tool_calls_mean``, ``tool_error_rate`` (errors per tool call),
     ``tool_errors_mean``, ``env_error_ratio`` (reset/step/close raised; a policy's error counts in
-    ``policy_error_ratio`` instead), ``completion_tokens_mean``,
+    ``policy_error_ratio`` instead, a chat template's in ``template_ratio``, a tokenizer's in
+    ``tokenizer_ratio``), ``completion_tokens_mean``,
     ``prompt_tokens_mean``, ``episodes``.
     """
     n = len(episodes)
@@ -224,8 +229,7 @@ def summarize_episodes(episodes: Sequence[Any], threshold: float = 1.0) -> dict[
         "tool_errors_mean": tool_errors / n,
         "tool_error_rate": tool_errors / tool_calls if tool_calls else 0.0,
         "env_error_ratio": sum(
-            e.error is not None and e.truncation_cause is not TruncationCause.POLICY_ERROR
-            for e in episodes
+            e.error is not None and e.truncation_cause not in _NOT_THE_ENV for e in episodes
         )
         / n,
         "completion_tokens_mean": sum(e.completion_tokens for e in episodes) / n,

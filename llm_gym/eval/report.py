@@ -82,7 +82,8 @@ class EvalReport:
     tasks: int
     """Distinct tasks evaluated."""
     policy: dict[str, Any]
-    """The policy's own description (name, model, sampling settings)."""
+    """The policy's own description (name, model, sampling settings); its token budget per
+    turn is in ``settings``."""
     settings: dict[str, Any]
     """Rollout settings: max_turns, action format, token budgets. ``max_new_tokens`` is the
     per-turn budget the run used and ``max_new_tokens_source`` where it came from (``"user"``,
@@ -149,6 +150,11 @@ class EvalReport:
             ("  max turns", f"{m['max_turns_ratio']:.3f}"),
             ("  parse failure", f"{m['parse_failure_ratio']:.3f}"),
             ("  env", f"{m['env_ratio']:.3f}"),
+            *(
+                (f"  {cause} error", f"{m[f'{cause}_ratio']:.3f}")
+                for cause in ("template", "tokenizer")
+                if m.get(f"{cause}_ratio")
+            ),
             ("turns per episode", f"{m['turns_mean']:.2f}"),
             ("tool calls per episode", f"{m['tool_calls_mean']:.2f}"),
             ("tool-error rate", f"{m['tool_error_rate']:.3f}"),
@@ -165,6 +171,8 @@ class EvalReport:
             for kind, v in self.by_type.items()
         ]
         rows[4:4] = by_type  # under the success rate
+        if note := self.policy.get("batching_note"):
+            rows.append(("batching", str(note)))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -328,6 +336,8 @@ def run_and_report(
     )
     wall = time.perf_counter() - start
     flat = [episode for group in groups for episode in group]
+    described = dict(policy.describe())
+    described.pop("max_new_tokens", None)  # one budget in the record: the one used (settings)
     metrics = summarize_episodes(flat, success_threshold)
     metrics["pass_at_k"] = mean_pass_at_k(
         [(len(g), sum(is_success(e, success_threshold) for e in g)) for g in groups], k
@@ -344,7 +354,7 @@ def run_and_report(
         seed=seed,
         k=k,
         tasks=len(chosen),
-        policy=policy.describe(),
+        policy=described,
         settings=settings,
         metrics=metrics,
         by_type=success_by_type(flat, success_threshold),

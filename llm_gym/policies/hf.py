@@ -26,6 +26,7 @@ from typing import Any
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.base import Generation, Policy, PolicyRequest, PolicyStream
 from llm_gym.policies.chat import render_chat
+from llm_gym.policies.chat_templates import apply_chat_template, require_chat_template
 from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.policies.weights import VersionedWeights
 
@@ -63,6 +64,13 @@ class HFPolicy(Policy):
         kv_budget_bytes: Most bytes the continuous engine's keys and values may take; episodes
             past it wait for a row (None: an eighth of the machine's memory on a CPU, a quarter
             of the free memory on an accelerator: ``hf_engine.default_kv_budget``).
+        chat_template: A named template (``"chatml"``, ``"gemma"``) or a ``.jinja`` file given
+            to the tokenizer (and the model: tokens it lacks are added, see
+            :mod:`llm_gym.policies.chat_templates`); None keeps the tokenizer's own.
+
+    Raises:
+        ChatTemplateError: the tokenizer has no chat template and ``chat_template`` gives none
+            (refused before any episode, naming the remedy).
     """
 
     name = "hf"
@@ -83,6 +91,7 @@ class HFPolicy(Policy):
         weights: VersionedWeights | None = None,
         kv_budget_bytes: int | None = None,
         template_tools: str = "fallback",
+        chat_template: str | None = None,
     ) -> None:
         if temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, actual value: {temperature}.")
@@ -100,6 +109,8 @@ class HFPolicy(Policy):
             raise InvalidArgumentError("The tokenizer needs a pad or an eos token for batching.")
         if weights is not None and weights.model is not model:
             raise InvalidArgumentError("weights.model must be the policy's model.")
+        apply_chat_template(tokenizer, chat_template, model)
+        require_chat_template(tokenizer, model, what=f"model {name_or_path or 'given'!r}")
         self.model = model
         self.weights = weights
         self.tokenizer = tokenizer
@@ -113,6 +124,11 @@ class HFPolicy(Policy):
         self.name_or_path = name_or_path or getattr(model, "name_or_path", None)
         self.batching = batching
         self.kv_budget_bytes = kv_budget_bytes
+        self.chat_template = chat_template
+        """The ``chat_template`` option the tokenizer was given (None: its own template)."""
+        self.batching_note: str | None = None
+        """Why the policy batches in waves though continuous batching was asked for (an
+        architecture the engine does not cover), once a collection found it; else None."""
         self.generate_calls = 0
         """``generate`` calls (waves)."""
         self.forward_passes = 0
@@ -128,14 +144,25 @@ class HFPolicy(Policy):
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, device: str | None = None, dtype: str = "float32", **kwargs: Any
+        cls,
+        path: str,
+        *,
+        device: str | None = None,
+        dtype: str = "float32",
+        chat_template: str | None = None,
+        **kwargs: Any,
     ) -> HFPolicy:
         """Load a model and tokenizer with ``from_pretrained`` (a local directory or hub id;
-        :func:`llm_gym.policies.loading.load_for_generation`)."""
+        :func:`llm_gym.policies.loading.load_for_generation`, which applies ``chat_template``
+        and refuses a model without one)."""
         from llm_gym.policies.loading import load_for_generation
 
-        model, tokenizer = load_for_generation(path, dtype=dtype, device=device)
-        return cls(model, tokenizer, name_or_path=path, **kwargs)
+        model, tokenizer = load_for_generation(
+            path, dtype=dtype, device=device, chat_template=chat_template
+        )
+        policy = cls(model, tokenizer, name_or_path=path, **kwargs)
+        policy.chat_template = chat_template
+        return policy
 
     @classmethod
     def from_spec(
@@ -158,7 +185,7 @@ class HFPolicy(Policy):
         return cls.from_pretrained(argument, **options)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described = {
             "name": self.name,
             "model": self.name_or_path,
             "temperature": self.temperature,
@@ -167,6 +194,11 @@ class HFPolicy(Policy):
             "seed": self.seed,
             "batching": self.batching,
         }
+        if self.chat_template is not None:
+            described["chat_template"] = str(self.chat_template)
+        if self.batching_note is not None:
+            described["batching_note"] = self.batching_note
+        return described
 
     def open_stream(self) -> PolicyStream | None:
         """A continuous-batching session (None with ``batching="waves"`` or an architecture the
@@ -177,11 +209,10 @@ class HFPolicy(Policy):
 
         reason = unsupported_reason(self.model)
         if reason is not None:
-            warnings.warn(
-                f"HFPolicy batches in waves: continuous batching does not cover this model "
-                f"({reason}).",
-                stacklevel=2,
+            self.batching_note = (
+                f"batches in waves: continuous batching does not cover this model ({reason})"
             )
+            warnings.warn(f"HFPolicy {self.batching_note}.", stacklevel=2)
             self.batching = "waves"
             return None
         from llm_gym.policies.hf_stream import HFStream

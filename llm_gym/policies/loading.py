@@ -40,23 +40,56 @@ def torch_dtype(name: object) -> Any:
 
 
 def load_for_generation(
-    path: str, *, dtype: str = "float32", device: str | None = None
+    path: str,
+    *,
+    dtype: str = "float32",
+    device: str | None = None,
+    chat_template: str | None = None,
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` from ``from_pretrained`` on ``path``, in eval mode.
 
     ``path`` is a local folder, a ``.gguf`` file, a packaged model's name or a hub id
     (:func:`~llm_gym.policies.pretrained.resolve_model_path`); the model is loaded in ``dtype``
     on ``device`` (default: CUDA when available, else the CPU). Remote code is never run
-    (``trust_remote_code`` stays off)."""
+    (``trust_remote_code`` stays off). ``chat_template`` (a named template or a ``.jinja``
+    file) replaces the model's own (:func:`~llm_gym.policies.chat_templates.apply_chat_template`).
+
+    Raises:
+        ChatTemplateError: the model has no chat template and ``chat_template`` gives none;
+            refused before the weights are read.
+    """
     torch_type = torch_dtype(dtype)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from llm_gym.policies.chat_templates import (
+        apply_chat_template,
+        require_chat_template,
+        resolve_chat_template,
+    )
     from llm_gym.policies.pretrained import resolve_model_path
 
+    if chat_template is not None:
+        resolve_chat_template(chat_template)  # an unknown name: refused before any download
     path = resolve_model_path(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is None:
+        require_chat_template(tokenizer, _config(path), what=f"model {path!r}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_type)
+    apply_chat_template(tokenizer, chat_template, model)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.to(device).eval(), tokenizer
+
+
+def _config(path: str) -> Any:
+    """An object whose ``config`` is the model's config (for the refusal's suggestion), or
+    None when it cannot be read."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    try:
+        return SimpleNamespace(config=AutoConfig.from_pretrained(path))
+    except Exception:  # only a hint rides on it
+        return None

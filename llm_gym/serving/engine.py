@@ -24,7 +24,11 @@ from typing import Any, TypeVar
 
 from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies.chat import template_input, untrusted_kwargs
+from llm_gym.policies.chat import (
+    template_input,
+    untrusted_kwargs,
+)
+from llm_gym.policies.chat_templates import require_chat_template
 from llm_gym.policies.template_render import (
     DEFAULT_RENDER_DEADLINE_S,
     TemplateTimeoutError,
@@ -104,11 +108,7 @@ class Engine:
         template_tools: str = "fallback",
         render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
     ) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise InvalidArgumentError(
-                "The tokenizer has no chat template; the server renders every request with it. "
-                "Set tokenizer.chat_template (or save a model directory that has one)."
-            )
+        require_chat_template(tokenizer, model, what=f"model {model_name!r}")  # the remedy named
         if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
             raise InvalidArgumentError(
                 f"default_max_tokens must be >= 1, actual value: {default_max_tokens}."

@@ -274,6 +274,7 @@ def serve(
     model_name: str | None = None,
     device: str | None = None,
     dtype: str = "float32",
+    chat_template: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     log: bool = False,
     **options: Any,
@@ -287,6 +288,9 @@ def serve(
         model_name: The model id clients send (default: ``str(model_path)``).
         device: ``"cpu"``, ``"cuda"``, ... (default: CUDA when available).
         dtype: The torch dtype name to load the weights in.
+        chat_template: A named template (``"chatml"``, ``"gemma"``) or a ``.jinja`` file for a
+            model without one (:mod:`llm_gym.policies.chat_templates`); a model with none and no
+            ``chat_template`` is refused before it is served.
         default_max_tokens: Tokens per completion when a request sets none.
         log: Log one line per request.
         options: More :class:`ChatCompletionServer` arguments (``tool_parser``,
@@ -304,7 +308,9 @@ def serve(
         raise ImportError(_SERVE_EXTRA) from exc
     from llm_gym.policies.loading import load_for_generation
 
-    model, tokenizer = load_for_generation(model_path, dtype=dtype, device=device)
+    model, tokenizer = load_for_generation(
+        model_path, dtype=dtype, device=device, chat_template=chat_template
+    )
     return ChatCompletionServer(
         model,
         tokenizer,
