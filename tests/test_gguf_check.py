@@ -28,9 +28,9 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from llm_gym.errors import InvalidArgumentError  # noqa: E402
-from llm_gym.policies.gguf_check import check_gguf  # noqa: E402
-from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.policies.gguf_check import check_gguf
+from tests.tiny_gguf import write_tiny_gguf
 
 MAX = (1 << 63) - 1
 

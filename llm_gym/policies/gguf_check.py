@@ -54,7 +54,9 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
-_KEPT_ARRAYS = frozenset({"tokenizer.ggml.tokens"})  # arrays whose values are kept (the rest: counts)
+_KEPT_ARRAYS = frozenset(
+    {"tokenizer.ggml.tokens"}
+)  # arrays whose values are kept (the rest: counts)
 
 
 @dataclass
