@@ -56,11 +56,24 @@ def _logits(folder: Path, text: str = "hello") -> tuple[torch.Tensor, list[int]]
         return model(torch.tensor([ids])).logits, ids
 
 
-def test_a_tiny_llama_gguf_converts_to_a_dense_folder_that_runs(tmp_path, cache) -> None:
-    """The real conversion: a folder of dense fp32 safetensors, no quantization config, the
-    file's chat template; its forward pass equals transformers' own dequantized GGUF model."""
+def test_a_tiny_llama_gguf_converts_to_a_dense_folder_that_runs(
+    tmp_path, cache, monkeypatch
+) -> None:
+    """The real conversion, on transformers' dequantizing path (one load, asked for dense
+    weights): a folder of dense fp32 safetensors, no quantization config, the file's chat
+    template; its forward pass equals transformers' own dequantized GGUF model."""
+    loads: list[dict] = []
+    real = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def recorded(cls, *args, **kwargs):
+        loads.append(kwargs)
+        return real(cls, *args, **kwargs)
+
     file = _gguf(tmp_path)
-    folder = gguf_mod.convert_gguf(file)
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(recorded))
+        folder = gguf_mod.convert_gguf(file)
+    assert len(loads) == 1 and loads[0]["quantization_config"].dequantize is True
     assert folder == cache / f"gguf-{hashlib.sha256(file.read_bytes()).hexdigest()[:16]}"
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["vocab_size"] == 261
@@ -157,3 +170,14 @@ def test_no_hub_kernel_is_asked_for_while_converting(tmp_path, cache, monkeypatc
         kernels.kernelize_ggml_layers(torch.nn.Linear(1, 1))  # does nothing
     assert kernels._gguf_kernel is None and kernels.kernelize_ggml_layers is before
     gguf_mod.convert_gguf(_gguf(tmp_path))
+
+
+def test_a_file_transformers_cannot_read_is_one_line(tmp_path, cache) -> None:
+    """A well-formed file of an architecture transformers does not read from GGUF: its
+    ``ValueError`` becomes one line naming the file, and the cache keeps nothing."""
+    with pytest.raises(InvalidArgumentError) as caught:
+        gguf_mod.convert_gguf(_gguf(tmp_path, architecture="nonesuch"))
+    message = str(caught.value)
+    assert message.startswith("tiny.gguf: transformers could not read the GGUF file (")
+    assert "\n" not in message and "nonesuch" in message
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []

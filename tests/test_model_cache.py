@@ -103,9 +103,10 @@ def test_links_are_never_followed(tmp_path, stub) -> None:
         gguf.convert_gguf(file)
     assert victim.read_text() == "keep" and not folder.exists()
     lock.unlink()
-    os.mkfifo(lock)
-    with pytest.raises(InvalidArgumentError, match="lock file .* not a regular file"):
-        gguf.convert_gguf(file)
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(lock)
+        with pytest.raises(InvalidArgumentError, match="lock file .* not a regular file"):
+            gguf.convert_gguf(file)
 
 
 def test_a_file_in_the_folder_that_is_a_link_makes_it_incomplete(tmp_path, stub) -> None:

@@ -5,7 +5,6 @@ and ChatML's control tokens, and a chat template."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -45,15 +44,16 @@ def write_tiny_gguf(
     path: Path,
     *,
     eos_token_id: int | None = None,
-    extra_metadata: dict[str, Any] | None = None,
+    architecture: str = "llama",
     seed: int = 0,
 ) -> Path:
-    """Write the tiny model to ``path``; ``eos_token_id`` defaults to ``<|im_end|>``'s id."""
+    """Write the tiny model to ``path``; ``eos_token_id`` defaults to ``<|im_end|>``'s id,
+    ``architecture`` names what ``general.architecture`` says (and prefixes its keys)."""
     import gguf
 
     tokens, types, merges = tiny_vocab()
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny-llama")
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
@@ -73,8 +73,6 @@ def write_tiny_gguf(
     eos = tokens.index("<|im_end|>") if eos_token_id is None else eos_token_id
     writer.add_eos_token_id(eos)
     writer.add_chat_template(CHAT_TEMPLATE)
-    for key, value in (extra_metadata or {}).items():
-        writer.add_string(key, value)
 
     def tensor(name: str, *shape: int, quantize: bool = True) -> None:
         data = rng.normal(0.0, 0.05, size=shape).astype(np.float32)

@@ -161,13 +161,13 @@ def _convert_into(gguf_file: Path, out_dir: Path) -> None:
     except READ_ERRORS as exc:
         said = (str(exc).strip().splitlines() or [""])[0][:300]
         raise InvalidArgumentError(
-            f"transformers could not read the GGUF file ({type(exc).__name__}: {said}); is it a "
-            "model transformers reads from GGUF (see its GGUF docs)?"
+            f"{name}: transformers could not read the GGUF file ({type(exc).__name__}: {said}); "
+            "is it a model transformers reads from GGUF (see its GGUF docs)?"
         ) from exc
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         raise InvalidArgumentError(
-            f"the GGUF file's tokenizer has {len(tokenizer):,} tokens and its model "
+            f"{name}: the GGUF file's tokenizer has {len(tokenizer):,} tokens and its model "
             f"{rows:,} embedding rows; its ids past {rows - 1} would fail the forward pass."
         )
     for key in ("_name_or_path", "_model_name_or_path"):  # the staging folder: meaningless later
