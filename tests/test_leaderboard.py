@@ -120,7 +120,7 @@ def test_staleness_from_env_version_and_model_weights() -> None:
     assert lb.stale_reasons(fresh, {}, {}) == []  # no longer registered: not judged
     model = make_record(policy="hf:m", model_path="m", model_hash="aaa")
     assert lb.stale_reasons(model, {"Math-v0": "0"}, {"m": "aaa"}) == []
-    assert lb.stale_reasons(model, {"Math-v0": "0"}, {"m": "bbb"}) == ["model weights aaa -> bbb"]
+    assert lb.stale_reasons(model, {"Math-v0": "0"}, {"m": "bbb"}) == ["model files aaa -> bbb"]
     assert lb.stale_reasons(model, {"Math-v0": "0"}, {"m": None}) == []  # folder gone
 
 
@@ -204,7 +204,7 @@ def test_table_marks_best_and_stale_cells() -> None:
     policies = ["random", "oracle", "hf:a", "hf:b"]
     table = lb.build_table(records, ["Math-v0", "SQL-v0"], policies, view, now)
     math, sql = table["Math-v0"], table["SQL-v0"]
-    assert math["hf:a"].stale == ["model weights old -> new"] and not math["hf:a"].best
+    assert math["hf:a"].stale == ["model files old -> new"] and not math["hf:a"].best
     assert math["hf:b"].best and not math["oracle"].best  # stale hf:a (0.6) is not ranked
     assert sql["random"].stale == ["env version 0 -> 1"] and "oracle" not in sql
     text = lbdraw.render_markdown(table, policies, view)
@@ -259,15 +259,15 @@ def test_policy_labels_go_through_the_policy_registry() -> None:
         lbrun.parse_policy("opnai:m@http://x/v1")
 
 
-def test_weights_hash_follows_the_weights(tmp_path: Path) -> None:
-    assert lb.weights_hash(tmp_path / "missing") is None
+def test_model_files_hash_follows_the_weights(tmp_path: Path) -> None:
+    assert lb.model_files_hash(tmp_path / "missing") is None
     (tmp_path / "config.json").write_text("{}")
-    assert lb.weights_hash(tmp_path) is None
+    assert lb.model_files_hash(tmp_path) is None
     (tmp_path / "model.safetensors").write_bytes(b"abc")
-    first = lb.weights_hash(tmp_path)
+    first = lb.model_files_hash(tmp_path)
     assert first is not None and len(first) == 12
     (tmp_path / "model.safetensors").write_bytes(b"abd")
-    assert lb.weights_hash(tmp_path) != first
+    assert lb.model_files_hash(tmp_path) != first
 
 
 def test_atomic_save_round_trips(tmp_path: Path) -> None:
@@ -341,14 +341,16 @@ def test_changed_model_weights_are_marked_and_rerun_only_when_asked(tmp_path: Pa
     args = quiet_args(tmp_path / "out", envs=["Math-v0"], policies=[f"hf:{model}"])
     calls: list[lb.Job] = []
     lbrun.main(args, runner=fake_runner(calls))
-    assert calls[0].model_hash == lb.weights_hash(model) and calls[0].sampling["temperature"] == 0
+    assert (
+        calls[0].model_hash == lb.model_files_hash(model) and calls[0].sampling["temperature"] == 0
+    )
     (model / "model.safetensors").write_bytes(b"weights v2")
     lbrun.main(args, runner=fake_runner(calls))
     assert len(calls) == 1
     text = (tmp_path / "out" / "leaderboard.md").read_text()
-    assert "0.250 [0.050, 0.450] †" in text and "model weights" in text
+    assert "0.250 [0.050, 0.450] †" in text and "model files" in text
     lbrun.main(dataclasses.replace(args, refresh_stale=True), runner=fake_runner(calls))
-    assert len(calls) == 2 and calls[1].model_hash == lb.weights_hash(model)
+    assert len(calls) == 2 and calls[1].model_hash == lb.model_files_hash(model)
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path: Path) -> None:

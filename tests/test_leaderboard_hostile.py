@@ -12,10 +12,12 @@ low > high
 a policy label, env id, command   a ``|`` split the cell, a line break   escaped: each stays
 or machine holding ``|``, line    added rows and headings, HTML went     text in its cell or
 breaks, backticks or HTML         into the page as HTML                  line
-a FIFO named                      ``weights_hash`` opened it and         skipped unread (opened
-``model.safetensors``             blocked the run forever                without blocking); a
-                                                                         folder under that name
-                                                                         is skipped too
+a FIFO named                      the hash opened it and blocked the     refused unread (opened
+``model.safetensors``, a link to  run forever; ``/dev/zero`` was hashed  without blocking), one
+``/dev/zero``, a folder           for ever                               line naming the file
+a chat template, tokenizer or     the record kept as fresh: only the     stale: the hash covers
+config changed, weights not       weights were hashed                    weights, config,
+                                                                         tokenizer and template
 10,000 records of as many         over five minutes: each cell scanned   a few seconds: cells
 policies                          every record, each record resolved     found through an
                                   its type hints, matplotlib drew a      index, hints resolved
@@ -120,28 +122,74 @@ def test_md_text_and_code_keep_plain_labels_as_they_are() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
-def test_a_fifo_named_like_weights_is_not_read(tmp_path: Path) -> None:
+def test_a_fifo_named_like_weights_is_refused_unread(tmp_path: Path) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
     os.mkfifo(folder / "model.safetensors")
     (folder / "pytorch_model.bin").write_bytes(b"weights")
-    result: list[str | None] = []
-    worker = threading.Thread(target=lambda: result.append(lb.weights_hash(folder)), daemon=True)
+    result: list[BaseException] = []
+
+    def hash_it() -> None:
+        try:
+            lb.model_files_hash(folder)
+        except InvalidArgumentError as exc:
+            result.append(exc)
+
+    worker = threading.Thread(target=hash_it, daemon=True)
     worker.start()
     worker.join(10)
     if worker.is_alive():  # unblock the reader so the test process can end
         with open(folder / "model.safetensors", "wb"):
             pass
-        pytest.fail("weights_hash blocked on a FIFO")
-    only_bin = tmp_path / "only"
-    only_bin.mkdir()
-    (only_bin / "pytorch_model.bin").write_bytes(b"weights")
-    assert result == [lb.weights_hash(only_bin)]
+        pytest.fail("model_files_hash blocked on a FIFO")
+    assert len(result) == 1 and "is a FIFO, not a regular file" in str(result[0])
 
 
-def test_a_folder_named_like_weights_is_skipped(tmp_path: Path) -> None:
+def test_a_folder_named_like_weights_is_refused(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").mkdir()
-    assert lb.weights_hash(tmp_path) is None  # IsADirectoryError without the check
+    with pytest.raises(InvalidArgumentError, match="is a directory, not a regular file"):
+        lb.model_files_hash(tmp_path)  # IsADirectoryError without the check
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json", "chat_template.jinja"])
+def test_a_model_file_linked_to_a_device_is_refused_in_one_line(tmp_path, name) -> None:
+    """``/dev/zero`` under a hashed name: one line naming the file, at once (a read of it
+    never ends)."""
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / name).unlink(missing_ok=True)
+    (tmp_path / name).symlink_to("/dev/zero")
+    started = time.perf_counter()
+    with pytest.raises(InvalidArgumentError) as caught:
+        lb.model_files_hash(tmp_path)
+    assert time.perf_counter() - started < 5
+    message = str(caught.value)
+    assert "\n" not in message and name in message and "is a device" in message
+
+
+def test_staleness_follows_template_tokenizer_and_config(tmp_path: Path) -> None:
+    """A record is stale when the model's chat template, tokenizer or config changed, its
+    weights unchanged: each changes the prompts the model sees or how it reads them."""
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    seen = {lb.model_files_hash(tmp_path)}
+    for name, text in [
+        ("chat_template.jinja", "{{ messages }}"),
+        ("chat_template.jinja", "{{ messages }}!"),
+        ("tokenizer_config.json", '{"chat_template": "x"}'),
+        ("tokenizer.json", "{}"),
+        ("config.json", '{"rope_theta": 1}'),
+        ("generation_config.json", "{}"),
+        ("special_tokens_map.json", "{}"),
+    ]:
+        (tmp_path / name).write_text(text)
+        seen.add(lb.model_files_hash(tmp_path))
+    assert len(seen) == 8 and None not in seen
+    (tmp_path / "README.md").write_text("notes")  # not a model file: no new hash
+    assert lb.model_files_hash(tmp_path) in seen
+    record = make_record(policy="hf:m", model_path=str(tmp_path), model_hash="aaaaaaaaaaaa")
+    now = lb.model_files_hash(tmp_path)
+    assert lb.stale_reasons(record, {}, {str(tmp_path): now}) == [
+        f"model files aaaaaaaaaaaa -> {now}"
+    ]
 
 
 def test_ten_thousand_records_load_and_render_in_seconds(tmp_path: Path) -> None:

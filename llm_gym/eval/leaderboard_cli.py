@@ -11,8 +11,9 @@ rows, policies as columns) and ``leaderboard.png`` are drawn from those records.
 Incremental: a record is keyed by (env, policy, split, k, episodes, seed, turn limit, sampling
 settings); a rerun skips keys that have a record, so a new policy or env only adds its own runs,
 and an interrupted run (Ctrl-C) resumes where it stopped (each record is written at once,
-atomically). A record made under another env version, or with other model weights, is marked
-stale in the table and rerun only with ``--refresh-stale`` (or ``--force``: rerun them all).
+atomically). A record made under another env version, or with other model files (weights,
+config, tokenizer, chat template), is marked stale in the table and rerun only with
+``--refresh-stale`` (or ``--force``: rerun them all).
 A policy is any spec of ``policy_from_spec``; ``tiny-sft`` and ``tiny-grpo`` are the main job's
 models in ``outputs/tool_use_game_tiny/`` (relative to the current folder: run from the
 repository). The table shows the records of this invocation's split, k, episodes, seed and turn

@@ -103,7 +103,7 @@ def describe_policy(record: Record) -> str:
     how = f"{decoding}, {per_turn}"
     if record.model_path is not None:
         weights = md_text(record.model_hash)
-        return f"local model {md_code(record.model_path)} (weights sha256 {weights}), {how}"
+        return f"local model {md_code(record.model_path)} (model files sha256 {weights}), {how}"
     return f"{md_code(d.get('model'))} at {md_text(d.get('base_url'))}, {how}"
 
 
@@ -130,7 +130,8 @@ def render_markdown(table: Table, policies: Sequence[str], view: View) -> str:
         "**bold ★**: best per row (ties all marked; none when the best is 0; the oracle and "
         "stale cells are not ranked; overlapping intervals mean the lead is not significant). "
         "†: stale, made under another env version or with other "
-        "model weights; rerun with `--refresh-stale`. –: not run.",
+        "model files (weights, config, tokenizer, chat template); rerun with "
+        "`--refresh-stale`. –: not run.",
         "",
         "Policies:",
         "",
@@ -227,7 +228,7 @@ def plot(table: Table, policies: Sequence[str], view: View, path: Path) -> bool:
     legend = "[low, high]: 95% Wilson interval" if view.k == 1 else f"pass@{view.k}: unbiased"
     legend += "   ★ best per row (the oracle and stale cells are not ranked)"
     if any(c.stale for row in table.values() for c in row.values()):
-        legend += "\n† hatched: stale (another env version or other model weights)"
+        legend += "\n† hatched: stale (another env version or other model files)"
     fig.text(0.01, 0.01, legend, fontsize=8.5, va="bottom", color="#333333")
     fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)

@@ -33,10 +33,10 @@ from llm_gym.eval.leaderboard import (
     add_records,
     build_table,
     load_records,
+    model_files_hash,
     needs_run,
     pass_at_k_from_episodes,
     stale_reasons,
-    weights_hash,
 )
 from llm_gym.eval.leaderboard_render import format_cell, plot, render_markdown
 from llm_gym.eval.report import run_and_report
@@ -337,7 +337,7 @@ def plan_jobs(args: Args, now: Registry, outcome: Outcome) -> list[Job]:
                 raise
             outcome.errors.append(str(exc))
     paths = {p for _, p in specs.values() if p} | {r.model_path for r in outcome.records}
-    now.model_hashes = {p: weights_hash(Path(p)) for p in sorted(paths - {None})}
+    now.model_hashes = {p: model_files_hash(Path(p)) for p in sorted(paths - {None})}
     command = format_command(args)
     return [
         Job(

