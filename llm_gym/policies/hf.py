@@ -46,8 +46,9 @@ class HFPolicy(Policy):
         seed: Seeds the sampling of each collection (``seed`` + the collection's number:
             reproducible sampling; torch's global generator is left alone), or None (torch's
             global generator). The continuous engine draws each episode's tokens from a stream
-            of its own, so neither ``kv_budget_bytes`` nor ``max_batch_size`` changes what a
-            seeded episode samples; a wave draws from one generator for its whole batch.
+            of its own, so neither ``kv_budget_bytes`` nor ``max_batch_size`` changes the draws
+            of a seeded episode (only the batch's shape can move the logits' last bits); a wave
+            draws from one generator for its whole batch.
         max_batch_size: Most episodes generated together (None: all of them): the largest
             ``generate`` batch, or the most episodes holding a row of the continuous engine.
         chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).

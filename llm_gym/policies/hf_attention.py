@@ -198,7 +198,10 @@ class KVCache:
                     buffers.append(fresh)
 
     def move_row(self, source: int, target: int, columns: int) -> None:
-        """Copy the first ``columns`` columns of row ``source`` into row ``target``."""
+        """Copy the first ``columns`` columns of row ``source`` into row ``target`` (nothing
+        for none: a row seated since the last :meth:`ensure` holds no columns yet)."""
+        if columns <= 0:
+            return
         for buffers in (self.k_rows, self.v_rows):
             for buffer in buffers:
                 buffer[target, :, :columns] = buffer[source, :, :columns]

@@ -23,8 +23,10 @@ and before each forward pass, while the live rows' buffers would pass the budget
 gives its row up (an idle one first): its keys and values are dropped and computed again when it
 has a row back, its turn going on where it stopped. Buffers are allocated for the live rows, so
 they shrink when rows leave. One row always runs, alone when it is larger than the budget. Each
-episode samples from a stream of its own, so the budget changes how rows are batched, never what
-a seeded episode samples.
+episode samples from a stream of its own, so the budget changes how rows are batched, never the
+draws a seeded episode samples with: greedy episodes are the same at any budget, and sampled ones
+are too unless the batch's shape moves the logits' last bits across a draw (a long-tail token at
+temperature > 0, as a different ``max_rows`` does).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class DecodeEngine:
         seed: Seeds each episode's own sampling stream, from the seed and the episode's key
             (:func:`~llm_gym.policies.hf_sampling.row_stream`); None: torch's global generator.
         max_rows: Most episodes holding a row at once (None: no limit); others queue.
-        kv_budget_bytes: Most bytes the rows' keys and values may take (None:
+        kv_budget_bytes: Most bytes the rows' buffers of keys and values may take (the shared
+            prefix's one copy aside; None:
             :func:`~llm_gym.policies.kv_budget.default_kv_budget`), at every step (see the
             module docstring; a 135M-parameter model holds ~46 KB a token): over it only while
             one episode larger than it runs alone.

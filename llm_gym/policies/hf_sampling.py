@@ -3,9 +3,9 @@ caller's or from each row's own stream.
 
 Pure functions of the logits (and a generator or the rows' uniforms), so the engine's scheduling
 never touches the sampling law. With :func:`row_stream` each episode draws from a stream of its
-own, so how its turns are batched (which rows share a pass, in which order) never changes what it
-samples. ``top_p`` follows transformers' ``TopPLogitsWarper`` to the letter, so the engine
-samples what ``generate`` would. :class:`GeneratorSampling` brings the same draw to
+own, so how its turns are batched (which rows share a pass, in which order) never changes the
+draws it samples with. ``top_p`` follows transformers' ``TopPLogitsWarper`` to the letter, so
+the engine samples what ``generate`` would. :class:`GeneratorSampling` brings the same draw to
 ``model.generate`` (whose own sampling takes no generator: it draws from torch's global one), so
 a seeded generation neither reads nor moves the global generator.
 """

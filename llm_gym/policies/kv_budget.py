@@ -127,8 +127,8 @@ def default_kv_budget(device: Any) -> int:
     memory; the model, a trainer's optimizer and the episodes need the rest), 2 GiB when neither
     can be read; on an accelerator a quarter of its free memory.
 
-    The budget changes how rows are batched, never what a seeded row samples (each row draws
-    from its own stream: :func:`llm_gym.policies.hf_sampling.row_stream`).
+    The budget changes how rows are batched, never the random stream a seeded episode draws
+    from (:func:`llm_gym.policies.hf_sampling.row_stream`).
 
     Args:
         device: A ``torch.device``.
