@@ -17,6 +17,7 @@ MODULES = [
     "llm_gym.core.input_files",
     "llm_gym.core.registry",
     "llm_gym.policies.registry",
+    "llm_gym.policies.kv_budget",
     "llm_gym.policies.openai_reply",
     "llm_gym.rollout.driver",
     "llm_gym.rollout.records",

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from llm_gym.policies import hf_sampling  # noqa: E402
-from llm_gym.policies.hf_sampling import GeneratorSampling, draw, sample  # noqa: E402
+from llm_gym.policies.hf_sampling import GeneratorSampling, draw, row_stream, sample  # noqa: E402
 
 
 def test_reported_logprobs_are_log_softmax_of_the_tempered_logits() -> None:
@@ -58,3 +58,23 @@ def test_the_generate_processor_draws_what_sample_draws() -> None:
         assert (kept == 0).sum().item() == 6 and torch.isinf(kept).sum().item() == 6 * 49
     with pytest.raises(ValueError, match="temperature > 0"):
         GeneratorSampling(0.0, 1.0)
+
+
+def test_each_row_draws_its_own_uniform_and_leaves_torch_alone() -> None:
+    """Given uniforms, row ``i``'s id is the inverse CDF at ``uniforms[i]``, whatever the other
+    rows are, and no torch generator is read."""
+    probs = torch.tensor([[0.2, 0.5, 0.3, 0.0], [0.1, 0.0, 0.9, 0.0]])
+    before = torch.get_rng_state()
+    assert draw(probs, uniforms=[0.1, 0.05]).tolist() == [0, 0]
+    assert draw(probs, uniforms=[0.69, 0.11]).tolist() == [1, 2]
+    assert draw(probs[1:], uniforms=[0.11]).tolist() == [2]  # alone: the same id
+    assert torch.equal(torch.get_rng_state(), before)
+    ids, _ = sample(torch.log(probs + 1e-30), temperature=1.0, top_p=1.0, uniforms=[0.69, 0.11])
+    assert ids == [1, 2]
+
+
+def test_row_streams_depend_on_the_seed_and_key_only() -> None:
+    first = [row_stream(5, (0, 1)).random() for _ in range(2)]
+    assert first[0] == first[1] == 0.1222262255418366  # the same in every process and machine
+    others = {row_stream(5, (1, 0)).random(), row_stream(6, (0, 1)).random(), first[0]}
+    assert len(others) == 3

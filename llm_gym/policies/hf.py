@@ -45,9 +45,12 @@ class HFPolicy(Policy):
         temperature: Sampling temperature; 0 means greedy decoding.
         top_p: Nucleus sampling mass.
         max_new_tokens: Tokens per assistant turn when the request sets none.
-        seed: Seeds the sampling generator of each batch (``seed`` + the batch's number:
+        seed: Seeds the sampling of each collection (``seed`` + the collection's number:
             reproducible sampling; torch's global generator is left alone), or None (torch's
-            global generator).
+            global generator). The continuous engine draws each episode's tokens from a stream
+            of its own, so neither ``kv_budget_bytes`` nor ``max_batch_size`` changes the draws
+            of a seeded episode (only the batch's shape can move the logits' last bits); a wave
+            draws from one generator for its whole batch.
         max_batch_size: Most episodes generated together (None: all of them): the largest
             ``generate`` batch, or the most episodes holding a row of the continuous engine.
         chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).
@@ -61,9 +64,11 @@ class HFPolicy(Policy):
             versions are swapped in between forward passes (see
             :mod:`llm_gym.policies.weights`), and every generation records the version that
             sampled each token (``Generation.policy_versions``).
-        kv_budget_bytes: Most bytes the continuous engine's keys and values may take; episodes
-            past it wait for a row (None: an eighth of the machine's memory on a CPU, a quarter
-            of the free memory on an accelerator: ``hf_engine.default_kv_budget``).
+        kv_budget_bytes: Most bytes the continuous engine's keys and values may take, at every
+            step: episodes past it wait for a row, in the order they came, and the newest rows
+            give theirs up (computed again later) when growing turns would pass it (None: an
+            eighth of the memory on a CPU, the container's limit where one is set, a quarter of
+            the free memory on an accelerator: ``kv_budget.default_kv_budget``).
         chat_template: A named template (``"chatml"``, ``"gemma"``) or a ``.jinja`` file given
             to the tokenizer (and the model: tokens it lacks are added, see
             :mod:`llm_gym.policies.chat_templates`); None keeps the tokenizer's own.

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from llm_gym.policies.kv_budget import MIN_WIDTH, buffer_shape
+
 __all__ = [
     "ATTENTION_NAME",
     "PLAN_KWARG",
@@ -44,9 +46,6 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 PLAN_KWARG = "llm_gym_plan"
 """The forward keyword argument that carries a :class:`StepPlan` to the attention function."""
-
-MIN_WIDTH = 256
-"""Fewest columns a row buffer is allocated with (buffers grow in powers of two)."""
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -146,6 +145,8 @@ class KVCache:
         """Per layer, the rows' keys (empty until the first :meth:`ensure`)."""
         self.v_rows: list[torch.Tensor] = []
         """Per layer, the rows' values."""
+        self.min_width = MIN_WIDTH
+        """Fewest columns :meth:`ensure` allocates when the budget allows them."""
 
     @property
     def nbytes(self) -> int:
@@ -157,40 +158,50 @@ class KVCache:
         """The buffers' last column (call :meth:`ensure` first)."""
         return self.k_rows[0].shape[2] - 1
 
-    def bytes_for(self, rows: int, width: int) -> int:
-        """Bytes :meth:`ensure` would hold for ``rows`` rows of ``width`` columns (at least what
-        the buffers already hold; both sizes rounded up as it rounds them)."""
-        if self.k_rows:
-            have_rows, _, have_width = self.k_rows[0].shape[:3]
-            rows, width = max(rows, have_rows), max(width, have_width - 1)
-        rows = max(8, 1 << (rows - 1).bit_length())
-        width = max(MIN_WIDTH, 1 << (width - 1).bit_length()) + 1
+    @property
+    def column_bytes(self) -> int:
+        """Bytes of one column of one row: its keys and values in every layer."""
         element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * rows * self.kv_heads * width * self.head_dim * element
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * element
 
-    def ensure(self, rows: int, width: int) -> None:
-        """Row buffers for ``rows`` rows of ``width`` columns plus one scratch column."""
+    def bytes_for(self, rows: int, width: int) -> int:
+        """Bytes of row buffers of exactly ``rows`` rows of ``width`` columns (the scratch
+        column counted): the least :meth:`ensure` holds for them."""
+        return rows * (width + 1) * self.column_bytes
+
+    def ensure(self, rows: int, width: int, limit: int | None = None) -> None:
+        """Row buffers that hold ``rows`` rows of ``width`` columns plus the scratch column,
+        keeping the keys and values of the first ``rows`` rows and ``width`` columns.
+
+        Buffers that already hold that shape are kept while they take at most ``limit`` bytes;
+        otherwise they are allocated again in :func:`~llm_gym.policies.kv_budget.buffer_shape`'s
+        shape (smaller ones too: rows past ``rows`` and columns past ``width`` are dropped), so
+        the buffers take at most ``limit`` bytes unless ``bytes_for(rows, width)`` alone is
+        over it.
+        """
         if self.k_rows:
             have_rows, _, have_width = self.k_rows[0].shape[:3]
-            if have_rows >= rows and have_width >= width + 1:
+            holds = have_rows >= rows and have_width - 1 >= width
+            if holds and (limit is None or self.nbytes <= limit):
                 return
-            rows = max(rows, have_rows)
-            width = max(width, have_width - 1)
-        new_rows = max(8, 1 << (rows - 1).bit_length())
-        new_width = max(MIN_WIDTH, 1 << (width - 1).bit_length()) + 1
-        shape = (new_rows, self.kv_heads, new_width, self.head_dim)
+        new_rows, new_width = buffer_shape(rows, width, self.column_bytes, limit, self.min_width)
+        shape = (new_rows, self.kv_heads, new_width + 1, self.head_dim)
         for buffers in (self.k_rows, self.v_rows):
             for layer in range(self.num_layers):
                 fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if layer < len(buffers):
                     old = buffers[layer]
-                    fresh[: old.shape[0], :, : old.shape[2] - 1] = old[:, :, :-1]
-                    buffers[layer] = fresh
+                    kept_rows, kept = min(rows, old.shape[0]), min(width, old.shape[2] - 1)
+                    fresh[:kept_rows, :, :kept] = old[:kept_rows, :, :kept]
+                    buffers[layer] = fresh  # the old layer's memory goes before the next one's
                 else:
                     buffers.append(fresh)
 
     def move_row(self, source: int, target: int, columns: int) -> None:
-        """Copy the first ``columns`` columns of row ``source`` into row ``target``."""
+        """Copy the first ``columns`` columns of row ``source`` into row ``target`` (nothing
+        for none: a row seated since the last :meth:`ensure` holds no columns yet)."""
+        if columns <= 0:
+            return
         for buffers in (self.k_rows, self.v_rows):
             for buffer in buffers:
                 buffer[target, :, :columns] = buffer[source, :, :columns]

@@ -15,14 +15,24 @@ one token for each row in the decode batch (a dummy for rows that wait for their
 followed by the new tokens of the rows being prefilled. This module schedules the rows and builds
 each step's layout; :mod:`llm_gym.policies.hf_attention` holds the KV cache and the attention
 function that reads the layout, :mod:`llm_gym.policies.hf_sampling` the sampling law.
+
+The key/value budget holds at every step, whatever the episodes' widths grow to: episodes take a
+row in the order they first asked for a turn (a queue served head first, so none waits for ever),
+when the live rows, each at the width its current turn may reach, fit in the budget beside it;
+and before each forward pass, while the live rows' buffers would pass the budget, the newest row
+gives its row up (an idle one first): its keys and values are dropped and computed again when it
+has a row back, its turn going on where it stopped. Buffers are allocated for the live rows, so
+they shrink when rows leave. One row always runs, alone when it is larger than the budget. Each
+episode samples from a stream of its own, so the budget changes how rows are batched, never the
+draws a seeded episode samples with: greedy episodes are the same at any budget, and sampled ones
+are too unless the batch's shape moves the logits' last bits across a draw (a long-tail token at
+temperature > 0, as a different ``max_rows`` does).
 """
 
 from __future__ import annotations
 
-import os
-from collections import deque
+import bisect
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,7 +47,9 @@ from llm_gym.policies.hf_attention import (
     register_attention,
     unsupported_reason,
 )
-from llm_gym.policies.hf_sampling import sample
+from llm_gym.policies.hf_rows import FinishedTurn, Row
+from llm_gym.policies.hf_sampling import row_stream, sample
+from llm_gym.policies.kv_budget import default_kv_budget
 
 __all__ = [
     "ATTENTION_NAME",
@@ -46,55 +58,6 @@ __all__ = [
     "default_kv_budget",
     "unsupported_reason",
 ]
-
-
-def default_kv_budget(device: torch.device) -> int:
-    """The rows' key/value budget when none is given: an eighth of the machine's memory on a
-    CPU (the model, a trainer's optimizer and the episodes need the rest), a quarter of the free
-    memory on an accelerator."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free // 4
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
-    except (OSError, ValueError, AttributeError):
-        return 2 << 30
-
-
-@dataclass
-class FinishedTurn:
-    """One assistant turn the engine finished."""
-
-    key: Hashable
-    """The episode it belongs to."""
-    token_ids: list[int]
-    """The sampled ids (the end-of-turn token included when it was sampled)."""
-    logprobs: list[float]
-    """``log_softmax(logits / temperature)`` of each sampled id."""
-    finish_reason: str
-    """``"stop"`` or ``"length"``."""
-    versions: list[int] = field(default_factory=list)
-    """The engine's :attr:`~DecodeEngine.version` when each id was sampled."""
-
-
-@dataclass
-class _Row:
-    key: Hashable
-    slot: int
-    prefix_len: int = 0
-    """Tokens of the shared prefix this row attends (its own tokens start at that position)."""
-    fed: list[int] = field(default_factory=list)
-    """The row's own ids whose keys and values are in its buffer (after its prefix)."""
-    pending: list[int] = field(default_factory=list)
-    """Ids to feed at the next step: one while decoding, more while prefilling, none when idle."""
-    last: int | None = None
-    """The last sampled id of a finished turn (sampled, not fed yet)."""
-    budget: int = 0
-    out_ids: list[int] = field(default_factory=list)
-    out_logprobs: list[float] = field(default_factory=list)
-    out_versions: list[int] = field(default_factory=list)
-    stale: bool = False
-    """Its cached keys and values came from older weights: rebuilt at its next turn."""
 
 
 class DecodeEngine:
@@ -109,12 +72,14 @@ class DecodeEngine:
         pad_id: The id fed for rows that wait (its output is discarded).
         temperature: 0 for greedy decoding.
         top_p: Nucleus mass (transformers' ``TopPLogitsWarper`` rule).
-        generator: The sampling generator (None: torch's global one).
+        seed: Seeds each episode's own sampling stream, from the seed and the episode's key
+            (:func:`~llm_gym.policies.hf_sampling.row_stream`); None: torch's global generator.
         max_rows: Most episodes holding a row at once (None: no limit); others queue.
-        kv_budget_bytes: Most bytes the rows' keys and values may take (None:
-            :func:`default_kv_budget`): a new episode whose row would take the buffers past it
-            waits in the queue while another episode holds a row, so the cache is bounded
-            whatever the number of episodes (a 135M-parameter model holds ~46 KB a token).
+        kv_budget_bytes: Most bytes the rows' buffers of keys and values may take (the shared
+            prefix's one copy aside; None:
+            :func:`~llm_gym.policies.kv_budget.default_kv_budget`), at every step (see the
+            module docstring; a 135M-parameter model holds ~46 KB a token): over it only while
+            one episode larger than it runs alone.
     """
 
     def __init__(
@@ -125,7 +90,7 @@ class DecodeEngine:
         pad_id: int,
         temperature: float,
         top_p: float,
-        generator: torch.Generator | None = None,
+        seed: int | None = None,
         max_rows: int | None = None,
         kv_budget_bytes: int | None = None,
     ) -> None:
@@ -140,16 +105,20 @@ class DecodeEngine:
         self.pad_id = int(pad_id)
         self.temperature = temperature
         self.top_p = top_p
-        self.generator = generator
+        self.seed = seed
         self.max_rows = max_rows
         self.kv_budget_bytes = (
             default_kv_budget(self.device) if kv_budget_bytes is None else int(kv_budget_bytes)
         )
         self.prefix_ids: list[int] | None = None
         self.cache: KVCache = POOL.take(model, self.dtype, self.device)
-        self.rows: dict[Hashable, _Row] = {}
-        self.slots: list[_Row] = []
-        self.queue: deque[tuple[Hashable, list[int], int]] = deque()
+        self.rows: dict[Hashable, Row] = {}
+        self.slots: list[Row] = []
+        self.queue: list[Row] = []
+        """Rows waiting for a buffer row with a turn to run, oldest first."""
+        self._arrivals = 0
+        self.evictions = 0
+        """Times a row gave its buffer row up to keep the budget."""
         self.forward_passes = 0
         self.rows_per_pass: list[int] = []
         self.prefilled_tokens = 0
@@ -176,8 +145,8 @@ class DecodeEngine:
 
     @property
     def busy(self) -> bool:
-        """Some row has tokens to feed (queued turns wait for a release, not for a step)."""
-        return any(row.pending for row in self.slots)
+        """Some row has tokens to feed (queued turns wait for a row, not for a step)."""
+        return any(row.pending for row in self.slots) or bool(self.queue and not self.slots)
 
     def _prefix_len(self, ids: Sequence[int]) -> int:
         prefix = self.prefix_ids or []
@@ -187,32 +156,31 @@ class DecodeEngine:
             n += 1
         return n
 
-    def _rebuild(self, row: _Row, ids: list[int]) -> None:
+    def _rebuild(self, row: Row, ids: list[int]) -> None:
         row.prefix_len = self._prefix_len(ids)
         row.fed = []
         row.pending = ids[row.prefix_len :]
         row.last = None
+        row.stale = False
 
     def _admit(self, key: Hashable, ids: list[int], budget: int) -> None:
         if not ids:
             raise ValueError("Expected at least one prompt id, got none.")
         row = self.rows.get(key)
         if row is None:
-            if not self._room(ids, budget):
-                self.queue.append((key, ids, budget))
-                return
-            row = _Row(key=key, slot=len(self.slots))
-            self.slots.append(row)
-            self.rows[key] = row
+            rng = None if self.seed is None else row_stream(self.seed, key)
+            row = self.rows[key] = Row(key=key, order=self._arrivals, rng=rng)
+            self._arrivals += 1
             self._rebuild(row, ids)
+            self._enqueue(row)
+        elif row.pending:
+            raise RuntimeError(f"Episode {key!r} asked for a turn while its last one runs.")
+        elif row.slot < 0:  # it gave its row up: its keys and values are computed again
+            self._rebuild(row, ids)
+            self._enqueue(row)
         elif row.stale:  # the weights changed since its cache was filled: prefill it again
-            if row.pending:
-                raise RuntimeError(f"Episode {key!r} asked for a turn while its last one runs.")
-            row.stale = False
             self._rebuild(row, ids)
         else:
-            if row.pending:
-                raise RuntimeError(f"Episode {key!r} asked for a turn while its last one runs.")
             known = row.prefix_len + len(row.fed)
             held = row.fed + ([row.last] if row.last is not None else [])
             extends = (
@@ -228,30 +196,62 @@ class DecodeEngine:
         row.budget = budget
         row.out_ids, row.out_logprobs, row.out_versions = [], [], []
 
+    def _enqueue(self, row: Row) -> None:
+        bisect.insort(self.queue, row, key=lambda r: r.order)
+
     def _release(self, key: Hashable) -> None:
         row = self.rows.pop(key, None)
         if row is None:
-            self.queue = deque(item for item in self.queue if item[0] != key)
             return
+        if row.slot >= 0:
+            self._unseat(row)
+        elif row in self.queue:
+            self.queue.remove(row)
+
+    def _unseat(self, row: Row) -> None:
         last = self.slots.pop()
         if last is not row:  # keep rows dense: move the last row into the freed slot
             self.cache.move_row(last.slot, row.slot, len(last.fed))
             last.slot = row.slot
             self.slots[row.slot] = last
-        while self.queue and self._room(*self.queue[0][1:]):
-            self._admit(*self.queue.popleft())
+        row.slot = -1
 
-    def _room(self, ids: Sequence[int], budget: int) -> bool:
-        """Whether a new episode with this prompt and turn budget may take a row now: within
-        ``max_rows``, and within the cache's byte budget (its first turn counted; the first row
-        is always admitted)."""
+    def _room(self, row: Row) -> bool:
+        """Whether ``row`` may take a buffer row now: within ``max_rows``, and the live rows
+        and it, each at its :attr:`~llm_gym.policies.hf_rows.Row.horizon`, within the byte
+        budget (a row is always seated when none is)."""
         rows = len(self.slots)
         if self.max_rows is not None and rows >= self.max_rows:
             return False
         if rows == 0:
             return True
-        width = len(ids) - self._prefix_len(ids) + budget + 1
+        width = max(r.horizon for r in [*self.slots, row])
         return self.cache.bytes_for(rows + 1, width) <= self.kv_budget_bytes
+
+    def _seat(self) -> None:
+        """Give buffer rows to the queue, head first: none passes a head that does not fit."""
+        while self.queue and self._room(self.queue[0]):
+            row = self.queue.pop(0)
+            row.slot = len(self.slots)
+            self.slots.append(row)
+
+    def _fit(self) -> int:
+        """Give rows up, newest first (idle ones before those sampling), until the live rows'
+        buffers fit in the budget or one row is left; returns the widest live row's columns.
+        A row sampling a turn is queued again, its whole context to feed; an idle one is
+        rebuilt at its next turn."""
+        while True:
+            need = max(r.width for r in self.slots)
+            rows = len(self.slots)
+            if rows == 1 or self.cache.bytes_for(rows, need) <= self.kv_budget_bytes:
+                return need
+            row = max(self.slots, key=lambda r: (not r.pending, r.order))
+            self._unseat(row)
+            self.evictions += 1
+            if row.pending:
+                row.pending = row.fed + row.pending
+                self._enqueue(row)
+            row.fed, row.last = [], None
 
     # --- the shared prefix -----------------------------------------------------------------
 
@@ -317,15 +317,18 @@ class DecodeEngine:
                 self._set_prefix([list(ids) for _, ids, _ in admits])
             for key, ids, budget in admits:
                 self._admit(key, list(ids), budget)
-            active = [row for row in self.slots if row.pending]
-            if not active:
+            self._seat()
+            if not any(row.pending for row in self.slots):
                 return []
-            return self._decode_step(active)
+            need = self._fit()
+            active = [row for row in self.slots if row.pending]
+            if not active:  # the rows sampling gave theirs up to an older idle row
+                return []
+            return self._decode_step(active, need)
 
-    def _decode_step(self, active: list[_Row]) -> list[FinishedTurn]:
+    def _decode_step(self, active: list[Row], need: int) -> list[FinishedTurn]:
         rows = len(self.slots)
-        need = max(len(row.fed) + len(row.pending) for row in active)
-        self.cache.ensure(rows, need)
+        self.cache.ensure(rows, need, self.kv_budget_bytes)
         scratch = self.cache.scratch_column
         prefix = len(self.prefix_ids or [])
         tokens: list[int] = []
@@ -334,7 +337,7 @@ class DecodeEngine:
         visible: list[int] = []
         prefix_lens: list[int] = []
         keep: list[int] = []  # packed index of each sampled row's last token
-        sampled: list[_Row] = []
+        sampled: list[Row] = []
         for row in self.slots:
             prefix_lens.append(row.prefix_len)
             if len(row.pending) == 1:
@@ -390,8 +393,11 @@ class DecodeEngine:
             torch.tensor(keep, device=device),
         )
         self.rows_per_pass.append(len(active))
+        uniforms = None
+        if self.seed is not None and self.temperature > 0:
+            uniforms = [row.rng.random() for row in sampled]  # type: ignore[union-attr]
         ids, logprobs = sample(
-            logits, temperature=self.temperature, top_p=self.top_p, generator=self.generator
+            logits, temperature=self.temperature, top_p=self.top_p, uniforms=uniforms
         )
         if any(lp != lp for lp in logprobs):  # a NaN logprob: some key or value was not finite
             self._finite = False

@@ -1,20 +1,26 @@
 """Next-token sampling: temperature, top-p, and one draw per row, from a generator of the
-caller's.
+caller's or from each row's own stream.
 
-Pure functions of the logits (and a generator), so the engine's scheduling never touches the
-sampling law. ``top_p`` follows transformers' ``TopPLogitsWarper`` to the letter, so the engine
-samples what ``generate`` would. :class:`GeneratorSampling` brings the same draw to
+Pure functions of the logits (and a generator or the rows' uniforms), so the engine's scheduling
+never touches the sampling law. With :func:`row_stream` each episode draws from a stream of its
+own, so how its turns are batched (which rows share a pass, in which order) never changes the
+draws it samples with. ``top_p`` follows transformers' ``TopPLogitsWarper`` to the letter, so
+the engine samples what ``generate`` would. :class:`GeneratorSampling` brings the same draw to
 ``model.generate`` (whose own sampling takes no generator: it draws from torch's global one), so
 a seeded generation neither reads nor moves the global generator.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
+from collections.abc import Hashable, Sequence
+
 import torch
 
 from llm_gym.errors import InvalidArgumentError
 
-__all__ = ["GeneratorSampling", "draw", "nucleus", "sample"]
+__all__ = ["GeneratorSampling", "draw", "nucleus", "row_stream", "sample"]
 
 
 def sample(
@@ -23,6 +29,7 @@ def sample(
     temperature: float,
     top_p: float,
     generator: torch.Generator | None = None,
+    uniforms: Sequence[float] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One id per row of ``logits`` (rows, vocabulary), and its logprob.
 
@@ -31,6 +38,8 @@ def sample(
         temperature: 0 for greedy decoding.
         top_p: Nucleus mass (1.0: no truncation).
         generator: The sampling generator (None: torch's global one).
+        uniforms: One draw in [0, 1) per row (from each row's :func:`row_stream`), used instead
+            of ``generator``.
 
     Returns:
         The ids, and ``log_softmax(logits / temperature)`` of each (plain ``log_softmax`` when
@@ -43,7 +52,7 @@ def sample(
         return tokens.tolist(), chosen.tolist()
     scores = logits / temperature
     probs = nucleus(scores, top_p)
-    tokens = draw(probs, generator)
+    tokens = draw(probs, generator, uniforms)
     if top_p < 1.0:
         chosen = torch.log_softmax(scores, dim=-1).gather(1, tokens[:, None])[:, 0]
     else:
@@ -66,11 +75,20 @@ def nucleus(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(remove, float("-inf")), dim=-1)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw(
+    probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    uniforms: Sequence[float] | None = None,
+) -> torch.Tensor:
     """One id per row from ``probs`` by inverse CDF (the same law as ``torch.multinomial``, and
-    cheaper on a CPU for a batch of rows)."""
+    cheaper on a CPU for a batch of rows), from ``uniforms`` (one draw in [0, 1) per row) when
+    given, else from ``generator``."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    if uniforms is not None:
+        u = torch.tensor(uniforms, dtype=cdf.dtype).view(-1, 1).to(probs.device)
+    else:
+        shape = (probs.shape[0], 1)
+        u = torch.rand(shape, generator=generator, device=probs.device, dtype=cdf.dtype)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
     tokens = tokens.clamp_(max=probs.shape[1] - 1)
     # Rounding at the very top of the CDF could land on a zero-probability id: never keep it
@@ -79,6 +97,22 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     if bool(zero.any()):
         tokens = torch.where(zero, probs.argmax(dim=-1), tokens)
     return tokens
+
+
+def row_stream(seed: int, key: Hashable) -> random.Random:
+    """The sampling stream of the episode ``key`` under ``seed``: a generator seeded from both
+    (a digest of ``repr((seed, key))``, so the same on every machine and in every process for
+    keys whose ``repr`` is stable: ints, strings, tuples of them). One uniform is drawn from it
+    per token the episode samples, whatever rows share its passes.
+
+    Example:
+        >>> row_stream(0, (1, 2)).random() == row_stream(0, (1, 2)).random()
+        True
+        >>> row_stream(0, (1, 2)).random() == row_stream(0, (2, 1)).random()
+        False
+    """
+    digest = hashlib.blake2b(repr((seed, key)).encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "big"))
 
 
 class GeneratorSampling:

@@ -36,16 +36,10 @@ class HFStream(PolicyStream):
     """
 
     def __init__(self, policy: HFPolicy) -> None:
-        import torch
-
         from llm_gym.policies.hf_engine import DecodeEngine
 
         self.policy = policy
-        device = next(policy.model.parameters()).device
-        generator = None
-        if policy.seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(policy.seed + policy._batches)
+        seed = None if policy.seed is None else policy.seed + policy._batches
         policy._batches += 1
         self.engine = DecodeEngine(
             policy.model,
@@ -53,7 +47,7 @@ class HFStream(PolicyStream):
             pad_id=policy._pad_id(),
             temperature=policy.temperature,
             top_p=policy.top_p,
-            generator=generator,
+            seed=seed,
             max_rows=policy.max_batch_size,
             kv_budget_bytes=policy.kv_budget_bytes,
         )
