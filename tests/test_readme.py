@@ -56,6 +56,12 @@ COVERED_ELSEWHERE = {
     "llm-gym leaderboard --policies smollm2-135m-instruct": (
         "tests/test_real_model.py::test_a_leaderboard_row_for_the_packaged_model"
     ),
+    "llm-gym fetch-model gemma3-270m": (
+        "tests/test_gemma3.py::test_eval_is_refused_without_a_template_and_runs_with_one"
+    ),
+    "--policy hf:gemma3-270m": (
+        "tests/test_gemma3.py::test_eval_is_refused_without_a_template_and_runs_with_one"
+    ),
     "llm-gym serve MODEL --allowed-origins": (
         "tests/test_serving_access.py::test_both_server_commands_take_the_options"
     ),
@@ -66,8 +72,8 @@ COVERED_ELSEWHERE = {
 }
 """What the pages show but a test elsewhere runs: the Qwen calls download a model (the seeds'
 test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
-the TRL blocks a model path (their tests train two steps on the tiny one), the pretrained model
-the package index (the slow real-model tests fetch it), and the serving guide's servers a
+the TRL blocks a model path (their tests train two steps on the tiny one), the pretrained models
+the package index (the slow real-model tests fetch them), and the serving guide's servers a
 network address and a model (their tests serve on loopback)."""
 
 
