@@ -152,6 +152,7 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         max_model_length=args.max_model_length,
+        action_format=args.action_format,
         progress=not args.no_progress,
         print_report=False,
         output=args.output,
@@ -370,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--max-model-length", type=int, default=None)
+    p.add_argument(
+        "--action-format",
+        default=None,
+        help="how tool calls are written and parsed: auto (the format the model's chat template "
+        "teaches, else the env's) or a registered format, pinned (default: the env's when it "
+        "pins one, else auto)",
+    )
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
     _add_task_option(p)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.pretrained import resolve_model_path
+from llm_gym.policies.template_format import episode_format
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
 from trainers.labelled_head import labelled_head_forward, unsupported_reason
 from trainers.length_chunks import LengthChunkedLM
@@ -97,7 +98,7 @@ def build_sft_trainer(
     shared_prefix: bool = True,
     length_chunked: bool = True,
     progress: bool = True,
-    action_format: str = "hermes",
+    action_format: str = "auto",
     lora: dict[str, Any] | None = None,
     **config_kwargs: Any,
 ) -> SFTTrainer:
@@ -118,6 +119,7 @@ def build_sft_trainer(
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     model_path = resolve_model_path(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    action_format = episode_format(action_format, tokenizer).name
     original_template = tokenizer.chat_template
     tokenized = False
     if loss_mask == "rl":
@@ -245,7 +247,7 @@ def sft_warm_start(
     shared_prefix: bool = True,
     length_chunked: bool = True,
     progress: bool = True,
-    action_format: str = "hermes",
+    action_format: str = "auto",
     lora: dict[str, Any] | None = None,
     **config_kwargs: Any,
 ) -> Path:
@@ -303,7 +305,9 @@ def sft_warm_start(
         progress: Show transformers' progress bar.
         action_format: The action format of the conversations' tool calls: it writes the tools
             as text for a chat template that cannot render them
-            (:mod:`llm_gym.policies.template_tools`).
+            (:mod:`llm_gym.policies.template_tools`). ``"auto"``: the one the model's chat
+            template teaches, else hermes
+            (:func:`~llm_gym.policies.template_format.episode_format`).
         lora: Train a LoRA adapter instead of every weight: ``peft.LoraConfig`` arguments
             (``{"r": 16, "lora_alpha": 32}``; ``target_modules`` defaults to ``"all-linear"``).
             The saved model has the adapter merged in.
