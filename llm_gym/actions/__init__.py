@@ -15,6 +15,8 @@ from llm_gym.actions.base import (
 )
 from llm_gym.actions.hermes import HermesFormat
 from llm_gym.actions.json_format import JsonFormat
+from llm_gym.actions.llama3 import Llama3JsonFormat
+from llm_gym.actions.mistral import MistralFormat
 
 __all__ = [
     # interface and results
@@ -24,6 +26,8 @@ __all__ = [
     # built-in formats
     "HermesFormat",
     "JsonFormat",
+    "Llama3JsonFormat",
+    "MistralFormat",
     # registry
     "get_action_format",
     "register_action_format",

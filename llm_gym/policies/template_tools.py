@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 import threading
 import warnings
 import weakref
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.actions import ActionFormat, get_action_format
+from llm_gym.actions.codec import short_call_id
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.policies.openai_messages import build_messages
@@ -385,13 +385,8 @@ def text_layout(
     return chat if support is None else fit_template(chat, support)
 
 
-_SHORT_ID = re.compile(r"[A-Za-z0-9]{9}")
-
-
 def _short_id(call_id: Any) -> Any:
-    if not isinstance(call_id, str) or _SHORT_ID.fullmatch(call_id):
-        return call_id
-    return hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:9]
+    return short_call_id(call_id) if isinstance(call_id, str) else call_id
 
 
 def short_call_ids(messages: Sequence[Any]) -> list[Any]:
