@@ -239,8 +239,8 @@ class TokenOracle(Policy):
         return out
 
 
-def _oracle_episodes(tokenizer, action_format="auto"):
-    tasks = get_tasks("val")[:4]
+def _oracle_episodes(tokenizer, action_format="auto", kinds=("lookup", "lookup_arith")):
+    tasks = [t for t in get_tasks("val") if t.metadata["type"] in kinds][:4]
     policy = OraclePolicy(oracle_action) if tokenizer is None else TokenOracle(tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -257,7 +257,23 @@ def _oracle_episodes(tokenizer, action_format="auto"):
         ]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(
+            family,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="Mistral v0.3's template counts a raw assistant turn after a tool result "
+                "as a second assistant turn in a row and raises: an episode of two tool calls "
+                "in a row cannot render in the native layout",
+            ),
+        )
+        if family == "mistral_v0.3"
+        else family
+        for family in FAMILIES
+    ],
+)
 def test_an_oracle_episode_in_each_familys_format_scores_as_the_oracles(family, tokenizers):
     """The oracle's calls are written in the format the template teaches, parsed back by it,
     and the episode scores as the oracle's own (hermes, no template)."""
@@ -279,12 +295,11 @@ def test_an_oracle_episode_in_each_familys_format_scores_as_the_oracles(family, 
         trained = [
             i for s in ours.samples for i, m in zip(s.completion_ids, s.env_mask, strict=True) if m
         ]
-        texts = "".join(t.text for t in ours.turns)
-        assert (
-            tokenizer.decode(trained, skip_special_tokens=True)
-            == texts.replace(tokenizer.eos_token, "")
-            or family == "gpt-oss"
+        texts = "".join(t.text + tokenizer.eos_token for t in ours.turns)
+        kept = tokenizer.decode(
+            trained, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
+        assert kept == texts
         if len(ours.samples) == 1:
             (sample,) = ours.samples
             raw = list(ours.messages[: ours.num_opening_messages])
@@ -297,3 +312,15 @@ def test_an_oracle_episode_in_each_familys_format_scores_as_the_oracles(family, 
             )  # fmt: skip
             decoded = tokenizer.decode(sample.prompt_ids + sample.completion_ids)
             assert rendered.startswith(decoded) and not rendered[len(decoded) :].strip()
+
+
+def test_a_one_call_oracle_episode_in_mistrals_format_scores_as_the_oracles(tokenizers) -> None:
+    _needs("mistral")
+    tokenizer = tokenizers["mistral_v0.3"]
+    reference = _oracle_episodes(None, "hermes", kinds=("lookup",))
+    for ours, theirs in zip(_oracle_episodes(tokenizer, kinds=("lookup",)), reference, strict=True):
+        assert ours.action_format.name == "mistral" and ours.turns[0].text.startswith(
+            "[TOOL_CALLS]"
+        )
+        assert ours.reward == theirs.reward > 0 and ours.error is None
+        assert ours.samples  # several: the template moves the tools to the last user turn

@@ -330,7 +330,9 @@ class Engine:
         if prompt_ids is None:
             prompt_ids = self.chat_prompt(request)
         sampling = self.chat_sampling(request, len(prompt_ids))
-        assembler = TextAssembler(self.tokenizer, self.eos_ids, request.stops)
+        assembler = TextAssembler(
+            self.tokenizer, self.eos_ids, request.stops, keep_special=request.parse_tool_calls
+        )
         pieces: list[Piece] = []
         self.run(prompt_ids, sampling, assembler, pieces.append, cancelled)
         _check_cancelled(cancelled)
