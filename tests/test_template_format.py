@@ -324,3 +324,49 @@ def test_a_one_call_oracle_episode_in_mistrals_format_scores_as_the_oracles(toke
         )
         assert ours.reward == theirs.reward > 0 and ours.error is None
         assert ours.samples  # several: the template moves the tools to the last user turn
+
+
+def test_sft_targets_are_written_in_the_format_the_template_teaches(tokenizers) -> None:
+    """The oracle's SFT transcripts for a Llama 3.1 model hold Llama 3 JSON calls, for a model
+    whose template teaches none the env's hermes."""
+    pytest.importorskip("datasets")
+    _needs("llama3_json")
+    from trainers.sft_data import oracle_sft_dataset
+
+    tasks = [t for t in get_tasks("train") if t.metadata["type"] == "lookup"][:2]
+
+    def first_call(tokenizer) -> str:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows = oracle_sft_dataset(
+                "ToolUseGame-v0", tasks, tokenizer=_tokenizer(tokenizers, tokenizer)
+            )
+        return next(m["content"] for m in rows[0]["messages"] if m["role"] == "assistant")
+
+    assert first_call("llama3.1").startswith('{"name": "lookup", "parameters": ')
+    assert first_call("smollm2").startswith("<tool_call>")
+
+
+def test_an_env_that_pins_its_format_keeps_it_and_warns(tokenizers) -> None:
+    from llm_gym.gym import register_env, unregister_env
+
+    common = dict(
+        env="llm_gym.envs.tool_use_game:ToolUseGameEnv",
+        tasks="llm_gym.envs.tool_use_game:get_tasks",
+    )
+    pinned = register_env("PinnedJson-v0", action_format="json", pin_action_format=True, **common)
+    default = register_env("DefaultJson-v0", action_format="json", **common)
+    try:
+        assert pinned.requested_action_format == "json"
+        assert default.requested_action_format == "auto"
+        qwen = copy.deepcopy(tokenizers["qwen2.5"])
+        qwen.chat_template += "{# warned once per template #}"
+        with pytest.warns(UserWarning, match="'json' is pinned"):
+            assert episode_format(pinned.requested_action_format, qwen).name == "json"
+        assert episode_format(default.requested_action_format, qwen).name == "hermes"
+        smollm2 = tokenizers["smollm2"]
+        fallback = episode_format(default.requested_action_format, smollm2, env_format="json")
+        assert fallback.name == "json"
+    finally:
+        unregister_env("PinnedJson-v0")
+        unregister_env("DefaultJson-v0")
