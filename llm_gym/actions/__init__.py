@@ -17,6 +17,7 @@ from llm_gym.actions.hermes import HermesFormat
 from llm_gym.actions.json_format import JsonFormat
 from llm_gym.actions.llama3 import Llama3JsonFormat
 from llm_gym.actions.mistral import MistralFormat
+from llm_gym.actions.qwen3_coder import Qwen3CoderFormat
 
 __all__ = [
     # interface and results
@@ -28,6 +29,7 @@ __all__ = [
     "JsonFormat",
     "Llama3JsonFormat",
     "MistralFormat",
+    "Qwen3CoderFormat",
     # registry
     "get_action_format",
     "register_action_format",
