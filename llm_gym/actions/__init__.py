@@ -13,6 +13,7 @@ from llm_gym.actions.base import (
     get_action_format,
     register_action_format,
 )
+from llm_gym.actions.harmony import HarmonyFormat
 from llm_gym.actions.hermes import HermesFormat
 from llm_gym.actions.json_format import JsonFormat
 from llm_gym.actions.llama3 import Llama3JsonFormat
@@ -25,6 +26,7 @@ __all__ = [
     "ParsedAction",
     "ParseKind",
     # built-in formats
+    "HarmonyFormat",
     "HermesFormat",
     "JsonFormat",
     "Llama3JsonFormat",
