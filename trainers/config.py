@@ -193,7 +193,10 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
     )
     action_format: str = field(
         default="hermes",
-        metadata={"help": "How tool calls are written: a registered action format (hermes, json)."},
+        metadata={
+            "help": "How tool calls are written: a registered action format (hermes, json, "
+            "llama3_json, mistral, qwen3_coder, harmony)."
+        },
     )
     template_tools: str = field(
         default="fallback",
