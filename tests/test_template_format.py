@@ -270,6 +270,15 @@ def _oracle_episodes(tokenizer, action_format="auto", kinds=("lookup", "lookup_a
             ),
         )
         if family == "mistral_v0.3"
+        else pytest.param(
+            family,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="gpt-oss's template renders a tool result only after an assistant turn "
+                "with structured tool_calls, and the rollout renders its turns as raw text",
+            ),
+        )
+        if family == "gpt-oss"
         else family
         for family in FAMILIES
     ],
