@@ -154,6 +154,7 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         max_model_length=args.max_model_length,
+        action_format=args.action_format,
         progress=not args.no_progress,
         print_report=False,
         output=args.output,
@@ -377,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="hf: policies: the chat template for a model without one (a base model): "
         "chatml, gemma, or a .jinja file",
     )  # fmt: skip
+    p.add_argument(
+        "--action-format",
+        default=None,
+        help="how tool calls are written and parsed: auto (the format the model's chat template "
+        "teaches, else the env's) or a registered format, pinned (default: the env's when it "
+        "pins one, else auto)",
+    )
     p.add_argument("--output", default=None, help="write the JSON record here")
     p.add_argument("--no-progress", action="store_true")
     _add_task_option(p)

@@ -265,3 +265,24 @@ def test_a_pickled_driver_keeps_playing_an_async_env() -> None:
     assert copy.runner is None and copy.act_sync("done") == EpisodeEnd(
         1.0, True, metrics={"answered": 1}
     )
+
+
+class TypedPing(PingEnv):
+    """PingEnv offering a ``ping`` tool whose ``tag`` parameter is a string."""
+
+    @property
+    def tool_specs(self) -> list:
+        properties = {"tag": {"type": "string"}, "n": {"type": "integer"}}
+        parameters = {"type": "object", "properties": properties}
+        return [{"type": "function", "function": {"name": "ping", "parameters": parameters}}]
+
+
+def test_the_parser_is_bound_to_the_episode_s_tools() -> None:
+    driver = EpisodeDriver(as_env_factory(TypedPing), action_format="qwen3_coder")
+    driver.start_sync(TASK)
+    text = "<function=ping>\n<parameter=tag>\n42\n</parameter>\n<parameter=n>\n7\n</parameter>\n"
+    assert driver.act_sync(text + "</function>") is None
+    assert driver.parsed is not None
+    arguments = driver.parsed.tool_calls[0]["function"]["arguments"]
+    assert arguments == '{"tag": "42", "n": 7}'  # typed by the schema: the string stays text
+    driver.close_sync()

@@ -191,8 +191,13 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         },
     )
     action_format: str = field(
-        default="hermes",
-        metadata={"help": "How tool calls are written: a registered action format (hermes, json)."},
+        default="auto",
+        metadata={
+            "help": "How tool calls are written and parsed: auto (the format the model's chat "
+            "template teaches: llama3_json, mistral, qwen3_coder, harmony, hermes; hermes for a "
+            "template that teaches none) or a registered action format, pinned (a warning when "
+            "the template teaches another; an error under template_tools=require)."
+        },
     )
     template_tools: str = field(
         default="fallback",

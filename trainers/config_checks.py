@@ -250,8 +250,8 @@ def check_counts(config: Any, refuse: Any) -> None:
         and not 0 < config.overlong_buffer <= config.max_model_length
     ):
         refuse("overlong_buffer", config.overlong_buffer, "None or an int in (0, max_model_length]")
-    if config.action_format not in ACTION_FORMATS:
-        refuse("action_format", config.action_format, f"one of {sorted(ACTION_FORMATS)}")
+    if config.action_format != "auto" and config.action_format not in ACTION_FORMATS:
+        refuse("action_format", config.action_format, f"'auto' or one of {sorted(ACTION_FORMATS)}")
     samples = config.max_samples_per_episode
     if samples is not None and (not isinstance(samples, int) or samples < 1):
         refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")

@@ -126,7 +126,15 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         warm_tasks = sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
                                config.sft.task_options)  # fmt: skip
         made: dict[tuple[str | None, str], Any] = {}  # one dataset per distinct demonstrator
-        action_format = grpo_fields.get("action_format") or entry.action_format  # RL's format
+        action_format = grpo_fields.get("action_format") or entry.requested_action_format  # RL's
+        from transformers import AutoTokenizer
+
+        from llm_gym.policies.chat_templates import resolve_chat_template
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)  # its template: the format
+        if grpo_fields.get("chat_template") is not None:  # the template the run gives the model
+            given = resolve_chat_template(grpo_fields["chat_template"])
+            tokenizer.chat_template = given if isinstance(given, str) else given.template
 
         def demonstrations(spec: str | None, options: dict[str, Any] | None) -> Any:
             key = (spec, repr(options))
@@ -137,6 +145,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
                     oracle=demonstrator(spec, options, resolve),
                     action_format=action_format,
                     only_successful=config.sft.only_successful,
+                    tokenizer=tokenizer,
                 )
             return made[key]
 

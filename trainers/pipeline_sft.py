@@ -29,7 +29,7 @@ def sft_stage(
     sft: SFTSettings,
     seed: int,
     short: Any = None,
-    action_format: str = "hermes",
+    action_format: str = "auto",
     chat_template: str | None = None,
 ) -> str:
     """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then

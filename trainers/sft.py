@@ -38,6 +38,7 @@ from llm_gym.policies.chat_templates import (
     resolve_chat_template,
 )
 from llm_gym.policies.pretrained import resolve_model_path
+from llm_gym.policies.template_format import episode_format
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
 from trainers.labelled_head import labelled_head_forward, unsupported_reason
 from trainers.length_chunks import LengthChunkedLM
@@ -102,7 +103,7 @@ def build_sft_trainer(
     shared_prefix: bool = True,
     length_chunked: bool = True,
     progress: bool = True,
-    action_format: str = "hermes",
+    action_format: str = "auto",
     lora: dict[str, Any] | None = None,
     chat_template: str | None = None,
     **config_kwargs: Any,
@@ -130,6 +131,7 @@ def build_sft_trainer(
         require_chat_template(tokenizer, what=f"model {model_path!r}")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     apply_chat_template(tokenizer, chat_template, model)  # tokens added as TRL's clone does
+    action_format = episode_format(action_format, tokenizer).name
     original_template = tokenizer.chat_template
     tokenized = False
     if loss_mask == "rl":
@@ -256,7 +258,7 @@ def sft_warm_start(
     shared_prefix: bool = True,
     length_chunked: bool = True,
     progress: bool = True,
-    action_format: str = "hermes",
+    action_format: str = "auto",
     lora: dict[str, Any] | None = None,
     chat_template: str | None = None,
     **config_kwargs: Any,
@@ -315,7 +317,9 @@ def sft_warm_start(
         progress: Show transformers' progress bar.
         action_format: The action format of the conversations' tool calls: it writes the tools
             as text for a chat template that cannot render them
-            (:mod:`llm_gym.policies.template_tools`).
+            (:mod:`llm_gym.policies.template_tools`). ``"auto"``: the one the model's chat
+            template teaches, else hermes
+            (:func:`~llm_gym.policies.template_format.episode_format`).
         lora: Train a LoRA adapter instead of every weight: ``peft.LoraConfig`` arguments
             (``{"r": 16, "lora_alpha": 32}``; ``target_modules`` defaults to ``"all-linear"``).
             The saved model has the adapter merged in.

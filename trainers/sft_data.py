@@ -209,6 +209,7 @@ def oracle_sft_dataset(
     max_turns: int | None = None,
     only_successful: bool = True,
     success_threshold: float = 1.0,
+    tokenizer: Any = None,
 ) -> Dataset:
     """The oracle's transcripts as a conversational SFT dataset.
 
@@ -225,15 +226,20 @@ def oracle_sft_dataset(
         episodes: Transcripts to make (default: one per task). Tasks are taken in order and
             cycled when ``episodes`` exceeds their number (the oracles are deterministic, so a
             repeat is a duplicate row: it weighs the task more, it adds no information).
-        action_format: ``"hermes"`` or ``"json"`` (default: the registered one, else hermes).
+        action_format: The format the oracle's tool calls are written in: a registered name
+            (pinned), or ``"auto"``: the one ``tokenizer``'s chat template teaches, else the
+            environment's (:func:`~llm_gym.policies.template_format.episode_format`). Default:
+            the environment's when it pins one, else ``"auto"``.
         split: The split of a registered environment, when ``tasks`` is None.
         max_turns: Assistant turns per episode (default: the registered value, else 8).
         only_successful: Drop episodes the environment judged failed
-            (:func:`llm_gym.eval.metrics.episode_succeeded`: its ``success`` flag, else its reward
-            against ``success_threshold``), so the model never imitates a failed transcript
-            (False: keep them, as an imperfect demonstrator's data would). Episodes that
-            raised are always dropped.
+            (:func:`llm_gym.eval.metrics.episode_succeeded`: its ``success`` flag, else its
+            reward against ``success_threshold``), so the model never imitates a failed
+            transcript (False: keep them, as an imperfect demonstrator's data would). Episodes
+            that raised are always dropped.
         success_threshold: See ``only_successful``.
+        tokenizer: The tokenizer of the model the rows will train: its chat template chooses
+            the format under ``"auto"`` (None: the environment's format).
 
     Returns:
         A ``datasets.Dataset`` with ``messages`` (list of ``{"role", "content"[, "name"]}``),
@@ -244,6 +250,7 @@ def oracle_sft_dataset(
     from llm_gym.core.registry import as_env_entry
     from llm_gym.eval.metrics import episode_succeeded
     from llm_gym.policies import OraclePolicy
+    from llm_gym.policies.template_format import episode_format
     from llm_gym.rollout import collect_groups
 
     entry = as_env_entry(env_id_or_factory)
@@ -265,7 +272,11 @@ def oracle_sft_dataset(
         task_list,
         OraclePolicy(expert),
         max_turns=max_turns or entry.max_turns,
-        action_format=action_format or entry.action_format,
+        action_format=episode_format(
+            action_format or entry.requested_action_format,
+            tokenizer,
+            env_format=entry.action_format,
+        ),
         oracle=expert,
     )
     rows = []

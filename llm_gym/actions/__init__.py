@@ -13,8 +13,12 @@ from llm_gym.actions.base import (
     get_action_format,
     register_action_format,
 )
+from llm_gym.actions.harmony import HarmonyFormat
 from llm_gym.actions.hermes import HermesFormat
 from llm_gym.actions.json_format import JsonFormat
+from llm_gym.actions.llama3 import Llama3JsonFormat
+from llm_gym.actions.mistral import MistralFormat
+from llm_gym.actions.qwen3_coder import Qwen3CoderFormat
 
 __all__ = [
     # interface and results
@@ -22,8 +26,12 @@ __all__ = [
     "ParsedAction",
     "ParseKind",
     # built-in formats
+    "HarmonyFormat",
     "HermesFormat",
     "JsonFormat",
+    "Llama3JsonFormat",
+    "MistralFormat",
+    "Qwen3CoderFormat",
     # registry
     "get_action_format",
     "register_action_format",

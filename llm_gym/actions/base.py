@@ -149,6 +149,48 @@ class ActionFormat(abc.ABC):
     name: ClassVar[str]
     """The registry name, e.g. ``"hermes"``."""
 
+    MARKERS: ClassVar[tuple[str, ...]] = ()
+    """Distinctive strings that a chat template teaching this format writes into its output: in
+    the prompt it renders for tools, or in an assistant tool-call turn it renders (hermes
+    ``<tool_call>``, mistral ``[TOOL_CALLS]``). :meth:`signature` tests them; empty (the default)
+    means no template is recognised as teaching this format."""
+
+    @classmethod
+    def signature(cls, rendered: str) -> bool:
+        """Whether a chat template's rendered output shows that the template teaches this format.
+
+        Detection reads the text a template renders for a probe conversation (tool specs, an
+        assistant tool call, a tool result), never the model's name. Several formats can share
+        a marker (Qwen3-Coder's ``<tool_call>`` wraps XML, Qwen2.5's wraps JSON), so each
+        format's test is specific enough that at most one built-in format matches one family's
+        output; a probe should give its tool a description (a bare ``{"name": ...,
+        "parameters": ...}`` spec reads like a Llama 3 call).
+
+        Args:
+            rendered: The template's output.
+
+        Returns:
+            By default, whether any of :attr:`MARKERS` occurs in ``rendered``.
+        """
+        return any(marker in rendered for marker in cls.MARKERS)
+
+    def with_tool_specs(self, tool_specs: Sequence[ToolSpec]) -> ActionFormat:
+        """This format, for parsing the replies of an episode that offers ``tool_specs``.
+
+        Most formats parse without the tools and return ``self``. A format whose parsing reads
+        the tools' schemas (``qwen3_coder`` types each parameter value by its JSON schema)
+        returns a copy bound to them; callers that know the episode's tools call this once and
+        parse with the result.
+
+        Args:
+            tool_specs: The episode's OpenAI-style tool specs.
+
+        Returns:
+            A format with the same :attr:`name`.
+        """
+        del tool_specs  # parsing this format needs no tool specs
+        return self
+
     @abc.abstractmethod
     def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:
         """Parse the model's raw assistant text.

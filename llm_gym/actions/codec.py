@@ -18,18 +18,23 @@ that the format turns into a parse failure.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llm_gym.actions.base import MAX_TOOL_CALLS
 from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import ToolCall
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
     "count_json_values",
+    "decode_tool_calls",
+    "scan_json",
+    "short_call_id",
     "json_type_name",
     "decode_tool_call",
     "dumps_for_model",
@@ -97,6 +102,25 @@ def loads_lenient(text: str) -> Any:
     return _LENIENT_DECODER.decode(text)
 
 
+def scan_json(text: str, pos: int) -> tuple[Any, int] | str:
+    """Decode the JSON value that starts exactly at ``text[pos]`` (leniently, as
+    :func:`loads_lenient`) and say where it ends; text after it is left to the caller.
+
+    Returns:
+        ``(value, end)``, or a short error string when no valid value starts there.
+
+    Example:
+        >>> scan_json('x {"a": 1}; rest', 2)
+        ({'a': 1}, 10)
+    """
+    try:
+        return _LENIENT_DECODER.raw_decode(text, pos)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, json.JSONDecodeError):  # positions from the value's first char
+            return f"{exc.msg} at char {exc.pos - pos}"
+        return json_error_reason(exc)
+
+
 def json_error_reason(exc: BaseException) -> str:
     """A short reason for an exception raised by ``json.loads``."""
     if isinstance(exc, json.JSONDecodeError):
@@ -143,6 +167,47 @@ def decode_tool_call(obj: Any, number: int) -> tuple[str, dict[str, Any]] | str:
             f"got {json_type_name(arguments)}"
         )
     return clean_text(name), clean_json(arguments)
+
+
+def decode_tool_calls(items: Sequence[Any], call_id_prefix: str | None) -> list[ToolCall] | str:
+    """Validate decoded call objects (:func:`decode_tool_call`) and build the tool calls.
+
+    Args:
+        items: The decoded call objects, in order.
+        call_id_prefix: Id prefix; ``None`` for a fresh random one.
+
+    Returns:
+        The tool calls, or the first error string (none, or more than
+        :data:`~llm_gym.actions.base.MAX_TOOL_CALLS`, are errors too).
+    """
+    if not items:
+        return "no tool call in the list"
+    if len(items) > MAX_TOOL_CALLS:
+        return f"too many tool calls (more than {MAX_TOOL_CALLS})"
+    decoded: list[tuple[str, dict[str, Any]]] = []
+    for number, item in enumerate(items, start=1):
+        result = decode_tool_call(item, number)
+        if isinstance(result, str):
+            return result
+        decoded.append(result)
+    return make_tool_calls(decoded, call_id_prefix)
+
+
+_SHORT_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def short_call_id(call_id: str) -> str:
+    """A tool-call id as Mistral's templates require it, 9 alphanumerics: ``call_id`` itself
+    when it is one, else the first 9 hex digits of its SHA-256 (one id always maps to one short
+    id, so calls and their results still pair).
+
+    Example:
+        >>> short_call_id("call_0"), short_call_id("abcDEF123")
+        ('c557a85a0', 'abcDEF123')
+    """
+    if _SHORT_ID.fullmatch(call_id):
+        return call_id
+    return hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:9]
 
 
 def new_call_id_prefix() -> str:

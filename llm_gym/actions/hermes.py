@@ -24,6 +24,7 @@ not parse back to the same calls, and that is the caller's responsibility.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -51,6 +52,10 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 """The tag that closes a tool-call block."""
 
+# A JSON object after the tag: what Qwen2.5 and Hermes templates teach (Qwen3-Coder's templates
+# also write <tool_call>, around XML).
+_JSON_BLOCK = re.compile(r"<tool_call>\s*\{")
+
 _TOOLS_HEADER = (
     "# Tools\n\n"
     "You may call one or more functions to assist with the user query.\n\n"
@@ -73,6 +78,19 @@ class HermesFormat(ActionFormat):
     """Tool calls as JSON objects inside ``<tool_call></tool_call>`` tags (Hermes, Qwen2.5/3)."""
 
     name: ClassVar[str] = "hermes"
+    MARKERS: ClassVar[tuple[str, ...]] = (TOOL_CALL_OPEN,)
+
+    @classmethod
+    def signature(cls, rendered: str) -> bool:
+        """Whether ``rendered`` holds a ``<tool_call>`` tag followed by a JSON object.
+
+        Example:
+            >>> HermesFormat.signature('<tool_call>\\n{"name": "f", "arguments": {}}')
+            True
+            >>> HermesFormat.signature("<tool_call>\\n<function=f>")
+            False
+        """
+        return _JSON_BLOCK.search(rendered) is not None
 
     def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:
         """Parse the model's raw assistant text; see the module docstring for the rules.

@@ -59,6 +59,10 @@ class EnvEntry:
     max_tokens_per_turn: int | None = None
     """Tokens one assistant turn may sample, as registered; None: what the env declares
     (:attr:`~llm_gym.core.Env.max_tokens_per_turn`). See :meth:`token_budget`."""
+    action_format_pinned: bool = False
+    """The registered :attr:`action_format` is the only one the env reads (a model policy's
+    episodes use it whatever its chat template teaches); False: it is the env's default, for
+    a policy whose template teaches none. See :attr:`requested_action_format`."""
 
     def __post_init__(self) -> None:
         budget = self.max_tokens_per_turn
@@ -83,6 +87,18 @@ class EnvEntry:
     def action_format(self) -> str:
         """The registered action format's name."""
         return str(self.make_kwargs["action_format"])
+
+    @property
+    def requested_action_format(self) -> str:
+        """What a run asks for when its user names no format: :attr:`action_format` when the
+        env pins it, else ``"auto"`` (the format the policy's chat template teaches, else
+        :attr:`action_format`: :func:`~llm_gym.policies.template_format.episode_format`).
+
+        Example:
+            >>> env_entry("ToolUseGame-v0").requested_action_format
+            'auto'
+        """
+        return self.action_format if self.action_format_pinned else "auto"
 
     def token_budget(self) -> tuple[int, str]:
         """The per-turn token budget of an evaluation that sets none, and where it comes from:

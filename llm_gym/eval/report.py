@@ -31,6 +31,7 @@ from llm_gym.eval.metrics import (
 )
 from llm_gym.policies.base import Policy
 from llm_gym.policies.registry import policy_from_spec
+from llm_gym.policies.template_format import episode_format
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups
@@ -278,7 +279,10 @@ def run_and_report(
         max_new_tokens: Tokens per assistant turn (model policies). Default: the env's own
             budget (:meth:`~llm_gym.core.EnvEntry.token_budget`: what its actions need), which
             every request carries, so a policy's own ``max_new_tokens`` is not used.
-        action_format: ``"hermes"`` or ``"json"`` (default: the registered one).
+        action_format: A registered format name (pinned), or ``"auto"``: the one the policy's
+            chat template teaches, else the environment's
+            (:func:`~llm_gym.policies.template_format.episode_format`). Default: the
+            environment's when it pins one, else ``"auto"``.
         failed_parse_reward: Reward of an episode that ends on an unparseable action.
         success_threshold: An episode succeeds when its reward reaches this (unless its
             metrics carry ``success``).
@@ -313,7 +317,11 @@ def run_and_report(
     )
     settings = {
         "max_turns": entry.max_turns if max_turns is None else max_turns,  # 0 is refused
-        "action_format": action_format or entry.action_format,
+        "action_format": episode_format(
+            action_format or entry.requested_action_format,
+            getattr(policy, "tokenizer", None),
+            env_format=entry.action_format,
+        ).name,
         "max_model_length": max_model_length,
         "max_new_tokens": budget,
         "max_new_tokens_source": source,

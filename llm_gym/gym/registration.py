@@ -22,6 +22,7 @@ def register_env(
     tasks: Any,
     description: str = "",
     action_format: str = "hermes",
+    pin_action_format: bool = False,
     max_turns: int = 8,
     max_tokens_per_turn: int | None = None,
     oracle: str | Callable[..., Any] | None = None,
@@ -36,6 +37,9 @@ def register_env(
     no-op; with different settings it raises. ``entry_point`` is what ``gym.make`` builds:
     :class:`TextEnv`, or a subclass of it (``"module:Class"``) that takes more keywords
     (``ReasoningGym-v0``'s ``dataset=``); everything else reads the catalogue entry.
+    ``action_format`` is the env's format; a model policy whose chat template teaches another
+    (Llama 3's JSON, Mistral's ``[TOOL_CALLS]``, ...) gets that one unless
+    ``pin_action_format`` (:attr:`~llm_gym.core.EnvEntry.requested_action_format`).
 
     Example:
         >>> import gymnasium as gym
@@ -56,7 +60,17 @@ def register_env(
         **kwargs,
     }
     entry = add_env_entry(
-        EnvEntry(id, description, env, tasks, version, oracle, make_kwargs, max_tokens_per_turn)
+        EnvEntry(
+            id,
+            description,
+            env,
+            tasks,
+            version,
+            oracle,
+            make_kwargs,
+            max_tokens_per_turn,
+            action_format_pinned=bool(pin_action_format),
+        )
     )
     if id not in gymnasium.registry:
         # TextEnv enforces reset-before-step itself and passes check_env (tested for every

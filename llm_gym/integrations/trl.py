@@ -263,7 +263,7 @@ def env_reward(completions: Sequence[Any], environments: Sequence[Any], **kwargs
 def our_rendering(
     tokenizer: Any,
     tool_specs: Sequence[Mapping[str, Any]],
-    action_format: str = "hermes",
+    action_format: str = "auto",
     template_tools: str = "fallback",
 ) -> Any:
     """``tokenizer`` with its ``apply_chat_template`` rendering ``tool_specs`` (ours), in their
@@ -271,10 +271,12 @@ def our_rendering(
     token the prompts our loop renders: each conversation (TRL passes one or a batch) goes
     through :func:`llm_gym.policies.chat.template_input`, so control tokens are neutralised as in
     our loop (the template arguments' strings included) and a template that cannot render tools
-    gets them as text, written by ``action_format`` (``template_tools="require"`` refuses it
-    here); the render is stopped at the render deadline
-    (:mod:`llm_gym.policies.template_render`). Returns the tokenizer (patched in place)."""
+    gets them as text, written by ``action_format`` (``"auto"``: the one the template teaches,
+    else hermes; ``template_tools="require"`` refuses such a template here); the render is
+    stopped at the render deadline (:mod:`llm_gym.policies.template_render`). Returns the
+    tokenizer (patched in place)."""
     from llm_gym.policies.chat import template_input, untrusted_kwargs
+    from llm_gym.policies.template_format import episode_format
     from llm_gym.policies.template_render import (
         DEFAULT_RENDER_DEADLINE_S,
         template_name,
@@ -283,6 +285,7 @@ def our_rendering(
     from llm_gym.policies.template_tools import check_template_tools, layout_for
 
     check_template_tools(template_tools)
+    action_format = episode_format(action_format, tokenizer, template_tools=template_tools).name
     layout_for(tokenizer, list(tool_specs), template_tools=template_tools)  # refused here
 
     specs = {spec["function"]["name"]: dict(spec) for spec in tool_specs}

@@ -56,6 +56,7 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.integrations.trl import TASK_ID
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.chat import render_chat
+from llm_gym.policies.template_format import episode_format
 from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.rollout import DEFAULT_FAILED_PARSE_REWARD, Episode, collect_groups
 from llm_gym.rollout.tokens import episode_to_samples
@@ -227,7 +228,8 @@ class TRLRollout:
         self.max_turns = entry.max_turns if max_turns is None else max_turns
         self.max_new_tokens = max_new_tokens
         self.max_model_length = max_model_length
-        self.action_format = action_format or entry.action_format
+        self.action_format = action_format or entry.requested_action_format
+        """The format asked for: ``"auto"`` resolves per call from the trainer's tokenizer."""
         self.failed_parse_reward = failed_parse_reward
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.template_tools = check_template_tools(template_tools)
@@ -246,6 +248,13 @@ class TRLRollout:
         size = trainer.num_generations if training else trainer.num_generations_eval
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         grouped = _in_groups(tasks, size)
+        fmt = episode_format(
+            self.action_format,
+            tokenizer,
+            env_format=self.entry.action_format,
+            template_tools=self.template_tools,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
         with self._policy(trainer, tokenizer) as policy:
             groups = collect_groups(
                 self.entry.env_factory(),
@@ -255,7 +264,7 @@ class TRLRollout:
                 max_turns=self.max_turns,
                 max_model_length=self.max_model_length,
                 max_new_tokens=self.max_new_tokens or trainer.max_completion_length,
-                action_format=self.action_format,
+                action_format=fmt,
                 failed_parse_reward=self.failed_parse_reward,
                 oracle=self.entry.oracle(),
                 tokenizer=tokenizer,
@@ -365,7 +374,10 @@ def rollout_func(
             ``max_completion_length``, per turn).
         max_model_length: Context budget of an episode in tokens, prompt included (None: none);
             past it the episode ends as ``CONTEXT_OVERFLOW``.
-        action_format: How assistant text is parsed (None: the env's own, ``"hermes"``).
+        action_format: How assistant text is parsed and tool calls written: a registered name
+            (pinned), or ``"auto"``: the one the trainer's chat template teaches, else the
+            env's (:func:`~llm_gym.policies.template_format.episode_format`). None: the env's
+            when it pins one, else ``"auto"``.
         failed_parse_reward: Reward of an episode that ends on an unparseable action.
         chat_template_kwargs: Extra chat template arguments.
         env_timeout_s: Seconds an environment's ``reset``/``step`` may take (None: no limit).

@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 import threading
 import warnings
 import weakref
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.actions import ActionFormat, get_action_format
+from llm_gym.actions.codec import short_call_id
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.policies.openai_messages import build_messages
@@ -64,8 +64,10 @@ __all__ = [
     "fit_template",
     "layout_for",
     "short_call_ids",
+    "template_key",
     "template_support",
     "text_layout",
+    "warn_once",
 ]
 
 TEMPLATE_TOOLS_MODES = ("fallback", "require")
@@ -142,7 +144,9 @@ def _shows(tokenizer: Any, marker: str, cases: list[tuple[list, Any]], kwargs: d
     return -1
 
 
-def _template_key(tokenizer: Any, kwargs: dict[str, Any]) -> str:
+def template_key(tokenizer: Any, kwargs: dict[str, Any]) -> str:
+    """A digest of ``tokenizer``'s chat template and the template arguments ``kwargs``: what
+    a probe's result is kept under."""
     template = getattr(tokenizer, "chat_template", None)
     try:
         text = json.dumps([template, kwargs], sort_keys=True, default=repr)
@@ -223,7 +227,7 @@ def template_support(
         Exception: any error of a probe that is not the template's own.
     """
     kwargs = dict(chat_template_kwargs or {})
-    key = _template_key(tokenizer, kwargs)
+    key = template_key(tokenizer, kwargs)
     found = _cached(tokenizer, key)
     if found is None:
         found = _probe(tokenizer, kwargs)
@@ -264,7 +268,8 @@ def _unfit(messages: Sequence[Any], support: TemplateSupport) -> str | None:
     return None
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
+    """``warnings.warn(message)`` the first time ``key`` comes (the 256 most recent kept)."""
     with _LOCK:
         first = key not in _WARNED
         _WARNED[key] = None
@@ -301,11 +306,11 @@ def layout_for(
     kwargs = dict(chat_template_kwargs or {})
     support = template_support(tokenizer, kwargs)
     fmt = get_action_format(action_format).name
-    key = f"{_template_key(tokenizer, kwargs)}:{fmt}"
+    key = f"{template_key(tokenizer, kwargs)}:{fmt}"
     if not has_tools:
         unfit = _unfit(messages, support)
         if unfit is not None:
-            _warn_once(
+            warn_once(
                 f"{key}:unfit",
                 f"the chat template of {template_name(tokenizer)} cannot render {unfit}: the "
                 "conversation is fitted to it (system text at the head of the first user "
@@ -322,7 +327,7 @@ def layout_for(
             f"{fmt!r} action format go into the system message instead."
         )
     where = "system message" if support.system else "first user message"
-    _warn_once(
+    warn_once(
         key,
         f"the chat template of {template_name(tokenizer)} does not render {missing}: the tool "
         f"specs and the {fmt!r} action format's calling convention go into the {where}, tool "
@@ -380,13 +385,8 @@ def text_layout(
     return chat if support is None else fit_template(chat, support)
 
 
-_SHORT_ID = re.compile(r"[A-Za-z0-9]{9}")
-
-
 def _short_id(call_id: Any) -> Any:
-    if not isinstance(call_id, str) or _SHORT_ID.fullmatch(call_id):
-        return call_id
-    return hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:9]
+    return short_call_id(call_id) if isinstance(call_id, str) else call_id
 
 
 def short_call_ids(messages: Sequence[Any]) -> list[Any]:

@@ -150,6 +150,7 @@ class EpisodeDriver:
         "max_turns",
         "messages",
         "parsed",
+        "parser",
         "raw_text",
         "record_parse",
         "reply_start",
@@ -179,6 +180,9 @@ class EpisodeDriver:
         self.env_timeout_s = env_timeout_s
         self.env_factory = env_factory
         self.action_format = get_action_format(action_format)
+        self.parser = self.action_format
+        """The format bound to the current episode's tools (``action_format.with_tool_specs``):
+        what parses each reply."""
         self.max_turns = require_turn_limit(max_turns)
         self.failed_parse_reward = finite_reward(failed_parse_reward, "failed_parse_reward")
         self.record_parse = record_parse
@@ -224,6 +228,7 @@ class EpisodeDriver:
         self._dirty = cleaned is not None  # then each step's whole list is checked
         self.messages = cleaned or list(opening)
         self.tool_specs = clean_json(list(getattr(env, "tool_specs", None) or ()))
+        self.parser = self.action_format.with_tool_specs(self.tool_specs)
         self.task, self.turn, self.ending, self._acting = task, 0, None, True
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
         # getattr: a factory may return an env-like object that does not subclass Env.
@@ -272,10 +277,10 @@ class EpisodeDriver:
             return self._failed(parsed)
         if self.raw_text:
             if self.record_parse:
-                self.parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
+                self.parsed = self.parser.parse(text, call_id_prefix=f"call_t{turn}")
             self.action = action = {"role": "assistant", "content": text}
             return action
-        self.parsed = parsed = self.action_format.parse(text, call_id_prefix=f"call_t{turn}")
+        self.parsed = parsed = self.parser.parse(text, call_id_prefix=f"call_t{turn}")
         self.action = action = parsed.message
         if parsed.kind is ParseKind.PARSE_FAILURE:
             return self._failed(parsed)

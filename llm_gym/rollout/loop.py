@@ -27,7 +27,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.actions import ActionFormat, get_action_format
+from llm_gym.actions import ActionFormat
 from llm_gym.aio import run_sync
 from llm_gym.compat import moved_names
 from llm_gym.core.env import TruncationCause
@@ -37,6 +37,7 @@ from llm_gym.core.text import clean_text
 from llm_gym.core.types import Message
 from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
+from llm_gym.policies.template_format import episode_format
 from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.rollout.batching import Streamed, Waves
 from llm_gym.rollout.driver import (
@@ -293,7 +294,7 @@ async def collect_groups_async(
     max_turns: int,
     max_model_length: int | None = None,
     max_new_tokens: int | None = None,
-    action_format: str | ActionFormat = "hermes",
+    action_format: str | ActionFormat = "auto",
     failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD,
     oracle: Oracle | None = None,
     tokenizer: Any = None,
@@ -318,7 +319,10 @@ async def collect_groups_async(
         max_turns: Assistant turns before ``MAX_TURNS`` truncation.
         max_model_length: Context budget in tokens (needs a tokenizer: the policy's by default).
         max_new_tokens: Tokens per assistant turn (passed to the policy).
-        action_format: How the assistant's text is parsed (``"hermes"`` or ``"json"``).
+        action_format: How the assistant's text is parsed and tool calls are written:
+            ``"auto"`` (the format the tokenizer's chat template teaches, else ``"hermes"``:
+            :func:`~llm_gym.policies.template_format.episode_format`) or a registered name
+            (pinned; a warning when the template teaches another).
         failed_parse_reward: Reward of an episode ending on an unparseable action.
         oracle: The environment's scripted expert, for ``OraclePolicy``.
         tokenizer: Builds token samples (token-in/token-out); defaults to ``policy.tokenizer``.
@@ -362,9 +366,14 @@ async def collect_groups_async(
         env_timeout_s=env_timeout_s,
     )
     factory = as_env_factory(env_factory)
-    fmt = get_action_format(action_format)
     if tokenizer is None:
         tokenizer = getattr(policy, "tokenizer", None)
+    fmt = episode_format(
+        action_format,
+        tokenizer,
+        template_tools=template_tools,
+        chat_template_kwargs=chat_template_kwargs,
+    )
     task_list = list(tasks)
     total = len(task_list) * episodes_per_task
     own_stream = stream is None

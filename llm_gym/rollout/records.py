@@ -163,7 +163,7 @@ def unsent_turn(
     :class:`Turn` (parsed for the record, no environment messages), its tokens in the episode's
     counts and token stream (so it is trained on, with the context's ending). Returns its
     message, for the episode's transcript."""
-    parsed = driver.action_format.parse(generation.text, call_id_prefix=f"call_t{len(turns) + 1}")
+    parsed = driver.parser.parse(generation.text, call_id_prefix=f"call_t{len(turns) + 1}")
     turns.append(
         Turn(
             text=generation.text,

@@ -44,9 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no log line per request")
     p.add_argument(
         "--tool-parser",
-        default="hermes",
+        default="auto",
         help="the action format that parses tool calls out of replies to requests with tools "
-        "(and writes the tools for a template that cannot render them)",
+        "(and writes the tools for a template that cannot render them); default auto: the one "
+        "the chat template teaches (llama3_json, mistral, qwen3_coder, harmony, hermes), "
+        "hermes for a template that teaches none",
     )
     p.add_argument(
         "--template-tools",

@@ -22,13 +22,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
-from llm_gym.actions import get_action_format
 from llm_gym.errors import InvalidArgumentError, LlmGymError
-from llm_gym.policies.chat import (
-    template_input,
-    untrusted_kwargs,
-)
+from llm_gym.policies.chat import template_input, untrusted_kwargs
 from llm_gym.policies.chat_templates import require_chat_template
+from llm_gym.policies.template_format import episode_format
 from llm_gym.policies.template_render import (
     DEFAULT_RENDER_DEADLINE_S,
     TemplateTimeoutError,
@@ -85,7 +82,8 @@ class Engine:
         tool_parser: The action format (:func:`llm_gym.actions.get_action_format`) that parses
             tool calls out of replies to requests with ``tools``; it also writes the tools
             into the system message when the chat template cannot render them
-            (:mod:`llm_gym.policies.template_tools`).
+            (:mod:`llm_gym.policies.template_tools`). ``"auto"``: the one the chat template
+            teaches, else hermes (:func:`~llm_gym.policies.template_format.episode_format`).
         chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
         template_tools: ``"fallback"`` (a template that cannot render tools gets them as text)
             or ``"require"`` (such a template is refused here).
@@ -103,7 +101,7 @@ class Engine:
         *,
         model_name: str = "model",
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
-        tool_parser: str = "hermes",
+        tool_parser: str = "auto",
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
         template_tools: str = "fallback",
         render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
@@ -117,13 +115,15 @@ class Engine:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.default_max_tokens = int(default_max_tokens)
-        self.action_format = get_action_format(tool_parser)
         if not render_deadline_s > 0:
             raise InvalidArgumentError(
                 f"render_deadline_s must be > 0, actual value: {render_deadline_s!r}."
             )
         self.render_deadline_s = float(render_deadline_s)
         with render_deadline(self.render_deadline_s):  # probes: a template that loops stops
+            self.action_format = episode_format(
+                tool_parser, tokenizer, template_tools=template_tools
+            )
             layout_for(  # refused here under "require"; the text layout warns once here
                 tokenizer,
                 [PROBE_SPEC],
@@ -327,7 +327,9 @@ class Engine:
         if prompt_ids is None:
             prompt_ids = self.chat_prompt(request)
         sampling = self.chat_sampling(request, len(prompt_ids))
-        assembler = TextAssembler(self.tokenizer, self.eos_ids, request.stops)
+        assembler = TextAssembler(
+            self.tokenizer, self.eos_ids, request.stops, keep_special=request.parse_tool_calls
+        )
         pieces: list[Piece] = []
         self.run(prompt_ids, sampling, assembler, pieces.append, cancelled)
         _check_cancelled(cancelled)

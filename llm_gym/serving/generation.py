@@ -177,13 +177,23 @@ class TextAssembler:
     """Generated tokens in, :class:`Piece` s out (see the module docstring).
 
     Args:
-        tokenizer: Decodes the tokens (special tokens skipped).
+        tokenizer: Decodes the tokens.
         eos_ids: Tokens that end the text (``finish_reason`` ``"stop"``); not part of the text.
         stops: Stop strings: the text ends where the first one starts (``"stop"``).
+        keep_special: Keep the special tokens' text (a reply whose tool calls are parsed: an
+            action format's markers may be special tokens, Mistral's ``[TOOL_CALLS]``,
+            harmony's ``<|channel|>``, as the rollout keeps them); False: skip them.
     """
 
-    def __init__(self, tokenizer: Any, eos_ids: Sequence[int], stops: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_ids: Sequence[int],
+        stops: Sequence[str] = (),
+        keep_special: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.keep_special = keep_special
         self.eos_ids = frozenset(eos_ids)
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
@@ -201,7 +211,7 @@ class TextAssembler:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
-            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ids, skip_special_tokens=not self.keep_special, clean_up_tokenization_spaces=False
         )
 
     def _step(self, final: bool) -> str:

@@ -20,8 +20,9 @@ Endpoints:
   the model's context) with ``temperature`` and ``top_p`` (greedy at 0), ``seed`` seeds the
   request's own sampler (other requests are untouched), and the text ends at an
   end-of-sequence token or a ``stop`` string. With ``tools``, tool calls are parsed out of the
-  reply with the server's action format (``tool_parser``, Hermes ``<tool_call>`` blocks by
-  default) into ``message.tool_calls`` with ``finish_reason`` ``"tool_calls"``. ``logprobs`` /
+  reply with the server's action format (``tool_parser``; by default the one the model's chat
+  template teaches, :func:`~llm_gym.policies.template_format.episode_format`) into
+  ``message.tool_calls`` with ``finish_reason`` ``"tool_calls"``. ``logprobs`` /
   ``top_logprobs`` (up to 20) return ``choices[0].logprobs.content``. ``stream=true`` answers
   with server-sent events (:mod:`llm_gym.serving.streaming`).
 * ``POST /v1/completions`` (:mod:`llm_gym.serving.completions`): ``prompt`` as text or token
@@ -119,7 +120,8 @@ class ChatCompletionServer:
         model_name: The model id clients send and ``/v1/models`` lists.
         default_max_tokens: Tokens per completion when a request sets none.
         log: Log one line per request (uvicorn's access log).
-        tool_parser: The action format that parses tool calls out of replies (``"hermes"``).
+        tool_parser: The action format that parses tool calls out of replies (``"auto"``: the
+            one the chat template teaches, else hermes).
         chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
         template_tools: A chat template that cannot render tools: ``"fallback"`` (the tools
             as text in the system message) or ``"require"`` (refused).
@@ -146,7 +148,7 @@ class ChatCompletionServer:
         model_name: str = "model",
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         log: bool = False,
-        tool_parser: str = "hermes",
+        tool_parser: str = "auto",
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
         template_tools: str = "fallback",
         max_body_bytes: int = MAX_BODY_BYTES,

@@ -172,7 +172,9 @@ async def chat_stream(
 ) -> AsyncIterator[bytes]:
     """The events of a streamed chat completion (see the module docstring) from its
     ``prompt_ids`` (:meth:`Engine.render`; None: rendered in the model's thread)."""
-    assembler = TextAssembler(engine.tokenizer, engine.eos_ids, request.stops)
+    assembler = TextAssembler(
+        engine.tokenizer, engine.eos_ids, request.stops, keep_special=request.parse_tool_calls
+    )
 
     def prepare() -> tuple[int, list[int], Sampling]:
         ids = engine.chat_prompt(request) if prompt_ids is None else prompt_ids
