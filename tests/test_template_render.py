@@ -9,11 +9,13 @@ import http.client
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from llm_gym.policies.chat import render_chat
 from llm_gym.policies.template_render import (
+    DEFAULT_RENDER_DEADLINE_S,
     TemplateTimeoutError,
     apply_template,
     render_deadline,
@@ -116,3 +118,36 @@ def test_a_request_that_makes_the_template_loop_gets_a_400_and_others_are_served
     for index in range(2):
         plain_status, _, plain_end = out[f"plain{index}"]
         assert plain_status == 200 and plain_end < hostile_end  # served meanwhile
+
+
+def test_the_sft_alignment_probe_is_stopped_at_the_deadline(tokenizer) -> None:
+    """trainers.chat_template's probe renders the model's own template: a template that loops
+    on every render stops there with the timeout, never taken as "not aligned"."""
+    pytest.importorskip("trl")
+    from trainers.chat_template import rl_aligned_chat_template
+
+    tokenizer.chat_template = LOOP + SMOLLM2_TEMPLATE
+    start = time.monotonic()
+    with render_deadline(0.3), pytest.raises(TemplateTimeoutError, match="hostile/looping"):
+        rl_aligned_chat_template(tokenizer)
+    assert time.monotonic() - start < 3.0
+
+
+def test_the_serve_command_takes_the_render_deadline(monkeypatch) -> None:
+    import io
+
+    import llm_gym.serving
+    from llm_gym.cli import build_parser
+    from llm_gym.serving import cli as serve_cli
+
+    seen: dict[str, object] = {}
+
+    def fake_serve(model_path, **options):  # type: ignore[no-untyped-def]
+        seen.update(options)
+        return SimpleNamespace(model_name=model_path, url="http://127.0.0.1:0")
+
+    monkeypatch.setattr(llm_gym.serving, "serve", fake_serve)
+    for extra, expected in (([], DEFAULT_RENDER_DEADLINE_S), (["--render-deadline-s", "0.5"], 0.5)):
+        args = build_parser().parse_args(["serve", "some-model", *extra])
+        assert serve_cli.run(args, io.StringIO(), lambda *_: 0) == 0
+        assert seen["render_deadline_s"] == expected

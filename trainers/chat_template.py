@@ -22,6 +22,7 @@ from llm_gym.policies.chat_templates import (
     missing_tokens,
     require_chat_template,
 )
+from llm_gym.policies.template_render import apply_template, template_errors
 
 __all__ = [
     "RL_ALIGNED_QWEN2_5_TEMPLATE",
@@ -147,8 +148,10 @@ _PROBE_MESSAGES: list[dict[str, Any]] = [
 
 
 def _render(tokenizer: Any, messages: Any, tools: Any, template: str | None, gen: bool) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=gen
+    """One render, stopped at the render deadline (a model file's template is untrusted code:
+    :mod:`llm_gym.policies.template_render`)."""
+    return apply_template(
+        tokenizer, messages, tools=tools, chat_template=template, add_generation_prompt=gen
     )
 
 
@@ -174,7 +177,7 @@ def rl_aligned_chat_template(tokenizer: Any, examples: Iterable[dict[str, Any]] 
                 mine = _render(tokenizer, messages, tools, RL_ALIGNED_QWEN2_5_TEMPLATE, gen)
                 if mine != _render(tokenizer, messages, tools, original, gen):
                     return None
-    except Exception:
+    except template_errors():  # the template's own refusal: not aligned (a timeout raises)
         return None
     return RL_ALIGNED_QWEN2_5_TEMPLATE
 

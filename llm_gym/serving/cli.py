@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from llm_gym.policies.loading import TORCH_DTYPES
+from llm_gym.policies.template_render import DEFAULT_RENDER_DEADLINE_S
 from llm_gym.policies.template_tools import TEMPLATE_TOOLS_MODES
 from llm_gym.serving import access
 
@@ -42,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ".jinja file (default: the model's own; a model with none is refused)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no log line per request")
+    p.add_argument(
+        "--render-deadline-s", type=float, default=DEFAULT_RENDER_DEADLINE_S, metavar="SECONDS",
+        help="seconds one render of the chat template may take, at start-up and per request (a "
+        f"model file's template is untrusted code; default: {DEFAULT_RENDER_DEADLINE_S:g})",
+    )  # fmt: skip
     p.add_argument(
         "--tool-parser",
         default="auto",
@@ -90,6 +96,7 @@ def run(args: argparse.Namespace, out: TextIO, until_stopped: Callable[..., int]
         tool_parser=args.tool_parser,
         template_tools=args.template_tools,
         access=access.policy_from_args(args),
+        render_deadline_s=args.render_deadline_s,
         **options,
     )
     return until_stopped(server, f"serving {server.model_name!r} at {server.url}", out)
