@@ -16,7 +16,6 @@ settings are refused here, before any model loads.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -381,13 +380,6 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         if not isinstance(self.episodes_per_task, int) or self.episodes_per_task < 1:
             refuse("episodes_per_task", self.episodes_per_task, "an int >= 1 (the group size)")
         self.distillation = check_distillation(self.distillation, refuse)
-        if self.episodes_per_task == 1 and self.distillation is None:
-            warnings.warn(
-                "episodes_per_task=1: a group of one has no baseline, so GRPO gives every "
-                "episode advantage 0 and never trains. Set episodes_per_task to 2 or more (the "
-                "cookbook uses 8), or train with distillation=... .",
-                stacklevel=4,
-            )
         checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
         for check in (*checks, check_templates):
             check(self, refuse)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -220,7 +221,14 @@ def check_templates(config: Any, refuse: Any) -> None:
 
 def check_counts(config: Any, refuse: Any) -> None:
     """The counts and budgets of a run: tasks per step, steps, turns, lengths, the advantage
-    estimator and the action format."""
+    estimator and the action format; a group of one without distillation is a warning."""
+    if config.episodes_per_task == 1 and config.distillation is None:
+        warnings.warn(
+            "episodes_per_task=1: a group of one has no baseline, so GRPO gives every "
+            "episode advantage 0 and never trains. Set episodes_per_task to 2 or more (the "
+            "cookbook uses 8), or train with distillation=... .",
+            stacklevel=5,
+        )
     if not isinstance(config.batch_size, int) or config.batch_size < 1:
         refuse("batch_size", config.batch_size, "an int >= 1 (tasks per step)")
     if not isinstance(config.num_steps, int) or config.num_steps < 1:

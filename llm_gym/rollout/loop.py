@@ -319,10 +319,9 @@ async def collect_groups_async(
         max_turns: Assistant turns before ``MAX_TURNS`` truncation.
         max_model_length: Context budget in tokens (needs a tokenizer: the policy's by default).
         max_new_tokens: Tokens per assistant turn (passed to the policy).
-        action_format: How the assistant's text is parsed and tool calls are written:
-            ``"auto"`` (the format the tokenizer's chat template teaches, else ``"hermes"``:
-            :func:`~llm_gym.policies.template_format.episode_format`) or a registered name
-            (pinned; a warning when the template teaches another).
+        action_format: How tool calls are written and parsed: ``"auto"`` (the format the
+            chat template teaches, else hermes: ``template_format.episode_format``) or a
+            registered name (pinned; a warning when the template differs).
         failed_parse_reward: Reward of an episode ending on an unparseable action.
         oracle: The environment's scripted expert, for ``OraclePolicy``.
         tokenizer: Builds token samples (token-in/token-out); defaults to ``policy.tokenizer``.
@@ -368,12 +367,8 @@ async def collect_groups_async(
     factory = as_env_factory(env_factory)
     if tokenizer is None:
         tokenizer = getattr(policy, "tokenizer", None)
-    fmt = episode_format(
-        action_format,
-        tokenizer,
-        template_tools=template_tools,
-        chat_template_kwargs=chat_template_kwargs,
-    )
+    fmt = episode_format(action_format, tokenizer, template_tools=template_tools,
+                         chat_template_kwargs=chat_template_kwargs)  # fmt: skip
     task_list = list(tasks)
     total = len(task_list) * episodes_per_task
     own_stream = stream is None
