@@ -181,7 +181,8 @@ def test_a_template_that_cannot_render_tools_keeps_the_envs_format(tokenizers) -
 
 
 def test_a_pinned_format_the_template_contradicts_warns_naming_both(tokenizers) -> None:
-    qwen = tokenizers["qwen2.5"]
+    qwen = copy.deepcopy(tokenizers["qwen2.5"])  # a template of its own: warned once per template
+    qwen.chat_template += "{# pinned json #}"
     with pytest.warns(UserWarning, match=r"'json' is pinned.*teaches the 'hermes'"):
         assert episode_format("json", qwen).name == "json"
     with pytest.raises(TemplateToolsError, match=r"'json' is pinned.*'hermes'"):

@@ -151,3 +151,22 @@ def test_the_serve_command_takes_the_render_deadline(monkeypatch) -> None:
         args = build_parser().parse_args(["serve", "some-model", *extra])
         assert serve_cli.run(args, io.StringIO(), lambda *_: 0) == 0
         assert seen["render_deadline_s"] == expected
+
+
+def test_a_stop_that_fires_while_the_watch_registers_is_a_timeout(tokenizer, monkeypatch) -> None:
+    """The watchdog may fire before ``watch()`` returns (a deadline shorter than the
+    registration): the stop is raised inside the region that turns it into the timeout, and
+    nothing is left pending for the thread's next call."""
+    from llm_gym.policies import template_render
+
+    class FiresAtOnce:
+        def watch(self, watch, seconds):  # type: ignore[no-untyped-def]
+            watch.fire()  # pending in this thread: raised at its next bytecode boundary
+            sum(range(100))  # a few bytecodes: the stop lands here, inside watch()
+
+    monkeypatch.setattr(template_render, "_WATCHDOG", FiresAtOnce())
+    with pytest.raises(TemplateTimeoutError):
+        apply_template(tokenizer, USER, add_generation_prompt=True, deadline_s=1.0)
+    monkeypatch.undo()
+    for _ in range(50):  # nothing pending: the next renders run to their end
+        assert "Hi." in apply_template(tokenizer, USER, add_generation_prompt=True, deadline_s=5)

@@ -134,8 +134,9 @@ class _Watchdog:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def watch(self, seconds: float) -> _Watch:
-        watch = _Watch(threading.get_ident())
+    def watch(self, watch: _Watch, seconds: float) -> None:
+        """Fire ``watch`` after ``seconds``. It may fire before this returns: the caller
+        registers it inside the region that catches the stop (see :func:`within_deadline`)."""
         with self._wake:
             heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._order), watch))
             if self._thread is None or not self._thread.is_alive():
@@ -144,7 +145,6 @@ class _Watchdog:
                 )
                 self._thread.start()
             self._wake.notify()
-        return watch
 
     def _run(self) -> None:
         while True:
@@ -171,9 +171,10 @@ def within_deadline(function: Callable[[], T], seconds: float | None, what: str)
     :class:`TemplateTimeoutError` that names ``what``."""
     if seconds is None or _SET_ASYNC_EXC is None:
         return function()
-    watch = _WATCHDOG.watch(seconds)
+    watch = _Watch(threading.get_ident())
     try:
-        try:
+        try:  # registered inside: a stop that fires before watch() returns is caught here
+            _WATCHDOG.watch(watch, seconds)
             return function()
         finally:
             watch.end()
