@@ -257,32 +257,7 @@ def _oracle_episodes(tokenizer, action_format="auto", kinds=("lookup", "lookup_a
         ]
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(
-            family,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="Mistral v0.3's template counts a raw assistant turn after a tool result "
-                "as a second assistant turn in a row and raises: an episode of two tool calls "
-                "in a row cannot render in the native layout",
-            ),
-        )
-        if family == "mistral_v0.3"
-        else pytest.param(
-            family,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="gpt-oss's template renders a tool result only after an assistant turn "
-                "with structured tool_calls, and the rollout renders its turns as raw text",
-            ),
-        )
-        if family == "gpt-oss"
-        else family
-        for family in FAMILIES
-    ],
-)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_an_oracle_episode_in_each_familys_format_scores_as_the_oracles(family, tokenizers):
     """The oracle's calls are written in the format the template teaches, parsed back by it,
     and the episode scores as the oracle's own (hermes, no template)."""
