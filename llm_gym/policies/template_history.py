@@ -9,7 +9,7 @@ turn after a tool result as a second assistant turn in a row and raises.
 template (``structured_history``), and its conversations get every assistant turn as
 :func:`structured_history` writes it:
 
-* A turn that already has structured ``tool_calls`` keeps them.
+* A turn that already has structured ``tool_calls`` keeps them, ids included.
 * Otherwise its text is parsed with the episode's action format. Tool calls become
   ``tool_calls`` (the arguments as an object, which templates print with ``tojson``; the text
   outside the calls as ``content``), each call's id the ``tool_call_id`` of the tool result
@@ -101,7 +101,8 @@ def _arguments(arguments: Any) -> tuple[Any, str | None]:
 
 
 def _calls(calls: Sequence[Any], result_ids: Sequence[Any]) -> tuple[list[Any], list[str]]:
-    """``calls`` with object arguments and the results' ids, and why any stayed text."""
+    """``calls`` with object arguments (and ``result_ids`` as their ids, by position), and why
+    any stayed text."""
     out, reasons = [], []
     for index, call in enumerate(calls):
         if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
@@ -163,15 +164,17 @@ def structured_history(
             continue
         content = message.get("content") or ""
         calls = message.get("tool_calls")
+        paired: Sequence[Any] = ()  # structured calls keep their ids
         if not (isinstance(calls, list) and calls) and isinstance(content, str):
             parsed = fmt.parse(content, call_id_prefix=f"call_h{index}")
             if parsed.kind is ParseKind.PARSE_FAILURE:
                 out.append(plain_message(message))
                 continue
             content, calls = parsed.message["content"], parsed.message.get("tool_calls")
+            paired = result_ids
         turn: dict[str, Any] = {"role": "assistant", "content": content}
         if isinstance(calls, list) and calls:
-            turn["tool_calls"], why = _calls(calls, result_ids)
+            turn["tool_calls"], why = _calls(calls, paired)
             reasons.extend(why)
         out.append(turn)
     return out, reasons
