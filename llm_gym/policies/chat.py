@@ -1,7 +1,9 @@
 """How a model sees a conversation: the chat template's text for llm_gym messages.
 
 Assistant turns are rendered with their raw sampled text as ``content`` (no structured
-``tool_calls``), so the template reproduces exactly what the model wrote; tool results keep their
+``tool_calls``), so the template reproduces exactly what the model wrote, except on a template
+that renders a tool-using history only with structured calls (gpt-oss, Mistral v0.3: past calls
+parsed into ``tool_calls``, :mod:`llm_gym.policies.template_history`); tool results keep their
 ``name`` and ``tool_call_id``. The rollout's token tracker, the HF policy, the SFT data, the
 server and the TRL bridge all render through :func:`render_chat`, so they agree token for token.
 A template that cannot render tools gets them as text (:mod:`llm_gym.policies.template_tools`).

@@ -13,9 +13,11 @@ included, is raised. Probe tool calls have ids of 9 alphanumerics (Mistral v0.3'
 
 A template that renders the specs and ``role="tool"`` messages gets a tool-using conversation
 as it is (the *native* layout), tool-call ids made 9 alphanumerics where it refuses others
-(:func:`short_call_ids`). Any other gets the *text* layout (:func:`text_layout`) whenever the
-conversation has tools (specs, or tool calls and results in its history): the episode's
-action format writes the tool specs and its calling convention into the system message
+(:func:`short_call_ids`), past calls structured where it renders a tool-using history only so
+(``structured_history``, :mod:`llm_gym.policies.template_history`). Any other gets the *text*
+layout (:func:`text_layout`) whenever the conversation has tools (specs, or tool calls and
+results in its history): the episode's action format writes the tool specs and its calling
+convention into the system message
 (``render_tool_specs``: for hermes the ``<tools>...</tools>`` block with its instructions; a
 system message holding only it is inserted when the conversation has none), earlier assistant
 turns as the text the model wrote (``render_message``: content plus rendered tool calls) and
