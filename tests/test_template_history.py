@@ -149,9 +149,8 @@ def test_a_mistral_call_a_user_message_follows_stays_text(tokenizers) -> None:
     assert "RESULT-TWO" in text and "Go on." in text
 
 
-def test_a_conversation_mistral_rendered_as_text_renders_the_same(tokenizers) -> None:
-    """Only a conversation its template refuses as text changes: one call, its result and a
-    user message render byte for byte as the text turns do."""
+def test_a_mistral_call_a_user_message_follows_renders_byte_for_byte_as_text(tokenizers) -> None:
+    """One call, its result and a user message render exactly as the text turns do."""
     tokenizer = _tokenizer(tokenizers, "mistral_v0.3")
     fmt = get_action_format("mistral")
     conversation, specs = _conversation(fmt, then_user=True)
@@ -166,7 +165,7 @@ def test_a_conversation_mistral_rendered_as_text_renders_the_same(tokenizers) ->
     assert _render(tokenizer, head, specs, fmt) == as_text
 
 
-# --- templates that do not: exactly as before ----------------------------------------------------
+# --- templates that do not: the text turns as they are --------------------------------------------
 
 
 @pytest.mark.parametrize("family", ["qwen2.5", "llama3.1", "qwen3_coder", "smollm2"])
