@@ -97,7 +97,7 @@ def _needs(fmt: str) -> None:
         pytest.skip(f"no {fmt!r} action format registered")
 
 
-def _family_tokenizer(base, family: str):
+def family_tokenizer(base, family: str):
     template, control, end, _ = FAMILIES[family]
     if template is None:
         pytest.skip(f"this TRL ships no template for {family}")
@@ -114,7 +114,7 @@ def tokenizers(small_model) -> dict:
     out = {}
     for family in FAMILIES:
         try:
-            out[family] = _family_tokenizer(small_model[1], family)
+            out[family] = family_tokenizer(small_model[1], family)
         except pytest.skip.Exception:
             continue
     smollm2 = copy.deepcopy(small_model[1])
@@ -258,32 +258,7 @@ def _oracle_episodes(tokenizer, action_format="auto", kinds=("lookup", "lookup_a
         ]
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(
-            family,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="Mistral v0.3's template counts a raw assistant turn after a tool result "
-                "as a second assistant turn in a row and raises: an episode of two tool calls "
-                "in a row cannot render in the native layout",
-            ),
-        )
-        if family == "mistral_v0.3"
-        else pytest.param(
-            family,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="gpt-oss's template renders a tool result only after an assistant turn "
-                "with structured tool_calls, and the rollout renders its turns as raw text",
-            ),
-        )
-        if family == "gpt-oss"
-        else family
-        for family in FAMILIES
-    ],
-)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_an_oracle_episode_in_each_familys_format_scores_as_the_oracles(family, tokenizers):
     """The oracle's calls are written in the format the template teaches, parsed back by it,
     and the episode scores as the oracle's own (hermes, no template)."""
@@ -310,6 +285,20 @@ def test_an_oracle_episode_in_each_familys_format_scores_as_the_oracles(family, 
             trained, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         assert kept == texts
+        assert trained == [i for t in ours.turns for i in t.token_ids]  # the ids as sampled
+        # Each sample's prompt is the template's rendering of the history before its first
+        # turn (past turns as the template writes them: structured calls for gpt-oss, Mistral).
+        history, before = list(ours.messages[: ours.num_opening_messages]), []
+        for turn in ours.turns:
+            before.append(list(history))
+            history += [{"role": "assistant", "content": turn.text}, *turn.env_messages]
+        for sample in ours.samples:
+            first = next(t for t, m in zip(sample.turn_index, sample.env_mask, strict=True) if m)
+            prompt = render_chat(
+                tokenizer, before[first], ours.tool_specs, add_generation_prompt=True,
+                action_format=ours.action_format,
+            )  # fmt: skip
+            assert tokenizer.decode(sample.prompt_ids, skip_special_tokens=False) == prompt
         if len(ours.samples) == 1:
             (sample,) = ours.samples
             raw = list(ours.messages[: ours.num_opening_messages])

@@ -163,7 +163,12 @@ SUPPORT = {
     "llama2": TemplateSupport(tools=False, tool_role=False, alternates=True),
     "phi3": TemplateSupport(tools=False, tool_role=False, system=False),
     "mistral_v03": TemplateSupport(
-        tools=True, tool_role=True, alternates=True, short_call_ids=True
+        tools=True,
+        tool_role=True,
+        alternates=True,
+        short_call_ids=True,
+        structured_history=True,
+        text_before_user=True,
     ),
 }
 NATIVE = ("qwen2.5", "mistral_v03")

@@ -1,7 +1,9 @@
 """How a model sees a conversation: the chat template's text for llm_gym messages.
 
 Assistant turns are rendered with their raw sampled text as ``content`` (no structured
-``tool_calls``), so the template reproduces exactly what the model wrote; tool results keep their
+``tool_calls``), so the template reproduces exactly what the model wrote, except on a template
+that renders a tool-using history only with structured calls (gpt-oss, Mistral v0.3: past calls
+parsed into ``tool_calls``, :mod:`llm_gym.policies.template_history`); tool results keep their
 ``name`` and ``tool_call_id``. The rollout's token tracker, the HF policy, the SFT data, the
 server and the TRL bridge all render through :func:`render_chat`, so they agree token for token.
 A template that cannot render tools gets them as text (:mod:`llm_gym.policies.template_tools`).
@@ -27,13 +29,16 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat
 from llm_gym.core.types import Message, ToolSpec
-from llm_gym.policies.template_render import apply_template
+from llm_gym.policies.template_history import plain_message, structured_history
+from llm_gym.policies.template_render import apply_template, template_name
 from llm_gym.policies.template_tools import (
     carries_tools,
     layout_for,
     short_call_ids,
+    template_key,
     template_support,
     text_layout,
+    warn_once,
 )
 
 __all__ = [
@@ -176,9 +181,12 @@ def template_input(
     in the system message, or at the head of the first user message where a system message does
     not survive the template; ``template_tools="require"`` refuses it instead), and so does a
     conversation that the template cannot render as it is. Otherwise the messages are kept:
-    with ``raw_assistant`` (the rollout's turns) as role and text (:func:`plain_message`),
-    without (a client's conversation) as they are, structured tool calls included, for the
-    template to render; tool-call ids made 9 alphanumerics for a template that refuses others."""
+    with ``raw_assistant`` (the rollout's turns) as role and text (:func:`plain_message`), or,
+    for a template that renders a tool-using history only with structured tool calls (gpt-oss,
+    Mistral v0.3), with each assistant turn's calls parsed with ``action_format`` into
+    ``tool_calls`` (:mod:`llm_gym.policies.template_history`); without ``raw_assistant`` (a
+    client's conversation) as they are, structured tool calls included, for the template to
+    render; tool-call ids made 9 alphanumerics for a template that refuses others."""
     if layout_for(
         tokenizer,
         tool_specs,
@@ -190,11 +198,33 @@ def template_input(
         support = template_support(tokenizer, chat_template_kwargs)
         chat, tools = text_layout(messages, tool_specs, action_format, support), None
     else:
-        chat = [plain_message(m) for m in messages] if raw_assistant else list(messages)
         tools = untrusted_tools(tokenizer, tool_specs)
-        if carries_tools(chat) and template_support(tokenizer, chat_template_kwargs).short_call_ids:
+        probed = carries_tools(messages) or (
+            raw_assistant
+            and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        )
+        support = template_support(tokenizer, chat_template_kwargs) if probed else None
+        if not raw_assistant:
+            chat = list(messages)
+        elif support is not None and support.structured_history:
+            chat, reasons = structured_history(
+                messages, action_format, text_before_user=support.text_before_user
+            )
+            if reasons:
+                _warn_text_arguments(tokenizer, chat_template_kwargs, reasons[0])
+        else:
+            chat = [plain_message(m) for m in messages]
+        if support is not None and support.short_call_ids and carries_tools(chat):
             chat = short_call_ids(chat)
     return untrusted_messages(tokenizer, chat), tools
+
+
+def _warn_text_arguments(tokenizer: Any, kwargs: dict[str, Any] | None, reason: str) -> None:
+    warn_once(
+        f"{template_key(tokenizer, dict(kwargs or {}))}:text-arguments:{reason}",
+        f"a past tool call has {reason}: the chat template of {template_name(tokenizer)} gets "
+        "them as their JSON text, not as an object (the sampled tokens are trained as they are).",
+    )
 
 
 def render_chat(
@@ -230,18 +260,6 @@ def render_chat(
         template_kwargs=untrusted_kwargs(tokenizer, kwargs),
         deadline_s=deadline_s,
     )
-
-
-def plain_message(message: Message) -> dict[str, Any]:
-    """``message`` as the chat template gets it: role and text content (tool results keep their
-    ``name`` and ``tool_call_id``)."""
-    role = message.get("role", "user")
-    out: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
-    if role == "tool":
-        for key in ("name", "tool_call_id"):
-            if key in message:
-                out[key] = message[key]
-    return out
 
 
 def longest_token(tokenizer: Any) -> int:

@@ -13,9 +13,11 @@ included, is raised. Probe tool calls have ids of 9 alphanumerics (Mistral v0.3'
 
 A template that renders the specs and ``role="tool"`` messages gets a tool-using conversation
 as it is (the *native* layout), tool-call ids made 9 alphanumerics where it refuses others
-(:func:`short_call_ids`). Any other gets the *text* layout (:func:`text_layout`) whenever the
-conversation has tools (specs, or tool calls and results in its history): the episode's
-action format writes the tool specs and its calling convention into the system message
+(:func:`short_call_ids`), past calls structured where it renders a tool-using history only so
+(``structured_history``, :mod:`llm_gym.policies.template_history`). Any other gets the *text*
+layout (:func:`text_layout`) whenever the conversation has tools (specs, or tool calls and
+results in its history): the episode's action format writes the tool specs and its calling
+convention into the system message
 (``render_tool_specs``: for hermes the ``<tools>...</tools>`` block with its instructions; a
 system message holding only it is inserted when the conversation has none), earlier assistant
 turns as the text the model wrote (``render_message``: content plus rendered tool calls) and
@@ -77,9 +79,11 @@ such a template is refused."""
 _PROBE_NAME = "llm_gym_probe_tool"
 _PROBE_RESULT = "llm_gym_probe_result_7351"
 _PROBE_SYSTEM = "llm_gym_probe_system_4219"
+_PROBE_TEXT = "llm_gym_probe_text_8063"
 PROBE_CALL_ID = "a1B2c3D4e"
 """The probes' tool-call id: 9 alphanumerics, which every template accepts (Mistral v0.3's
 refuse any other)."""
+_TWO_IDS = (PROBE_CALL_ID, "f5G6h7J8k")
 PROBE_SPEC: dict[str, Any] = {  # a tool spec of no consequence: what probes render
     "type": "function",
     "function": {
@@ -112,6 +116,14 @@ class TemplateSupport:
     """Two consecutive ``user`` messages are refused: turns must alternate."""
     short_call_ids: bool = False
     """Tool-call ids other than 9 alphanumerics are refused (Mistral v0.3)."""
+    structured_history: bool = False
+    """Two tool-calling assistant turns, each followed by its result, render with structured
+    ``tool_calls`` but not as text (refused, or a result or the text missing): gpt-oss's
+    template, Mistral v0.3's (:mod:`llm_gym.policies.template_history`)."""
+    text_before_user: bool = False
+    """With ``structured_history``: a user message right after a structured call's result is
+    refused, and after the call as text it is not (Mistral v0.3 counts text turns only in its
+    alternation): a calling turn that a user message follows stays text."""
 
     @property
     def native(self) -> bool:
@@ -182,28 +194,37 @@ def _probe(tokenizer: Any, kwargs: dict[str, Any]) -> TemplateSupport:
     user = {"role": "user", "content": "Hi."}
     tools = _shows(tokenizer, _PROBE_NAME, [([user], [PROBE_SPEC])], kwargs) == 0
 
-    def tool_cases(call_id: str) -> list[tuple[list, Any]]:
-        call = {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": _PROBE_NAME, "arguments": {"key": "a"}},
-        }
-        result = {
-            "role": "tool",
-            "content": _PROBE_RESULT,
-            "name": _PROBE_NAME,
-            "tool_call_id": call_id,
-        }
-        calling = {"role": "assistant", "content": "", "tool_calls": [call]}
-        plain = {"role": "assistant", "content": "Let me look."}
-        specs = [PROBE_SPEC] if tools else None
-        return [([user, calling, result], specs), ([user, plain, result], specs)]
+    def tool_cases(*ids: str, then: tuple = ()) -> list[tuple[list, Any]]:
+        """``[user, (call, result) per id, *then]``: the calls structured, then as text."""
+        cases = []
+        result = {"role": "tool", "content": _PROBE_RESULT, "name": _PROBE_NAME}
+        for turn in ({"content": "", "tool_calls": []}, {"content": _PROBE_TEXT}):
+            chat = [user]
+            for call_id in ids:
+                function = {"name": _PROBE_NAME, "arguments": {"key": "a"}}
+                call = {"id": call_id, "type": "function", "function": function}
+                calls = {"tool_calls": [call]} if "tool_calls" in turn else {}
+                chat += [
+                    {"role": "assistant", **turn, **calls},
+                    {**result, "tool_call_id": call_id},
+                ]
+            cases.append(([*chat, *then], [PROBE_SPEC] if tools else None))
+        return cases
 
     case = _shows(tokenizer, _PROBE_RESULT, tool_cases(PROBE_CALL_ID), kwargs)
-    short_ids = False
+    short_ids = structured = text_before_user = False
     if case >= 0:
-        other = tool_cases("call_0")[case]
-        short_ids = _renders(tokenizer, *other, kwargs) is None
+        short_ids = _renders(tokenizer, *tool_cases("call_0")[case], kwargs) is None
+        calls, text = (_renders(tokenizer, *c, kwargs) or "" for c in tool_cases(*_TWO_IDS))
+        structured = calls.count(_PROBE_RESULT) == 2 and (
+            text.count(_PROBE_RESULT) < 2 or text.count(_PROBE_TEXT) < 2
+        )
+        if structured:
+            go = tool_cases(PROBE_CALL_ID, then=({"role": "user", "content": "Go."},))
+            text_before_user = [_renders(tokenizer, *c, kwargs) is None for c in go] == [
+                True,
+                False,
+            ]
     system = {"role": "system", "content": _PROBE_SYSTEM}
     return TemplateSupport(
         tools=tools,
@@ -212,6 +233,8 @@ def _probe(tokenizer: Any, kwargs: dict[str, Any]) -> TemplateSupport:
         alternates=_renders(tokenizer, [user, {"role": "user", "content": "Go."}], None, kwargs)
         is None,
         short_call_ids=short_ids,
+        structured_history=structured,
+        text_before_user=text_before_user,
     )
 
 

@@ -9,7 +9,10 @@ template drops earlier ``<think>`` blocks, for example), the tracker closes the 
 starts a new one from the full new rendering, so ids always match what the generator saw.
 
 Assistant turns are rendered with their raw sampled text as ``content`` (no structured
-``tool_calls``), so the template reproduces exactly what the model wrote.
+``tool_calls``), so the template reproduces exactly what the model wrote; a template that renders
+a tool-using history only with structured calls (gpt-oss, Mistral v0.3) gets past calls parsed
+(:mod:`llm_gym.policies.template_history`) and writes them its own way, which starts a new
+sample at such a turn. Either way the ids trained are the sampled ones, as sampled.
 
 An opening (the messages an episode starts from) is rendered and tokenized once per tokenizer
 and content (:class:`OpeningCache`): a group's episodes open alike, and on a short episode the
