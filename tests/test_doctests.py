@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "llm_gym.errors",
+    "llm_gym.serving.responses_protocol",
     "trainers.wandb_setup",
     "llm_gym.compat",
     "benchmarks.before_after",
