@@ -10,8 +10,8 @@ Every action format writes one call of a tool in its own syntax
 (:meth:`~llm_gym.actions.base.ActionFormat.calls_grammar`); :func:`reply_grammar` composes them:
 
 * a forced reply (``tool_choice`` ``"required"``, or one tool named): the reply is the calls and
-  nothing else (one call when ``parallel`` is false), each call's arguments following its tool's
-  schema;
+  nothing else (one call when ``parallel`` is false or a tool is named), each call's arguments
+  following its tool's schema;
 * ``auto`` with a JSON answer (``response_format``): the calls, or the JSON answer;
 * ``auto`` with ``strict`` tools and no JSON answer: text with no call in it, then optionally
   calls (text before calls only in the formats that keep it); tools without ``strict`` get any
@@ -179,34 +179,51 @@ def guard_markup(schema: Any) -> Any:
     return out
 
 
+JSON_STYLE: dict[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": True,
+}
+"""How ``%json`` writes JSON: ``json.dumps``'s separators and no other whitespace (what the
+formats render); keywords the compiler does not implement are ignored (``lenient``)."""
+
+
 @dataclass(frozen=True)
 class Lark:
-    """Writes grammar text for one tokenizer: ``specials`` maps the text of each special token
-    to its id, so a format's marker that is a special token (Mistral's ``[TOOL_CALLS]``,
-    harmony's ``<|channel|>``) is matched as that token, and as plain text otherwise."""
+    """Writes grammar text for one tokenizer: ``tokens`` maps the text of each added token to
+    its id and whether it is special. A format's marker that is a special token (Mistral's
+    ``[TOOL_CALLS]``, harmony's ``<|channel|>``) is matched as that token; one that is an added
+    token that is not special (Qwen's ``<tool_call>``) as that token or its spelled-out text;
+    any other text as text."""
 
-    specials: Mapping[str, int] = field(default_factory=dict)
+    tokens: Mapping[str, tuple[int, bool]] = field(default_factory=dict)
 
     def text(self, value: str) -> str:
-        """A lark expression matching ``value`` (special tokens as their ids)."""
+        """A lark expression matching ``value`` (markers as above)."""
         parts: list[str] = []
         rest = value
         while rest:
-            hits = [(rest.find(m), m) for m in self.specials if m and m in rest]
+            hits = [(rest.find(m), m) for m in self.tokens if m and m in rest]
             if not hits:
                 parts.append(json.dumps(rest))
                 break
             at, marker = min(hits, key=lambda hit: (hit[0], -len(hit[1])))
             if at:
                 parts.append(json.dumps(rest[:at]))
-            parts.append(f"<[{self.specials[marker]}]>")
+            token_id, special = self.tokens[marker]
+            parts.append(
+                f"<[{token_id}]>" if special else f"(<[{token_id}]> | {json.dumps(marker)})"
+            )
             rest = rest[at + len(marker) :]
         return " ".join(parts) or '""'
 
     @staticmethod
     def json(schema: Mapping[str, Any]) -> str:
-        """A rule body matching the JSON ``schema`` allows (a rule of its own: ``%json``)."""
-        return "%json " + json.dumps(schema, separators=(",", ":"))
+        """A rule body matching the JSON ``schema`` allows, written in :data:`JSON_STYLE` (a
+        rule of its own: ``%json``)."""
+        styled = {**schema, "x-guidance": JSON_STYLE}
+        return "%json " + json.dumps(styled, separators=(",", ":"))
 
     @staticmethod
     def free_text(*forbidden: str, first: str | None = None) -> str:
@@ -233,7 +250,8 @@ _REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
 def tagged_parameters(rule: str, schema: Mapping[str, Any], lark: Lark) -> list[str]:
     """The rules of ``rule``: arguments as ``<parameter=KEY>`` blocks (Qwen3-Coder's), one per
     declared property in its order (the required ones always, the others optionally); a string
-    value is raw text without ``<``, any other value JSON following its schema. A schema without
+    value is raw text without ``<`` (one of its ``enum`` when all are strings), any other value
+    JSON following its schema. A schema without
     ``properties``: any keys, each value raw text.
 
     Raises:
@@ -254,11 +272,15 @@ def tagged_parameters(rule: str, schema: Mapping[str, Any], lark: Lark) -> list[
                 f"or a newline, got {key!r:.200}; use another action format for such names"
             )
         value = f"{rule}_{j}"
-        plain = isinstance(sub, dict) and sub.get("type") == "string"
-        if plain and not {"enum", "const"} & set(sub):
+        sub = sub if isinstance(sub, dict) else {}
+        words = sub.get("enum", [sub["const"]] if "const" in sub else None)
+        if isinstance(words, list) and words and all(isinstance(w, str) for w in words):
+            choices = " | ".join(lark.text(w) for w in words if "<" not in w) or '""'
+            rules.append(f"{value}: ({choices}) {close}")  # strings are written raw
+        elif sub.get("type") == "string":
             rules.append(f"{value}: {text_value}")
         else:
-            rules.append(f"{value}: {lark.json(sub if isinstance(sub, dict) else {})} {close}")
+            rules.append(f"{value}: {lark.json(sub)} {close}")
         piece = f"{lark.text(f'<parameter={key}>' + chr(10))} {value}"
         parts.append(piece if key in required else f"({piece})?")
     return [*rules, f"{rule}: {' '.join(parts)}"]
@@ -297,8 +319,9 @@ def reply_grammar(
             (no calls allowed and no answer schema).
     """
     lark = lark or Lark()
-    if choice.name is not None:
+    if choice.name is not None:  # a named choice: one call of that tool
         tools = [t for t in tools if t.name == choice.name]
+        parallel = False
     calls = choice.mode != "none" and bool(tools)
     if len(tools) > MAX_GRAMMAR_TOOLS and calls:
         raise InvalidArgumentError(

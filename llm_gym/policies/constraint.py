@@ -53,6 +53,7 @@ __all__ = [
     "LogitsConstraint",
     "MissingGrammarLibraryError",
     "compiler_for",
+    "mask_row",
     "reply_constraint",
     "tool_grammars",
 ]
@@ -157,11 +158,11 @@ class GrammarCompiler:
         self.ll_tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids or None
         )
-        specials = {}
+        tokens = {}
         for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
-            if getattr(added, "special", False) and str(added.content):
-                specials[str(added.content)] = int(token_id)
-        self.lark = Lark(specials)
+            if str(added.content):
+                tokens[str(added.content)] = (int(token_id), bool(added.special))
+        self.lark = Lark(tokens)
         """Writes grammars with this tokenizer's special tokens."""
 
     def check(self, grammar: str) -> str | None:
@@ -171,7 +172,7 @@ class GrammarCompiler:
             return constraint
         try:
             mask = constraint.allowed()
-        except Exception as exc:  # noqa: BLE001 - the library's own error, reported as such
+        except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         if constraint.matcher.is_error():
             return str(constraint.matcher.get_error())[:500] or "the grammar admits no reply"
@@ -285,6 +286,16 @@ def reply_constraint(
     return grammar
 
 
+def mask_row(logits: torch.Tensor, constraint: LogitsConstraint) -> torch.Tensor:
+    """Set ``logits`` (one row over the vocabulary) to ``-inf`` wherever ``constraint`` allows
+    no token (in place); returns the mask applied (True: allowed)."""
+    allowed = constraint.allowed().to(logits.device)
+    width = min(allowed.shape[0], logits.shape[-1])
+    logits[:width].masked_fill_(~allowed[:width], float("-inf"))
+    logits[width:] = float("-inf")
+    return allowed[:width]
+
+
 class ConstraintProcessor:
     """A logits processor for ``model.generate``: row ``i`` of the batch follows
     ``constraints[i]`` (None: unconstrained). Each call first advances every constraint by the
@@ -294,6 +305,8 @@ class ConstraintProcessor:
         self.constraints = list(constraints)
         self.started = False
         self.done = [False] * len(self.constraints)
+        self.masks: list[torch.Tensor] = []
+        """Each step's allowed tokens (batch, vocabulary)."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.started:
@@ -304,10 +317,11 @@ class ConstraintProcessor:
                     self.done[row] = token in eos
                     constraint.advance(token)
         self.started = True
+        step = torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
         for row, constraint in enumerate(self.constraints):
             if constraint is not None and not self.done[row]:
-                allowed = constraint.allowed().to(scores.device)
-                width = min(allowed.shape[0], scores.shape[1])
-                scores[row, :width].masked_fill_(~allowed[:width], float("-inf"))
-                scores[row, width:] = float("-inf")
+                allowed = mask_row(scores[row], constraint)
+                step[row, : allowed.shape[0]] = allowed
+                step[row, allowed.shape[0] :] = False
+        self.masks.append(step)
         return scores
