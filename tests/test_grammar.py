@@ -26,7 +26,7 @@ from llm_gym.errors import InvalidArgumentError
 pytest.importorskip("torch")
 pytest.importorskip("llguidance")
 
-from llm_gym.policies.constraint import (  # noqa: E402
+from llm_gym.policies.constraint import (
     GrammarCompiler,
     LogitsConstraint,
     compiler_for,

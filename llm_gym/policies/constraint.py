@@ -13,10 +13,11 @@ The logprobs a policy records are those of the masked distribution it sampled fr
 
 Library: **llguidance** (``pip install llm-gym[grammar]``; the ``serve`` extra has it too).
 Both libraries vLLM uses were measured on CPU with SmolLM2's 49,152-token vocabulary
-(``benchmarks/constrained_decoding.py``): xgrammar compiles a typical tool schema in ~13 ms (after
-~0.3 s per tokenizer) and computes a mask in ~5 us; llguidance builds its matcher in ~4 ms
-(after ~0.5 s per tokenizer) and computes a mask in ~50 us. Both costs are far below one decode
-step of the smallest real model (SmolLM2-135M: tens of milliseconds on a CPU). llguidance is
+(``benchmarks/constrained_decoding.py``, results in ``benchmarks/results/``): xgrammar takes
+~0.17 s per tokenizer, compiles a typical tool schema in ~6 ms and computes a mask in ~2 us;
+llguidance takes ~0.45 s per tokenizer, builds a matcher in <1 ms and computes a mask in
+~20 us. Both costs are far below one decode step of the smallest real model (SmolLM2-135M:
+~65 ms a token on two CPU cores; under a grammar the step took the same time). llguidance is
 chosen because (1) it has no heavy dependency (xgrammar pulls ``triton`` on Linux, a wheel of
 hundreds of megabytes, and its own torch requirement), (2) its lark grammars embed a JSON schema
 anywhere (``%json``), intersect and negate terminals and name special tokens, so each action
