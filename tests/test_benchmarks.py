@@ -373,3 +373,18 @@ def test_real_model_eval_smoke(small_model_dir, tmp_path) -> None:
     assert (tmp_path / "real_model_eval.md").exists() and (
         tmp_path / "real_model_eval.png"
     ).exists()
+
+
+def test_constrained_decoding_smoke(tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("llguidance")
+    from benchmarks import constrained_decoding
+
+    summary = constrained_decoding.main(
+        ["--quick", "--tokens", "4", "--out-dir", str(tmp_path), "--threads", "1"]
+    )
+    assert summary["libraries"]["tiny"]["llguidance"]["mask_us"] > 0
+    assert summary["decoding"]["tiny"]["grammar_ms_per_token"] > 0
+    for suffix in ("md", "json", "png"):
+        assert (tmp_path / f"constrained_decoding.{suffix}").exists()

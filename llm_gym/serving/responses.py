@@ -88,9 +88,10 @@ def logprobs_content(
 
 
 def assistant_message(
-    text: str, finish_reason: str, action_format: ActionFormat | None
+    text: str, finish_reason: str, action_format: ActionFormat | None, parallel: bool = True
 ) -> tuple[dict[str, Any], str]:
-    """The answer's ``message`` and ``finish_reason`` (``action_format`` None: no tool parsing).
+    """The answer's ``message`` and ``finish_reason`` (``action_format`` None: no tool parsing;
+    ``parallel`` False: the first call alone, the rest of the reply dropped, as vLLM does).
 
     Example:
         >>> from llm_gym.actions import get_action_format
@@ -103,7 +104,8 @@ def assistant_message(
         parsed = action_format.parse(text)
         if parsed.is_tool_calls:
             content = parsed.message.get("content") or None
-            message = {"role": "assistant", "content": content, "tool_calls": parsed.tool_calls}
+            calls = parsed.tool_calls if parallel else parsed.tool_calls[:1]
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
             return message, "tool_calls"
     return {"role": "assistant", "content": text}, finish_reason
 

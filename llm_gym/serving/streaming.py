@@ -128,8 +128,9 @@ def _error_event(exc: BaseException) -> bytes:
 class _ToolHold:
     """Streams the content before a tool call can start; holds the rest for the parser."""
 
-    def __init__(self, action_format: ActionFormat) -> None:
+    def __init__(self, action_format: ActionFormat, parallel: bool = True) -> None:
         self.format = action_format
+        self.parallel = parallel
         self.marker = STREAM_MARKERS.get(action_format.name)
         self.text = ""
         self.sent = 0
@@ -158,7 +159,7 @@ class _ToolHold:
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """The content not sent yet and the parsed tool calls (none: the rest is content)."""
-        message, _ = assistant_message(self.text, "stop", self.format)
+        message, _ = assistant_message(self.text, "stop", self.format, self.parallel)
         calls = message.get("tool_calls")
         if not calls:
             return self.text[self.sent :], []
@@ -198,7 +199,9 @@ async def _chat_events(
 ) -> AsyncIterator[bytes]:
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": engine.model_name}
     with_usage = request.include_usage
-    hold = _ToolHold(engine.action_format) if request.parse_tool_calls else None
+    hold = None
+    if request.parse_tool_calls:
+        hold = _ToolHold(engine.action_format, request.parallel_tool_calls)
     lps: list[dict[str, Any]] = []
 
     def content(text: str, finish: str | None = None) -> bytes:
