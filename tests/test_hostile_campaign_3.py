@@ -11,7 +11,7 @@ SQL-v0 printf ``%c``     ``printf('%.*c', 2147483647, 'x')``: 28 s in   the coun
 repeat count             one instruction (no deadline check), for a     one past the length limit
                          NULL; 2**28: 3.5 s; a row of 32: ~15 min       first: same NULL, < 1 ms
 serve: fields it cannot  ``logit_bias``, penalties, ``best_of``,        400 naming the field and
-honour                   ``parallel_tool_calls: false``, vLLM's         its neutral values (null,
+honour                   vLLM's                                         its neutral values (null,
                          ``top_k``/``min_p``/``guided_*``...: 200, the  ``{}``, 0, 1, ...)
                          answer generated as if they were absent
 run_and_report counts    ``episodes=0``/``-5``: one task ran;           InvalidArgumentError
@@ -117,7 +117,6 @@ COMPLETION = {"model": "m", "prompt": "hi"}
         ("logit_bias", {"50256": -100}),  # a banned token came back
         ("logit_bias", {str(i): 1 for i in range(10_000)}),
         ("logit_bias", []),
-        ("parallel_tool_calls", False),  # several calls were parsed anyway
         ("presence_penalty", 0.5),
         ("frequency_penalty", float("nan")),
         ("best_of", 4),
