@@ -65,6 +65,11 @@ def chat_error(**fields: Any) -> APIError:
             {"stream": True, "stream_options": {"include_usage": "yes"}},
             "stream_options.include_usage",
         ),
+        (
+            {"stream": True, "stream_options": {"include_obfuscation": "no"}},
+            "stream_options.include_obfuscation",
+        ),
+        ({"stream": True, "stream_options": {"obfuscate": False}}, "stream_options"),
         ({"stream": True, "return_token_ids": True}, "return_token_ids"),
         # the model
         ({"model": None}, "model"),
@@ -149,6 +154,26 @@ def test_another_model_is_a_404() -> None:
         parse_chat_request({**BASE, "model": "gpt-9"}, "m")
     assert info.value.status == 404 and info.value.code == "model_not_found"
     assert "'gpt-9'" in info.value.message and "'m'" in info.value.message
+
+
+@pytest.mark.parametrize("obfuscation", [True, False, None])
+def test_stream_options_take_openais_fields(obfuscation: bool | None) -> None:
+    """``include_obfuscation`` (the openai SDK's and the Agents SDK's) is accepted either way,
+    beside ``include_usage``, on both endpoints."""
+    options = {"include_usage": True, "include_obfuscation": obfuscation}
+    chat = parse_chat_request({**BASE, "stream": True, "stream_options": options}, "m")
+    assert chat.stream and chat.include_usage
+    completion = parse_completion_request(
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": options}, "m"
+    )
+    assert completion.stream and completion.include_usage
+
+
+def test_an_empty_tools_list_is_refused_as_openai_refuses_it() -> None:
+    error = chat_error(tools=[])
+    assert (error.status, error.param, error.code) == (400, "tools", "empty_array")
+    assert "empty array" in error.message and "Omit 'tools'" in error.message
+    assert parse_chat_request({**BASE, "tools": None}, "m").tools is None  # null: no tools
 
 
 def test_what_is_accepted() -> None:

@@ -10,7 +10,9 @@ bounded here:
   rules of :mod:`llm_gym.serving.body`, and kept as sent when they are not JSON or break a
   rule) and a tool message's ``tool_call_id`` / ``name``. Nothing else a client sends reaches
   the template.
-* **Tools** must be ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
+* **Tools** must be ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``;
+  an empty ``tools`` list is refused as OpenAI refuses it (400, code ``empty_array``): a request
+  without tools omits the field or sends null.
 * **The template is the model's own.** A client's ``chat_template`` is refused: a template is a
   program the server would run (an unbounded loop is one line), and no flag turns this on.
   ``chat_template_kwargs`` may only set the names in the server's allow-list
@@ -132,6 +134,11 @@ class ChatRequest:
     return_token_ids: bool = False
     """Add ``prompt_token_ids`` and ``token_ids`` to the answer."""
 
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """The names of the declared tools: a reply that calls any other stays text."""
+        return frozenset(tool["function"]["name"] for tool in self.tools or ())
+
 
 def _text_content(value: Any, field: str) -> str:
     if value is None:
@@ -223,6 +230,14 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     if not isinstance(value, list):
         raise bad_request(
             f"'tools' must be a list of tool objects; got {type(value).__name__}", "tools"
+        )
+    if not value:  # OpenAI's answer (and vLLM's): an empty list is not "no tools"
+        raise APIError(
+            400,
+            "Invalid 'tools': empty array. Expected an array with minimum length 1, but got an "
+            "empty array instead. Omit 'tools' (or send null) for a request without tools.",
+            "tools",
+            code="empty_array",
         )
     tools = []
     for i, tool in enumerate(value):

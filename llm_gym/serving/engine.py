@@ -335,7 +335,9 @@ class Engine:
         _check_cancelled(cancelled)
         text = "".join(p.text for p in pieces)
         tools = self.action_format if request.parse_tool_calls else None
-        message, finish = assistant_message(text, assembler.finish or "length", tools)
+        message, finish = assistant_message(
+            text, assembler.finish or "length", tools, request.tool_names
+        )
         logprobs = None
         if request.logprobs:
             tokens = [t for p in pieces for t in p.tokens]
