@@ -1,6 +1,7 @@
 """The HTTP side of :mod:`llm_gym.serving`: a Starlette application over an :class:`Engine`.
 
-:func:`build_app` routes ``POST /v1/chat/completions``, ``POST /v1/completions``,
+:func:`build_app` routes ``POST /v1/chat/completions``, ``POST /v1/responses`` (the same
+generation, :mod:`llm_gym.serving.responses_protocol`), ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /v1/models/{id}`` and ``GET /health``. Every body is read here, with
 limits, before anything else looks at it:
 
@@ -40,6 +41,8 @@ from llm_gym.serving.chat_protocol import parse_chat_request
 from llm_gym.serving.engine import ClientGone, Engine
 from llm_gym.serving.protocol import APIError, parse_completion_request
 from llm_gym.serving.responses import dumps
+from llm_gym.serving.responses_api import response_events, response_from_chat
+from llm_gym.serving.responses_protocol import parse_responses_request, responses_error
 from llm_gym.serving.streaming import chat_stream, completion_stream
 
 __all__ = ["ENDPOINTS", "LOG", "MAX_BODY_BYTES", "build_app", "log_error", "refusal_body"]
@@ -50,8 +53,8 @@ LOG = logging.getLogger("llm_gym.serving")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest request body accepted by default."""
 ENDPOINTS = (
-    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id} "
-    "and GET /health"
+    "POST /v1/chat/completions, POST /v1/responses, POST /v1/completions, GET /v1/models, "
+    "GET /v1/models/{id} and GET /health"
 )
 _THREAD_PARSE_BYTES = 64 * 1024
 """Bodies larger than this are decoded in a worker thread, not on the event loop."""
@@ -159,8 +162,8 @@ def build_app(
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
-    async def answer(request: Request, work: Callable[..., Any], parsed: Any) -> Response:
-        """Run ``work(parsed, cancelled)`` in the engine, cancelled when the client leaves (a
+    async def answer(request: Request, work: Callable[..., Any], *args: Any) -> Response:
+        """Run ``work(*args, cancelled)`` in the engine, cancelled when the client leaves (a
         timed-out client's request is then skipped, not generated for nobody)."""
         gone = threading.Event()
 
@@ -171,7 +174,7 @@ def build_app(
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return json_response(await engine.submit(work, parsed, gone.is_set))
+            return json_response(await engine.submit(work, *args, gone.is_set))
         except asyncio.CancelledError:  # the server is shutting down
             gone.set()
             raise
@@ -190,6 +193,23 @@ def build_app(
         return await answer(
             request, functools.partial(engine.chat_completion, prompt_ids=prompt_ids), parsed
         )
+
+    def respond(parsed: Any, prompt_ids: list[int], cancelled: Callable[[], bool]) -> Any:
+        chat = engine.chat_completion(parsed.chat, cancelled, prompt_ids)
+        return response_from_chat(parsed, chat)
+
+    @endpoint
+    async def responses(request: Request) -> Response:
+        body = await read_json(request)
+        parsed = parse_responses_request(body, engine.model_name, engine.chat_template_kwargs)
+        try:  # the chat path's errors, with the Responses field names
+            prompt_ids = await engine.render(parsed.chat)
+            if parsed.stream:
+                chat_events = await chat_stream(engine, parsed.chat, prompt_ids)
+                return stream_response(response_events(parsed, chat_events))
+            return await answer(request, respond, parsed, prompt_ids)
+        except APIError as exc:
+            raise responses_error(exc) from None
 
     @endpoint
     async def completions(request: Request) -> Response:
@@ -240,6 +260,7 @@ def build_app(
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", model, methods=["GET"]),

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible server (chat and legacy completions) for a local transformers model.
+"""An OpenAI-compatible server (chat, Responses, completions) for a local transformers model.
 
 For tests, demos, distillation teachers and small local runs: a Starlette application on uvicorn
 (the ``serve`` extra: ``pip install 'llm-gym[serve]'``) in a background thread, one generation
@@ -25,6 +25,12 @@ Endpoints:
   ``message.tool_calls`` with ``finish_reason`` ``"tool_calls"``. ``logprobs`` /
   ``top_logprobs`` (up to 20) return ``choices[0].logprobs.content``. ``stream=true`` answers
   with server-sent events (:mod:`llm_gym.serving.streaming`).
+* ``POST /v1/responses``: the OpenAI Responses API (the OpenAI Agents SDK's default) over the
+  same generation: the request is translated into the chat request
+  (:mod:`llm_gym.serving.responses_protocol`: ``instructions``, ``input`` items,
+  ``function_call`` / ``function_call_output``, function ``tools``, ``text.format``) and the
+  answer is a Response object or its event stream (:mod:`llm_gym.serving.responses_api`).
+  Nothing is kept: ``previous_response_id`` is refused.
 * ``POST /v1/completions`` (:mod:`llm_gym.serving.completions`): ``prompt`` as text or token
   ids, ``echo``, the legacy ``logprobs`` and vLLM's ``prompt_logprobs`` (what a distillation
   teacher, :class:`trainers.teacher.EndpointTeacher`, reads), ``stream``.
