@@ -65,6 +65,9 @@ COVERED_ELSEWHERE = {
     "llm-gym serve MODEL --allowed-origins": (
         "tests/test_serving_access.py::test_both_server_commands_take_the_options"
     ),
+    "OpenAIProvider(openai_client=client)": (
+        "tests/test_responses_api.py::test_the_agents_sdk_runs_with_its_default_model"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"

@@ -247,6 +247,7 @@ def test_a_failure_mid_stream_is_an_error_event_then_failed(
         ({"input": "hi", "previous_response_id": "resp_123"}, "previous_response_id"),
         ({"input": "hi", "tool_choice": "required"}, "tool_choice"),  # no tools to call
         ({"input": "x" * 2_000_000}, "input"),  # longer than the context
+        ({"input": "x" * 2_000_000, "stream": True}, "input"),  # a plain 400, before any event
         ({"input": [{"role": "user", "content": "x"}] * 50_000}, "input"),  # too many messages
     ],
 )

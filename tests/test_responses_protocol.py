@@ -216,7 +216,8 @@ def test_fields_that_change_nothing_are_accepted() -> None:
         ({"input": [CALL]}, "input[0].call_id", "no function_call_output"),
         ({"input": [CALL, {**OUTPUT, "output": 42}]}, "input[1].output", "string"),
         ({"input": [CALL, {**OUTPUT, "call_id": None}]}, "input[1].call_id", "required"),
-        ({"model": "gpt-4o"}, "model", "does not exist"),
+        ({"model": "gpt-4o", "input": [None]}, "model", "does not exist"),
+        ({"model": None}, "model", "required"),
         ({"logit_bias": {"1": 5}}, "logit_bias", "would be ignored"),
         ({"top_k": 5}, "top_k", "would be ignored"),
     ],
@@ -227,7 +228,7 @@ def test_hostile_bodies_are_400s_naming_the_field(
     with pytest.raises(APIError) as caught:
         parse(**fields)
     error = caught.value
-    assert error.status == (404 if param == "model" else 400), error.message
+    assert error.status == (404 if "does not exist" in words else 400), error.message
     assert error.param == param, error.message
     assert words in error.message
 

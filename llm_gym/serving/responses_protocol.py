@@ -49,6 +49,7 @@ from llm_gym.serving.protocol import (
     UNHONOURED_FIELDS,
     APIError,
     bad_request,
+    check_common,
     flag_field,
     int_field,
     number_field,
@@ -298,6 +299,7 @@ def parse_responses_request(
     Raises:
         APIError: 400 naming the first field at fault, or 404 for another model.
     """
+    check_common({"model": body.get("model")}, model_name)  # the model first: 400 or 404
     _refuse_unkept(body)
     stream = flag_field(body, "stream")
     _stream_options(body, stream)
