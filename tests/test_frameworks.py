@@ -295,3 +295,28 @@ def test_langgraph_create_react_agent(served: ChatCompletionServer) -> None:
     new = state["messages"][len(history) :]
     assert new and isinstance(new[0], AIMessage)
     assert isinstance(new[-1], AIMessage | ToolMessage)
+
+
+# --- the serving guide's snippet --------------------------------------------------------------
+
+
+def test_the_serving_guides_snippet_runs(served: ChatCompletionServer) -> None:
+    """``docs/guides/serving.md``'s block that points each framework at the server runs as
+    written, on this server's address and model name (its Agents SDK line runs an agent)."""
+    for name in ("smolagents", "agents", "pydantic_ai", "langchain_openai", "langgraph"):
+        pytest.importorskip(name)
+    from tests.test_readme import blocks
+
+    [code] = [c for c in blocks("docs/guides/serving.md", "python") if GUIDE_LINE in c]
+    code = code.replace(GUIDE_URL, served.url).replace('"smollm2"', repr(served.model_name))
+    namespace: dict[str, Any] = {"__name__": "guide"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        exec(compile(code, "docs/guides/serving.md", "exec"), namespace)
+    assert namespace["client"].models.list().data[0].id == served.model_name
+
+
+GUIDE_URL = "http://127.0.0.1:8000/v1"
+"""The address the serving guide's block shows."""
+GUIDE_LINE = f'base_url = "{GUIDE_URL}"'
+"""The line that starts it."""

@@ -116,6 +116,14 @@ def chat_error(**fields: Any) -> APIError:
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
+        # OpenAI's fields for what this server does not do
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"verbosity": "low"}, "verbosity"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
         # messages
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
@@ -192,6 +200,10 @@ def test_what_is_accepted() -> None:
             "tool_choice": "auto",
             "response_format": {"type": "text"},
             "presence_penalty": 0,
+            "modalities": ["text"],  # the neutral values of what the server does not do
+            "verbosity": "medium",
+            "functions": [],
+            "function_call": "auto",
             "user": "someone",  # unknown fields are ignored
         },
         "m",

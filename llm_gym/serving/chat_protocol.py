@@ -26,8 +26,10 @@ bounded here:
   silently dropped: ``n`` other than 1, ``tool_choice`` ``"required"`` or a named function, a
   ``response_format`` other than text, and any value but a neutral one of the sampling fields
   of :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS` (``logit_bias``, the penalties,
-  ``parallel_tool_calls: false``, vLLM's ``top_k``, ``min_p``, ...) or of vLLM's chat
-  ``echo`` / ``prompt_logprobs``.
+  ``parallel_tool_calls: false``, vLLM's ``top_k``, ``min_p``, ...) or of
+  :data:`CHAT_UNHONOURED_FIELDS` (audio output, web search, ``reasoning_effort``,
+  ``verbosity``, the deprecated ``functions``, vLLM's chat ``echo`` / ``prompt_logprobs``).
+  ``docs/guides/serving.md`` lists every OpenAI field with what the server does with it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from llm_gym.serving.protocol import (
 )
 
 __all__ = [
+    "CHAT_UNHONOURED_FIELDS",
     "DEFAULT_CHAT_TEMPLATE_KWARGS",
     "MAX_STOPS",
     "MAX_STOP_CHARS",
@@ -99,6 +102,15 @@ MAX_STOPS = 16
 """The most ``stop`` strings a request may have."""
 MAX_STOP_CHARS = 1024
 """The longest ``stop`` string."""
+CHAT_UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
+    **{"modalities": (["text"],), "audio": (), "web_search_options": (), "reasoning_effort": ()},
+    **{"verbosity": ("medium",), "functions": ([],), "function_call": ("auto", "none")},
+    **{"echo": (False,), "prompt_logprobs": ()},  # vLLM's
+}
+"""Chat fields (beside :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS`) this server does not
+implement, with the values that change nothing: its replies are text, it searches nothing, has
+one verbosity and does not reason on a budget (OpenAI refuses ``reasoning_effort`` for a model
+that does not); the deprecated ``functions`` are ``tools``."""
 
 
 @dataclass(frozen=True)
@@ -387,7 +399,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "generation to JSON)",
             "response_format",
         )
-    refuse_unhonoured(body, {"echo": (False,), "prompt_logprobs": ()})  # vLLM's, on chat
+    refuse_unhonoured(body, CHAT_UNHONOURED_FIELDS)
 
 
 def parse_chat_request(
