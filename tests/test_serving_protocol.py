@@ -8,16 +8,23 @@ bodies that are not UTF-8 / not JSON / too deep / hold lone surrogates / are not
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import MAX_JSON_DEPTH, decode_json_body
-from llm_gym.serving.chat_protocol import check_template_kwargs_allowlist, parse_chat_request
+from llm_gym.serving.chat_protocol import (
+    CHAT_UNHONOURED_FIELDS,
+    check_template_kwargs_allowlist,
+    parse_chat_request,
+)
 from llm_gym.serving.generation import TextAssembler, TokenOut
-from llm_gym.serving.protocol import APIError, parse_completion_request
+from llm_gym.serving.protocol import UNHONOURED_FIELDS, APIError, parse_completion_request
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -124,6 +131,7 @@ def chat_error(**fields: Any) -> APIError:
         ({"verbosity": "low"}, "verbosity"),
         ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
         # messages
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
@@ -382,3 +390,16 @@ def test_serve_refuses_a_template_key_before_the_model_loads(
     error = capsys.readouterr().err
     assert "may not allow clients to set 'chat_template'" in error
     assert "--template-kwargs" in error
+
+
+def test_the_serving_guide_lists_every_openai_chat_field() -> None:
+    """``docs/guides/serving.md`` names every field of the installed openai client's
+    chat-completions request, and every field the server refuses unless neutral."""
+    params = pytest.importorskip("openai.types.chat.completion_create_params")
+    guide = (ROOT / "docs/guides/serving.md").read_text(encoding="utf-8")
+    section = guide.split("## Chat completions:", 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    listed = {name for cell in first_cells for name in re.findall(r"`([\w\[\].]+)`", cell)}
+    openai_fields = set(params.CompletionCreateParamsStreaming.__annotations__)
+    assert openai_fields - listed == set()
+    assert (set(UNHONOURED_FIELDS) | set(CHAT_UNHONOURED_FIELDS)) - listed == set()

@@ -27,7 +27,7 @@ bounded here:
   ``response_format`` other than text, and any value but a neutral one of the sampling fields
   of :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS` (``logit_bias``, the penalties,
   ``parallel_tool_calls: false``, vLLM's ``top_k``, ``min_p``, ...) or of
-  :data:`CHAT_UNHONOURED_FIELDS` (audio output, web search, ``reasoning_effort``,
+  :data:`CHAT_UNHONOURED_FIELDS` (audio output, web search, moderation, ``reasoning_effort``,
   ``verbosity``, the deprecated ``functions``, vLLM's chat ``echo`` / ``prompt_logprobs``).
   ``docs/guides/serving.md`` lists every OpenAI field with what the server does with it.
 """
@@ -105,12 +105,13 @@ MAX_STOP_CHARS = 1024
 CHAT_UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
     **{"modalities": (["text"],), "audio": (), "web_search_options": (), "reasoning_effort": ()},
     **{"verbosity": ("medium",), "functions": ([],), "function_call": ("auto", "none")},
+    "moderation": (),
     **{"echo": (False,), "prompt_logprobs": ()},  # vLLM's
 }
 """Chat fields (beside :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS`) this server does not
-implement, with the values that change nothing: its replies are text, it searches nothing, has
-one verbosity and does not reason on a budget (OpenAI refuses ``reasoning_effort`` for a model
-that does not); the deprecated ``functions`` are ``tools``."""
+implement, with the values that change nothing: its replies are text, it searches and moderates
+nothing, has one verbosity and does not reason on a budget (OpenAI refuses ``reasoning_effort``
+for a model that does not); the deprecated ``functions`` are ``tools``."""
 
 
 @dataclass(frozen=True)
