@@ -19,10 +19,11 @@ from __future__ import annotations
 import abc
 import difflib
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from llm_gym.actions.grammar import GrammarUnsupportedError, Lark
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 from llm_gym.errors import InvalidArgumentError, UnknownNameError
 
@@ -190,6 +191,42 @@ class ActionFormat(abc.ABC):
         """
         del tool_specs  # parsing this format needs no tool specs
         return self
+
+    GUARDS_MARKUP: ClassVar[bool] = False
+    """Whether a call closes with a tag that a raw ``<`` in an argument string could forge: the
+    grammar of a call then keeps ``<`` out of plain argument strings
+    (:func:`~llm_gym.actions.grammar.guard_markup`)."""
+
+    TEXT_BEFORE_CALLS: ClassVar[bool] = False
+    """Whether a reply may hold text before its calls (:meth:`text_grammar`)."""
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """The lark rules (:mod:`llm_gym.actions.grammar`) that define ``rule``: one call of the
+        tool ``name`` whose arguments follow the JSON ``schema``, as this format writes it.
+
+        Raises:
+            GrammarUnsupportedError: The format cannot write a forced call (the default), or
+                cannot write this name.
+        """
+        del name, schema, rule, lark
+        raise GrammarUnsupportedError(
+            f"the {self.name!r} action format writes no grammar of a tool call, so tool_choice "
+            "'required' or a named tool and strict tools cannot be enforced with it; use a "
+            "built-in format (hermes, json, llama3_json, mistral, qwen3_coder, harmony)."
+        )
+
+    def calls_grammar(self, call: str, parallel: bool, lark: Lark) -> str:
+        """A lark expression matching the calls of one reply, each matching the rule ``call``
+        (one call when ``parallel`` is false). The default: calls joined by newlines."""
+        return f"{call} ({lark.text(chr(10))} {call})*" if parallel else call
+
+    def text_grammar(self) -> str | None:
+        """A lark terminal matching a reply (or the text before its calls, when
+        :attr:`TEXT_BEFORE_CALLS`) that holds no call; None (the default): the format cannot
+        say (strict tools are then enforced only under a forced choice)."""
+        return None
 
     @abc.abstractmethod
     def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:

@@ -57,6 +57,7 @@ from llm_gym.actions.codec import (
     require_text,
     tool_call_to_object,
 )
+from llm_gym.actions.grammar import GrammarUnsupportedError, Lark
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 from llm_gym.errors import InvalidArgumentError
 
@@ -224,6 +225,29 @@ class HarmonyFormat(ActionFormat):
             messages.append(f"{_CHANNEL}commentary {recipient}{_MESSAGE}{body}{_CALL}")
         text = f"{_START}assistant".join(messages)
         return text.removesuffix(_CALL)  # the policy's text stops before the stop token
+
+    GUARDS_MARKUP = True
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """A commentary message to ``functions.NAME`` with ``<|constrain|>json``, its content
+        the arguments (the stop token ``<|call|>`` ends the reply).
+
+        Raises:
+            GrammarUnsupportedError: ``name`` cannot be a recipient.
+        """
+        if not name.strip() or "<|" in name or any(c.isspace() for c in name):
+            raise GrammarUnsupportedError(
+                "a tool name in the harmony format must be non-blank without whitespace or "
+                f"'<|', got {name!r:.200}"
+            )
+        head = f"{_CHANNEL}commentary to={_NAMESPACE}{name} {_CONSTRAIN}json{_MESSAGE}"
+        return lark.json_call(rule, head, schema, "")
+
+    def calls_grammar(self, call: str, parallel: bool, lark: Lark) -> str:
+        """One call: the stop token after it ends the reply."""
+        return call
 
     def render_message(self, message: Message) -> str:
         """A final answer as a ``final`` message; tool calls as :meth:`render_tool_calls`.

@@ -25,7 +25,7 @@ not parse back to the same calls, and that is the caller's responsibility.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_gym.actions.base import (
@@ -43,6 +43,7 @@ from llm_gym.actions.codec import (
     require_text,
     tool_call_to_object,
 )
+from llm_gym.actions.grammar import Lark
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "HermesFormat"]
@@ -157,6 +158,21 @@ class HermesFormat(ActionFormat):
         if isinstance(calls, str):
             return ParsedAction.failure(text, calls)
         return ParsedAction.calls(calls, "".join(outside).strip())
+
+    GUARDS_MARKUP = True
+    TEXT_BEFORE_CALLS = True
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """``<tool_call>``, a newline, ``{"name": NAME, "arguments": ARGS}``, a newline,
+        ``</tool_call>``: what :meth:`render_tool_calls` writes."""
+        head = f'{TOOL_CALL_OPEN}\n{{"name": {dumps_for_model(name, escape_markup=True)}, '
+        return lark.json_call(rule, head + '"arguments": ', schema, f"}}\n{TOOL_CALL_CLOSE}")
+
+    def text_grammar(self) -> str:
+        """Text holding neither tag."""
+        return Lark.free_text(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str = "") -> str:
         """Content (if non-empty) then one ``<tool_call>`` block per call, joined by newlines.

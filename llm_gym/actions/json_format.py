@@ -20,7 +20,7 @@ or several with a non-empty JSON list of such objects. Parsing rules (on top of 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_gym.actions.base import (
@@ -38,6 +38,7 @@ from llm_gym.actions.codec import (
     require_text,
     tool_call_to_object,
 )
+from llm_gym.actions.grammar import Lark
 from llm_gym.core.text import clean_json
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 from llm_gym.errors import InvalidArgumentError
@@ -139,6 +140,21 @@ class JsonFormat(ActionFormat):
         if isinstance(calls, str):
             return ParsedAction.failure(text, calls)
         return ParsedAction.calls(calls, "")
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """``{"name": NAME, "arguments": ARGS}``."""
+        head = f'{{"name": {dumps_for_model(name)}, "arguments": '
+        return lark.json_call(rule, head, schema, "}")
+
+    def calls_grammar(self, call: str, parallel: bool, lark: Lark) -> str:
+        """One call object, or (``parallel``) a JSON list of them."""
+        return f'{call} | "[" {call} (", " {call})* "]"' if parallel else call
+
+    def text_grammar(self) -> str:
+        """Text that does not start with whitespace, ``{``, ``[`` nor a code fence."""
+        return Lark.free_text(first=r"[^\s{\[`]")
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str = "") -> str:
         """One JSON object for a single call, a JSON list for several.

@@ -26,7 +26,7 @@ parses back as the content.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_gym.actions.base import (
@@ -42,6 +42,7 @@ from llm_gym.actions.codec import (
     scan_json,
     tool_call_to_object,
 )
+from llm_gym.actions.grammar import Lark
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 
 __all__ = ["PYTHON_TAG", "Llama3JsonFormat"]
@@ -152,6 +153,21 @@ class Llama3JsonFormat(ActionFormat):
         if isinstance(calls, str):
             return ParsedAction.failure(text, calls)
         return ParsedAction.calls(calls, content)
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """``{"name": NAME, "parameters": ARGS}``."""
+        head = f'{{"name": {dumps_for_model(name, escape_markup=True)}, "parameters": '
+        return lark.json_call(rule, head, schema, "}")
+
+    def calls_grammar(self, call: str, parallel: bool, lark: Lark) -> str:
+        """Call objects joined by ``"; "``."""
+        return f'{call} ("; " {call})*' if parallel else call
+
+    def text_grammar(self) -> str:
+        """Text that does not start with whitespace nor ``{``, without ``<|python_tag|>``."""
+        return Lark.free_text(PYTHON_TAG, first=r"[^\s{]")
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str = "") -> str:
         """The call objects joined by ``"; "``, after ``content`` and ``<|python_tag|>`` when

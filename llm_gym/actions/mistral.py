@@ -26,7 +26,7 @@ own history.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_gym.actions.base import (
@@ -43,6 +43,7 @@ from llm_gym.actions.codec import (
     short_call_id,
     tool_call_to_object,
 )
+from llm_gym.actions.grammar import Lark
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 
 __all__ = ["TOOL_CALLS", "MistralFormat"]
@@ -127,6 +128,24 @@ class MistralFormat(ActionFormat):
         if isinstance(calls, str):
             return ParsedAction.failure(text, calls)
         return ParsedAction.calls(calls, text[:start].strip())
+
+    TEXT_BEFORE_CALLS = True
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """``{"name": NAME, "arguments": ARGS}`` (one item of the list of calls)."""
+        head = f'{{"name": {dumps_for_model(name, escape_markup=True)}, "arguments": '
+        return lark.json_call(rule, head, schema, "}")
+
+    def calls_grammar(self, call: str, parallel: bool, lark: Lark) -> str:
+        """``[TOOL_CALLS]``, a space and a JSON list of the calls."""
+        more = f' (", " {call})*' if parallel else ""
+        return f'{lark.text(TOOL_CALLS + " [")} {call}{more} "]"'
+
+    def text_grammar(self) -> str:
+        """Text without ``[TOOL_CALLS]``."""
+        return Lark.free_text(TOOL_CALLS)
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str = "") -> str:
         """Content (as it is) then ``[TOOL_CALLS]`` and one JSON list of the calls, each with

@@ -57,6 +57,7 @@ from llm_gym.actions.codec import (
     require_text,
     tool_call_to_object,
 )
+from llm_gym.actions.grammar import Lark, tagged_parameters
 from llm_gym.core.types import Message, ToolCall, ToolSpec
 from llm_gym.errors import InvalidArgumentError
 
@@ -323,6 +324,24 @@ class Qwen3CoderFormat(ActionFormat):
             value = value.removeprefix("\n").removesuffix("\n")
             arguments[key] = parameter_value(value, schemas.get(key))
             pos = value_end + len(_PARAMETER_CLOSE)
+
+    GUARDS_MARKUP = True
+    TEXT_BEFORE_CALLS = True
+
+    def call_grammar(
+        self, name: str, schema: Mapping[str, Any], rule: str, lark: Lark
+    ) -> list[str]:
+        """``<tool_call>``, ``<function=NAME>``, the parameters
+        (:func:`~llm_gym.actions.grammar.tagged_parameters`), ``</function>``,
+        ``</tool_call>``, a newline after each tag, as :meth:`render_tool_calls` writes them."""
+        head = f"{_CALL_OPEN}\n{_FUNCTION_OPEN}{_tag_name(name, 'function name')}>\n"
+        tail = lark.text(f"{_FUNCTION_CLOSE}\n{_CALL_CLOSE}")
+        args = tagged_parameters(f"{rule}_args", schema, lark)
+        return [*args, f"{rule}: {lark.text(head)} {rule}_args {tail}"]
+
+    def text_grammar(self) -> str:
+        """Text holding neither ``<tool_call>``, ``</tool_call>`` nor ``<function=``."""
+        return Lark.free_text(_CALL_OPEN, _CALL_CLOSE, _FUNCTION_OPEN)
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str = "") -> str:
         """Content (if non-empty) then one ``<tool_call>`` block per call, joined by newlines.

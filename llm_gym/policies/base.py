@@ -86,6 +86,13 @@ class PolicyRequest:
     """Token-in/token-out: the exact ids to continue (model policies), when the loop keeps them."""
     oracle: Oracle | None = None
     """The environment's scripted expert, when it has one."""
+    tool_choice: Any = None
+    """OpenAI's ``tool_choice``: None or ``"auto"`` (the model may call a tool), ``"none"``,
+    ``"required"`` (the reply must call one of ``tool_specs``) or ``{"type": "function",
+    "function": {"name": NAME}}`` (it must call ``NAME``). A policy that decodes locally
+    (``hf``) enforces a forced choice by constrained decoding
+    (:mod:`llm_gym.policies.constraint`, the ``grammar`` extra), in the reply's
+    ``action_format``; an environment asks for it with a ``tool_choice`` attribute."""
 
 
 @dataclass

@@ -238,6 +238,27 @@ class HFPolicy(Policy):
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def constraint_for(self, request: PolicyRequest) -> Any:
+        """The :class:`~llm_gym.policies.constraint.LogitsConstraint` of ``request``'s reply
+        (its ``tool_choice`` forced, or strict tools), or None when nothing constrains it.
+
+        Raises:
+            InvalidArgumentError: A ``tool_choice`` or schema that cannot be enforced.
+            MissingGrammarLibraryError: A constraint is needed and llguidance is missing.
+        """
+        strict = any(s.get("function", s).get("strict") is True for s in request.tool_specs)
+        if request.tool_choice in (None, "auto", "none") and not strict:
+            return None
+        from llm_gym.actions.grammar import parse_tool_choice
+        from llm_gym.policies.constraint import compiler_for, reply_constraint
+
+        names = [s.get("function", s).get("name") for s in request.tool_specs]
+        choice = parse_tool_choice(request.tool_choice, names)
+        width = self.model.get_output_embeddings().weight.shape[0]
+        compiler = compiler_for(self.tokenizer, width, self._eos_ids())
+        grammar = reply_constraint(compiler, request.action_format, request.tool_specs, choice)
+        return None if grammar is None else compiler.constraint(grammar)
+
     async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
         if not requests:
             return []
@@ -249,9 +270,13 @@ class HFPolicy(Policy):
         return out
 
     def generate_ids(
-        self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        constraints: Sequence[Any] | None = None,
     ) -> list[tuple[list[int], list[float], str]]:
-        """Sample continuations of token-id prompts: ``(ids, logprobs, finish_reason)`` each."""
+        """Sample continuations of token-id prompts: ``(ids, logprobs, finish_reason)`` each;
+        row ``i`` follows ``constraints[i]`` when given (None: free)."""
         import torch
 
         device = next(self.model.parameters()).device
@@ -282,7 +307,13 @@ class HFPolicy(Policy):
             return_dict_in_generate=True,
             output_logits=True,
         )
-        processors = []
+        processors: list[Any] = []
+        masks = None
+        if constraints is not None and any(c is not None for c in constraints):
+            from llm_gym.policies.constraint import ConstraintProcessor
+
+            masks = ConstraintProcessor(constraints)
+            processors.append(masks)
         if not greedy:
             generator = None
             if self.seed is not None:
@@ -300,6 +331,9 @@ class HFPolicy(Policy):
             )
         sequences = output.sequences[:, width:].cpu()
         logits = torch.stack(output.logits, dim=1).float().cpu()  # (B, T, V)
+        if masks is not None:  # the logprobs of the masked distribution each row sampled
+            allowed = torch.stack(masks.masks, dim=1).cpu()[:, : logits.shape[1]]
+            logits[..., : allowed.shape[2]].masked_fill_(~allowed, float("-inf"))
         scale = 1.0 if greedy else self.temperature
         logprobs_all = torch.log_softmax(logits / scale, dim=-1)
         chosen = logprobs_all.gather(-1, sequences[:, : logits.shape[1]].unsqueeze(-1)).squeeze(-1)
@@ -353,16 +387,17 @@ class HFPolicy(Policy):
     def _generate(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
         prompts = [self._prompt_ids(r) for r in requests]
         budgets = [r.max_new_tokens or self.max_new_tokens for r in requests]
+        constraints = [self.constraint_for(r) for r in requests]
         weights = self.weights
         if weights is None:
             return [
                 self._generation(ids, logprobs, finish)
-                for ids, logprobs, finish in self.generate_ids(prompts, budgets)
+                for ids, logprobs, finish in self.generate_ids(prompts, budgets, constraints)
             ]
         with weights.in_use:  # a wave is a turn boundary for every episode in it
             weights.apply()
             version = weights.version
-            generated = self.generate_ids(prompts, budgets)
+            generated = self.generate_ids(prompts, budgets, constraints)
         return [
             self._generation(ids, logprobs, finish, [version] * len(ids))
             for ids, logprobs, finish in generated

@@ -14,7 +14,8 @@ Each engine step is one forward pass of the unmodified transformers model over a
 one token for each row in the decode batch (a dummy for rows that wait for their environment),
 followed by the new tokens of the rows being prefilled. This module schedules the rows and builds
 each step's layout; :mod:`llm_gym.policies.hf_attention` holds the KV cache and the attention
-function that reads the layout, :mod:`llm_gym.policies.hf_sampling` the sampling law.
+function that reads the layout, :mod:`llm_gym.policies.hf_sampling` the sampling law (a row's
+logits masked first by its turn's :class:`~llm_gym.policies.constraint.LogitsConstraint`).
 
 The key/value budget holds at every step, whatever the episodes' widths grow to: episodes take a
 row in the order they first asked for a turn (a queue served head first, so none waits for ever),
@@ -32,11 +33,12 @@ temperature > 0, as a different ``max_rows`` does).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from llm_gym.policies.constraint import LogitsConstraint, mask_row
 from llm_gym.policies.hf_attention import (
     ATTENTION_NAME,
     PLAN_KWARG,
@@ -123,6 +125,7 @@ class DecodeEngine:
         self.rows_per_pass: list[int] = []
         self.prefilled_tokens = 0
         self._stepping = False
+        self._constraints: dict[Hashable, LogitsConstraint | None] = {}
         self._finite = True
         self.version = -1
         """The weight version sampling now (set by the owner when it swaps weights in)."""
@@ -194,6 +197,7 @@ class DecodeEngine:
             else:  # the context is not an extension (a template rewrote history): rebuild
                 self._rebuild(row, ids)
         row.budget = budget
+        row.constraint = self._constraints.pop(key, None)
         row.out_ids, row.out_logprobs, row.out_versions = [], [], []
 
     def _enqueue(self, row: Row) -> None:
@@ -298,11 +302,14 @@ class DecodeEngine:
         self,
         admits: Sequence[tuple[Hashable, list[int], int]],
         releases: Sequence[Hashable] = (),
+        constraints: Mapping[Hashable, LogitsConstraint] | None = None,
     ) -> list[FinishedTurn]:
-        """Admit turns ``(key, context ids, token budget)``, drop released episodes, run one
-        forward pass, and return the turns that ended in it."""
+        """Admit turns ``(key, context ids, token budget)`` (each following ``constraints[key]``
+        when there is one), drop released episodes, run one forward pass, return the turns that
+        ended in it."""
         self._stepping = True
         try:
+            self._constraints.update({k: (constraints or {}).get(k) for k, *_ in admits})
             return self._step(admits, releases)
         finally:
             self._stepping = False
@@ -393,6 +400,9 @@ class DecodeEngine:
             torch.tensor(keep, device=device),
         )
         self.rows_per_pass.append(len(active))
+        for i, row in enumerate(sampled):
+            if row.constraint is not None:
+                mask_row(logits[i], row.constraint)
         uniforms = None
         if self.seed is not None and self.temperature > 0:
             uniforms = [row.rng.random() for row in sampled]  # type: ignore[union-attr]
@@ -407,9 +417,11 @@ class DecodeEngine:
             row.out_ids.append(token)
             row.out_logprobs.append(logprob)
             row.out_versions.append(self.version)
+            if row.constraint is not None:
+                row.constraint.advance(token)
             stop = token in self.eos_ids
             if stop or len(row.out_ids) >= row.budget:
-                row.pending, row.last = [], token
+                row.pending, row.last, row.constraint = [], token, None
                 reason = "stop" if stop else "length"
                 finished.append(
                     FinishedTurn(row.key, row.out_ids, row.out_logprobs, reason, row.out_versions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["FinishedTurn", "Row"]
 
@@ -53,6 +54,8 @@ class Row:
     """Their logprobs."""
     out_versions: list[int] = field(default_factory=list)
     """The weight version that sampled each."""
+    constraint: Any = None
+    """The current turn's :class:`~llm_gym.policies.constraint.LogitsConstraint` (None: free)."""
     stale: bool = False
     """Its cached keys and values came from older weights: rebuilt at its next turn."""
 

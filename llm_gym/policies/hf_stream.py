@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from llm_gym.policies.base import Generation, PolicyRequest, PolicyStream
 
 if TYPE_CHECKING:
+    from llm_gym.policies.constraint import LogitsConstraint
     from llm_gym.policies.hf import HFPolicy
 
 __all__ = ["HFStream"]
@@ -54,6 +55,7 @@ class HFStream(PolicyStream):
         self.batch_sizes = self.engine.rows_per_pass
         self._admits: list[tuple[Hashable, list[int], int]] = []
         self._releases: list[Hashable] = []
+        self._constraints: dict[Hashable, LogitsConstraint | None] = {}
         self._futures: dict[Hashable, asyncio.Future[Generation]] = {}
         self._out: set[Hashable] = set()  # handed a turn, not back yet
         self._wake = asyncio.Event()
@@ -84,6 +86,7 @@ class HFStream(PolicyStream):
         self._out.discard(key)
         budget = request.max_new_tokens or self.policy.max_new_tokens
         self._admits.append((key, self.policy._prompt_ids(request), budget))
+        self._constraints[key] = self.policy.constraint_for(request)
         self._wake.set()
         if self._driver is None:
             self._driver = asyncio.get_running_loop().create_task(self._drive())
@@ -142,7 +145,8 @@ class HFStream(PolicyStream):
                     continue
                 admits, self._admits = ([], self._admits) if hold else (self._admits, [])
                 releases, self._releases = self._releases, []
-                finished = await asyncio.to_thread(engine.step, admits, releases)
+                constraints = {key: self._constraints.pop(key, None) for key, *_ in admits}
+                finished = await asyncio.to_thread(engine.step, admits, releases, constraints)
                 for turn in finished:
                     future = self._futures.pop(turn.key)
                     self._out.add(turn.key)

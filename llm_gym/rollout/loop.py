@@ -214,6 +214,7 @@ async def _run_episode(
                 max_new_tokens=budget,
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
+                tool_choice=getattr(env, "tool_choice", None),
             )
             deadline = None
             if settings.generation_deadline_s is not None:

@@ -22,14 +22,17 @@ bounded here:
   holding ``template``, ``chat_template`` first; :data:`RENDERING_KWARGS`): such a list is
   refused when the server starts (:func:`check_template_kwargs_allowlist`), and such a key in a
   request is refused whatever the list.
+* ``tool_choice`` (``"auto"``, ``"none"``, ``"required"`` or a named function),
+  ``parallel_tool_calls`` and ``response_format`` (``text``, ``json_object``, ``json_schema``)
+  are checked here (:mod:`llm_gym.actions.grammar`) and enforced by the engine's constrained
+  decoding (:mod:`llm_gym.policies.constraint`).
 * Unknown fields are ignored. Known fields this server cannot honour are refused rather than
-  silently dropped: ``n`` other than 1, ``tool_choice`` ``"required"`` or a named function, a
-  ``response_format`` other than text, and any value but a neutral one of the sampling fields
+  silently dropped: ``n`` other than 1, and any value but a neutral one of the sampling fields
   of :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS` (``logit_bias``, the penalties,
-  ``parallel_tool_calls: false``, vLLM's ``top_k``, ``min_p``, ...) or of
-  :data:`CHAT_UNHONOURED_FIELDS` (audio output, web search, moderation, ``reasoning_effort``,
-  ``verbosity``, the deprecated ``functions``, vLLM's chat ``echo`` / ``prompt_logprobs``).
-  ``docs/guides/serving.md`` lists every OpenAI field with what the server does with it.
+  vLLM's ``top_k``, ``min_p``, ...) or of :data:`CHAT_UNHONOURED_FIELDS` (audio output, web
+  search, moderation, ``reasoning_effort``, ``verbosity``, the deprecated ``functions``, vLLM's
+  chat ``echo`` / ``prompt_logprobs``). ``docs/guides/serving.md`` lists every OpenAI field with
+  what the server does with it.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from llm_gym.actions.grammar import ToolChoice, check_schema, parse_tool_choice
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import decode_json_text
 from llm_gym.serving.protocol import (
@@ -146,6 +150,13 @@ class ChatRequest:
     """``stream_options.include_usage``."""
     return_token_ids: bool = False
     """Add ``prompt_token_ids`` and ``token_ids`` to the answer."""
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    """The checked ``tool_choice`` (``"required"`` or a named tool: the reply is forced)."""
+    parallel_tool_calls: bool = True
+    """False: one call at most (the grammar allows one; a free reply keeps its first)."""
+    answer_schema: dict[str, Any] | None = None
+    """The JSON schema the reply's answer follows (``response_format`` ``json_object``:
+    any object; ``json_schema``: its ``schema``); None: text."""
 
     @property
     def tool_names(self) -> frozenset[str]:
@@ -281,17 +292,35 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _tool_choice(value: Any, has_tools: bool) -> bool:
-    """Whether to parse tool calls out of the reply."""
-    if value in (None, "auto"):
-        return has_tools
-    if value == "none":
-        return False
-    raise bad_request(
-        "'tool_choice' must be 'auto' or 'none' on this server (it cannot force a call); got "
-        f"{str(value)[:60]!r}",
-        "tool_choice",
-    )
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    try:
+        return parse_tool_choice(value, [t["function"]["name"] for t in tools or ()])
+    except InvalidArgumentError as exc:
+        raise bad_request(str(exc), "tool_choice") from None
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """The answer's JSON schema (None: text)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = value.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict):
+        raise bad_request(
+            "'response_format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': "
+            "'json_schema', 'json_schema': {'name': ..., 'schema': {...}, 'strict'?: bool}}; got "
+            f"{str(value)[:80]!r}",
+            "response_format",
+        )
+    if not isinstance(spec.get("strict", False), bool | None):
+        where = "response_format.json_schema.strict"
+        raise bad_request(f"{where} must be a boolean", where)
+    try:
+        return check_schema(spec.get("schema", {}), "response_format.json_schema.schema")
+    except InvalidArgumentError as exc:
+        raise bad_request(str(exc), "response_format.json_schema.schema") from None
 
 
 def reserved_template_kwarg(name: str) -> str | None:
@@ -393,13 +422,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "'chat_template_kwargs' for the template's options.",
             "chat_template",
         )
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request(
-            "'response_format' must be {'type': 'text'} on this server (it cannot constrain "
-            "generation to JSON)",
-            "response_format",
-        )
     refuse_unhonoured(body, CHAT_UNHONOURED_FIELDS)
 
 
@@ -422,10 +444,11 @@ def parse_chat_request(
     if top_logprobs is not None and not logprobs:
         raise bad_request("'top_logprobs' needs logprobs=true", "top_logprobs")
     max_tokens = int_field(body, "max_completion_tokens", 1) or int_field(body, "max_tokens", 1)
+    choice = _tool_choice(body.get("tool_choice"), tools)
     return ChatRequest(
         messages=messages,
         tools=tools,
-        parse_tool_calls=_tool_choice(body.get("tool_choice"), bool(tools)),
+        parse_tool_calls=bool(tools) and choice.mode != "none",
         temperature=number_field(body, "temperature", 1.0, 0.0, 100.0),
         top_p=number_field(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         max_tokens=max_tokens,
@@ -439,4 +462,7 @@ def parse_chat_request(
         stream=common.stream,
         include_usage=common.include_usage,
         return_token_ids=common.return_token_ids,
+        tool_choice=choice,
+        parallel_tool_calls=flag_field(body, "parallel_tool_calls", True),
+        answer_schema=_response_format(body.get("response_format")),
     )

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 from llm_gym.policies.chat import template_input, untrusted_kwargs
@@ -47,8 +48,12 @@ from llm_gym.serving.generation import (
     TokenText,
     sample_tokens,
 )
-from llm_gym.serving.protocol import CompletionRequest, bad_request
+from llm_gym.serving.grammars import chat_grammar
+from llm_gym.serving.protocol import APIError, CompletionRequest, bad_request
 from llm_gym.serving.responses import assistant_message, chat_body, logprobs_content
+
+if TYPE_CHECKING:
+    from llm_gym.policies.constraint import GrammarCompiler
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT", "ClientGone", "Engine"]
 
@@ -58,6 +63,8 @@ DEFAULT_MAX_TOKENS_LIMIT = 4096
 """The most tokens one completion may have when the model's context length is unknown."""
 RENDER_THREADS = 4
 """Threads that render chat prompts (the model's thread only generates)."""
+GRAMMAR_CACHE = 64
+"""Distinct reply grammars kept built (tools, tool_choice and response_format)."""
 
 T = TypeVar("T")
 
@@ -134,6 +141,8 @@ class Engine:
         self.created = int(time.time())
         self.max_tokens_limit = DEFAULT_MAX_TOKENS_LIMIT
         """The most tokens one completion may have when the context length is unknown."""
+        self.lock_grammars = threading.Lock()
+        self._grammars: dict[str, str | None] = {}
         self.lock = threading.Lock()
         """Held around every model call (the worker thread is the only caller; kept for
         :func:`~llm_gym.serving.completions.text_completion`'s scoring)."""
@@ -169,10 +178,13 @@ class Engine:
 
     async def render(self, request: ChatRequest) -> list[int]:
         """:meth:`chat_prompt` in the render pool (call it from the event loop): a render that
-        runs to its deadline holds one render thread, never the model's."""
-        return await asyncio.get_running_loop().run_in_executor(
+        runs to its deadline holds one render thread, never the model's; then the reply's
+        grammar is built and checked there too (:meth:`chat_grammar`)."""
+        prompt = await asyncio.get_running_loop().run_in_executor(
             self._renderer, self.chat_prompt, request
         )
+        await asyncio.get_running_loop().run_in_executor(self._renderer, self.chat_grammar, request)
+        return prompt
 
     def close(self) -> None:
         """Drop the queued work and stop the worker once the running generation ends."""
@@ -306,13 +318,51 @@ class Engine:
         return ids
 
     def chat_sampling(self, request: ChatRequest, prompt_tokens: int) -> Sampling:
+        grammar = self.chat_grammar(request)
         return Sampling(
             max_tokens=self.budget(prompt_tokens, request.max_tokens, "messages"),
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
             logprobs=request.top_logprobs if request.logprobs else None,
+            constraint=None if grammar is None else self._compiler().constraint(grammar),
         )
+
+    def _compiler(self) -> GrammarCompiler:
+        from llm_gym.policies.constraint import MissingGrammarLibraryError, compiler_for
+
+        width = self.model.get_output_embeddings().weight.shape[0]
+        try:
+            return compiler_for(self.tokenizer, width, self.eos_ids)
+        except MissingGrammarLibraryError as exc:
+            raise APIError(501, str(exc), kind="server_error") from None
+
+    def chat_grammar(self, request: ChatRequest) -> str | None:
+        """The grammar ``request``'s reply follows (:mod:`llm_gym.policies.constraint`), or
+        None; built once per distinct ``tools`` / ``tool_choice`` / ``response_format``.
+
+        Raises:
+            APIError: 400 naming the field whose schema or choice cannot be enforced.
+        """
+        key = json.dumps(
+            [
+                request.tools or [],
+                request.tool_choice.mode,
+                request.tool_choice.name,
+                request.parallel_tool_calls,
+                request.answer_schema,
+            ],
+            sort_keys=True,
+        )
+        with self.lock_grammars:
+            if key in self._grammars:
+                return self._grammars[key]
+        grammar = chat_grammar(self._compiler(), self.action_format, request)
+        with self.lock_grammars:
+            self._grammars[key] = grammar
+            while len(self._grammars) > GRAMMAR_CACHE:
+                self._grammars.pop(next(iter(self._grammars)))
+        return grammar
 
     def chat_completion(
         self,
@@ -335,8 +385,13 @@ class Engine:
         _check_cancelled(cancelled)
         text = "".join(p.text for p in pieces)
         tools = self.action_format if request.parse_tool_calls else None
+        finish = assembler.finish or "length"
         message, finish = assistant_message(
-            text, assembler.finish or "length", tools, request.tool_names
+            text,
+            finish,
+            tools,
+            parallel=request.parallel_tool_calls,
+            tool_names=request.tool_names,
         )
         logprobs = None
         if request.logprobs:

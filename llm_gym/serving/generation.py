@@ -41,6 +41,9 @@ class Sampling:
     system's entropy)."""
     logprobs: int | None = None
     """``None``: no logprobs; ``k``: each token's logprob and its ``k`` most likely alternatives."""
+    constraint: Any = None
+    """A :class:`~llm_gym.policies.constraint.LogitsConstraint` the tokens follow (None: free);
+    the logprobs reported are the model's, before its mask (vLLM's default)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,10 @@ def sample_tokens(
     stop = [False]
     capture = _Capture(sampling.logprobs, on_token, stop)
     processors: list[Any] = [capture] if sampling.logprobs is not None else []
+    if sampling.constraint is not None:
+        from llm_gym.policies.constraint import ConstraintProcessor
+
+        processors.append(ConstraintProcessor([sampling.constraint]))
     if sampling.temperature != 0:  # drawn by the last processor; greedy decoding takes it
         generator = torch.Generator(device=device)
         if sampling.seed is None:

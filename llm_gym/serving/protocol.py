@@ -50,7 +50,6 @@ UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
-    "parallel_tool_calls": (True,),
     "best_of": (1,),
     "suffix": ("",),
     # vLLM's sampling extras

@@ -93,9 +93,12 @@ def assistant_message(
     text: str,
     finish_reason: str,
     action_format: ActionFormat | None,
+    *,
+    parallel: bool = True,
     tool_names: Collection[str] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The answer's ``message`` and ``finish_reason`` (``action_format`` None: no tool parsing;
+    ``parallel`` False: the first call alone, the rest of the reply dropped, as vLLM does;
     ``tool_names``: the request's declared tools, a reply that calls any other stays text;
     None: any name is a call).
 
@@ -103,21 +106,20 @@ def assistant_message(
         >>> from llm_gym.actions import get_action_format
         >>> hermes = get_action_format("hermes")
         >>> reply = 'On it.\\n<tool_call>\\n{"name": "add", "arguments": {"a": 1}}\\n</tool_call>'
-        >>> message, finish = assistant_message(reply, "stop", hermes, {"add"})
+        >>> message, finish = assistant_message(reply, "stop", hermes, tool_names={"add"})
         >>> message["content"], message["tool_calls"][0]["function"], finish
         ('On it.', {'name': 'add', 'arguments': '{"a": 1}'}, 'tool_calls')
-        >>> message, finish = assistant_message(reply, "stop", hermes, {"search"})
+        >>> message, finish = assistant_message(reply, "stop", hermes, tool_names={"search"})
         >>> message["content"] == reply, "tool_calls" in message, finish
         (True, False, 'stop')
     """
     if action_format is not None:
         parsed = action_format.parse(text)
-        declared = tool_names is None or all(
-            call["function"]["name"] in tool_names for call in parsed.tool_calls
-        )
+        calls = parsed.tool_calls if parallel else parsed.tool_calls[:1]
+        declared = tool_names is None or all(c["function"]["name"] in tool_names for c in calls)
         if parsed.is_tool_calls and declared:
             content = parsed.message.get("content") or None
-            message = {"role": "assistant", "content": content, "tool_calls": parsed.tool_calls}
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
             return message, "tool_calls"
     return {"role": "assistant", "content": text}, finish_reason
 

@@ -129,9 +129,12 @@ def _error_event(exc: BaseException) -> bytes:
 class _ToolHold:
     """Streams the content before a tool call can start; holds the rest for the parser."""
 
-    def __init__(self, action_format: ActionFormat, tool_names: Collection[str]) -> None:
+    def __init__(
+        self, action_format: ActionFormat, tool_names: Collection[str], parallel: bool = True
+    ) -> None:
         self.format = action_format
         self.tool_names = tool_names
+        self.parallel = parallel
         self.marker = STREAM_MARKERS.get(action_format.name)
         self.text = ""
         self.sent = 0
@@ -160,7 +163,9 @@ class _ToolHold:
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """The content not sent yet and the parsed tool calls (none: the rest is content)."""
-        message, _ = assistant_message(self.text, "stop", self.format, self.tool_names)
+        message, _ = assistant_message(
+            self.text, "stop", self.format, parallel=self.parallel, tool_names=self.tool_names
+        )
         calls = message.get("tool_calls")
         if not calls:
             return self.text[self.sent :], []
@@ -200,7 +205,9 @@ async def _chat_events(
 ) -> AsyncIterator[bytes]:
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": engine.model_name}
     with_usage = request.include_usage
-    hold = _ToolHold(engine.action_format, request.tool_names) if request.parse_tool_calls else None
+    hold = None
+    if request.parse_tool_calls:
+        hold = _ToolHold(engine.action_format, request.tool_names, request.parallel_tool_calls)
     lps: list[dict[str, Any]] = []
 
     def content(text: str, finish: str | None = None) -> bytes:
