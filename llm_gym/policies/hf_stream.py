@@ -145,8 +145,10 @@ class HFStream(PolicyStream):
                     continue
                 admits, self._admits = ([], self._admits) if hold else (self._admits, [])
                 releases, self._releases = self._releases, []
-                constraints = {key: self._constraints.pop(key, None) for key, *_ in admits}
-                finished = await asyncio.to_thread(engine.step, admits, releases, constraints)
+                constraints = {k: self._constraints.pop(k, None) for k, *_ in admits}
+                constraints = {k: c for k, c in constraints.items() if c is not None}
+                step = (admits, releases, constraints) if constraints else (admits, releases)
+                finished = await asyncio.to_thread(engine.step, *step)
                 for turn in finished:
                     future = self._futures.pop(turn.key)
                     self._out.add(turn.key)
