@@ -16,13 +16,14 @@ import pytest
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import MAX_JSON_DEPTH, decode_json_body
-from llm_gym.serving.chat_protocol import (
-    CHAT_UNHONOURED_FIELDS,
-    check_template_kwargs_allowlist,
-    parse_chat_request,
-)
+from llm_gym.serving.chat_protocol import check_template_kwargs_allowlist, parse_chat_request
 from llm_gym.serving.generation import TextAssembler, TokenOut
-from llm_gym.serving.protocol import UNHONOURED_FIELDS, APIError, parse_completion_request
+from llm_gym.serving.protocol import (
+    CHAT_UNHONOURED_FIELDS,
+    UNHONOURED_FIELDS,
+    APIError,
+    parse_completion_request,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -11,8 +11,7 @@ bounded here:
   rule) and a tool message's ``tool_call_id`` / ``name``. Nothing else a client sends reaches
   the template.
 * **Tools** must be ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``;
-  an empty ``tools`` list is refused as OpenAI refuses it (400, code ``empty_array``): a request
-  without tools omits the field or sends null.
+  an empty list is refused as OpenAI refuses it (400, ``empty_array``; no tools: omit or null).
 * **The template is the model's own.** A client's ``chat_template`` is refused: a template is a
   program the server would run (an unbounded loop is one line), and no flag turns this on.
   ``chat_template_kwargs`` may only set the names in the server's allow-list
@@ -29,10 +28,8 @@ bounded here:
 * Unknown fields are ignored. Known fields this server cannot honour are refused rather than
   silently dropped: ``n`` other than 1, and any value but a neutral one of the sampling fields
   of :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS` (``logit_bias``, the penalties,
-  vLLM's ``top_k``, ``min_p``, ...) or of :data:`CHAT_UNHONOURED_FIELDS` (audio output, web
-  search, moderation, ``reasoning_effort``, ``verbosity``, the deprecated ``functions``, vLLM's
-  chat ``echo`` / ``prompt_logprobs``). ``docs/guides/serving.md`` lists every OpenAI field with
-  what the server does with it.
+  vLLM's ``top_k``, ``min_p``, ...) or of :data:`~llm_gym.serving.protocol.CHAT_UNHONOURED_FIELDS`
+  (audio, web search, ``reasoning_effort``, ...); ``docs/guides/serving.md`` has every field.
 """
 
 from __future__ import annotations
@@ -47,6 +44,7 @@ from llm_gym.actions.grammar import ToolChoice, check_schema, parse_tool_choice
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import decode_json_text
 from llm_gym.serving.protocol import (
+    CHAT_UNHONOURED_FIELDS,
     APIError,
     bad_request,
     check_common,
@@ -57,7 +55,6 @@ from llm_gym.serving.protocol import (
 )
 
 __all__ = [
-    "CHAT_UNHONOURED_FIELDS",
     "DEFAULT_CHAT_TEMPLATE_KWARGS",
     "MAX_STOPS",
     "MAX_STOP_CHARS",
@@ -106,16 +103,6 @@ MAX_STOPS = 16
 """The most ``stop`` strings a request may have."""
 MAX_STOP_CHARS = 1024
 """The longest ``stop`` string."""
-CHAT_UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
-    **{"modalities": (["text"],), "audio": (), "web_search_options": (), "reasoning_effort": ()},
-    **{"verbosity": ("medium",), "functions": ([],), "function_call": ("auto", "none")},
-    "moderation": (),
-    **{"echo": (False,), "prompt_logprobs": ()},  # vLLM's
-}
-"""Chat fields (beside :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS`) this server does not
-implement, with the values that change nothing: its replies are text, it searches and moderates
-nothing, has one verbosity and does not reason on a budget (OpenAI refuses ``reasoning_effort``
-for a model that does not); the deprecated ``functions`` are ``tools``."""
 
 
 @dataclass(frozen=True)
@@ -159,8 +146,7 @@ class ChatRequest:
     any object; ``json_schema``: its ``schema``); None: text."""
 
     @property
-    def tool_names(self) -> frozenset[str]:
-        """The names of the declared tools: a reply that calls any other stays text."""
+    def tool_names(self) -> frozenset[str]:  # a reply that calls any other tool stays text
         return frozenset(tool["function"]["name"] for tool in self.tools or ())
 
 
@@ -256,13 +242,9 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
             f"'tools' must be a list of tool objects; got {type(value).__name__}", "tools"
         )
     if not value:  # OpenAI's answer (and vLLM's): an empty list is not "no tools"
-        raise APIError(
-            400,
-            "Invalid 'tools': empty array. Expected an array with minimum length 1, but got an "
-            "empty array instead. Omit 'tools' (or send null) for a request without tools.",
-            "tools",
-            code="empty_array",
-        )
+        empty = "Invalid 'tools': empty array. Expected an array with minimum length 1, but got "
+        why = "an empty array instead. Omit 'tools' (or send null) for a request without tools."
+        raise APIError(400, empty + why, "tools", code="empty_array")
     tools = []
     for i, tool in enumerate(value):
         field = f"tools[{i}]"

@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "MAX_LOGPROBS",
     "MAX_SEED",
+    "CHAT_UNHONOURED_FIELDS",
     "MIN_SEED",
     "STREAM_OPTIONS",
     "UNHONOURED_FIELDS",
@@ -74,6 +75,18 @@ UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
 does not implement, with the values that change nothing (null always does). Any other value is
 refused with a 400 rather than dropped: a client that bans a token with ``logit_bias`` must not
 get it back silently."""
+
+
+CHAT_UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
+    **{"modalities": (["text"],), "audio": (), "web_search_options": (), "reasoning_effort": ()},
+    **{"verbosity": ("medium",), "functions": ([],), "function_call": ("auto", "none")},
+    "moderation": (),
+    **{"echo": (False,), "prompt_logprobs": ()},  # vLLM's
+}
+"""Chat fields (beside :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS`) this server does not
+implement, with the values that change nothing: its replies are text, it searches and moderates
+nothing, has one verbosity and does not reason on a budget (OpenAI refuses ``reasoning_effort``
+for a model that does not); the deprecated ``functions`` are ``tools``."""
 
 
 class APIError(Exception):
