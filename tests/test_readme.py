@@ -65,6 +65,9 @@ COVERED_ELSEWHERE = {
     "llm-gym serve MODEL --allowed-origins": (
         "tests/test_serving_access.py::test_both_server_commands_take_the_options"
     ),
+    'base_url = "http://127.0.0.1:8000/v1"': (
+        "tests/test_frameworks.py::test_the_serving_guides_snippet_runs"
+    ),
     "OpenAIProvider(openai_client=client)": (
         "tests/test_responses_api.py::test_the_agents_sdk_runs_with_its_default_model"
     ),

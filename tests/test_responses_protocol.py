@@ -261,3 +261,11 @@ def test_a_huge_input_is_parsed_in_linear_time() -> None:
     assert len(request.chat.messages) == 40_000
     assert time.monotonic() - start < 5
     json.dumps(request.settings)  # the echoed settings are JSON
+
+
+def test_an_empty_tools_list_is_no_tools() -> None:
+    """The Responses API takes ``tools: []`` (the Agents SDK sends it for an agent without
+    tools); the chat path, which refuses an empty list as OpenAI's chat endpoint does, gets none."""
+    request = parse(tools=[])
+    assert request.chat.tools is None and not request.chat.parse_tool_calls
+    assert request.settings["tools"] == []

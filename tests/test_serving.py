@@ -6,9 +6,14 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +26,7 @@ openai = pytest.importorskip("openai")
 from llm_gym.actions import get_action_format  # noqa: E402
 from llm_gym.serving.generation import TokenOut  # noqa: E402
 from llm_gym.serving.openai_server import ChatCompletionServer, serve  # noqa: E402
+from tests.conftest import free_port, subprocess_env  # noqa: E402
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 TOOLS = [
@@ -432,6 +438,78 @@ def test_a_malformed_call_stays_text(
         client.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, stream=True)
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+def test_a_call_to_an_undeclared_tool_stays_text(
+    served: ChatCompletionServer, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that calls a tool the request did not declare is the model's text, whole (also
+    when it calls a declared one beside it): a structured call is one the client can run."""
+    search = {"type": "function", "function": {"name": "search", "parameters": {}}}
+    both = CALL_TEXT + '\n<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>'
+    for text, tools in ((CALL_TEXT, [search]), (both, [search])):
+        scripted(monkeypatch, served, text)
+        answer = client.chat.completions.create(model="tiny", messages=USER, tools=tools)
+        choice = answer.choices[0]
+        assert (choice.message.content, choice.message.tool_calls) == (text, None)
+        assert choice.finish_reason == "stop"
+        chunks = list(
+            client.chat.completions.create(model="tiny", messages=USER, tools=tools, stream=True)
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+        assert not [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    scripted(monkeypatch, served, both)  # both declared: both are calls
+    answer = client.chat.completions.create(model="tiny", messages=USER, tools=[*TOOLS, search])
+    names = [call.function.name for call in answer.choices[0].message.tool_calls]
+    assert names == ["lookup", "search"]
+
+
+def test_the_reason_of_a_refusal_is_logged_at_info(
+    served: ChatCompletionServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="llm_gym.serving")
+    body = json.dumps({"model": "tiny", "messages": USER, "tools": []}).encode()
+    assert post(served, "/v1/chat/completions", body, JSON)[0] == 400
+    [record] = [r for r in caplog.records if r.name == "llm_gym.serving"]
+    assert record.levelno == logging.INFO
+    message = record.getMessage()
+    assert message.startswith("400 on POST /v1/chat/completions: Invalid 'tools': empty array")
+    assert message.endswith("(param 'tools')")
+
+
+def test_serve_writes_refusals_beside_the_request_line(small_model_dir, tmp_path) -> None:
+    """``llm-gym serve``'s own log (not ``--quiet``): each 4xx's reason next to its access line."""
+    port = free_port()
+    command = [sys.executable, "-m", "llm_gym.cli", "serve", str(small_model_dir), "--port",
+               str(port), "--model-name", "tiny", "--device", "cpu"]  # fmt: skip
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(command, env=subprocess_env(tmp_path), stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(log_path.read_text()[-2000:]) from None
+                time.sleep(0.2)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json.dumps({"model": "tiny", "messages": USER, "n": 3}).encode(),
+            JSON,
+        )
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=30)
+        assert info.value.code == 400
+    finally:
+        server.terminate()
+        server.wait(30)
+    text = log_path.read_text()
+    assert "INFO:     400 on POST /v1/chat/completions: 'n' must be 1 on this server" in text
+    assert '"POST /v1/chat/completions HTTP/1.1" 400' in text
 
 
 def test_openai_policy_reads_parsed_tool_calls(

@@ -8,6 +8,8 @@ bodies that are not UTF-8 / not JSON / too deep / hold lone surrogates / are not
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +18,14 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import MAX_JSON_DEPTH, decode_json_body
 from llm_gym.serving.chat_protocol import check_template_kwargs_allowlist, parse_chat_request
 from llm_gym.serving.generation import TextAssembler, TokenOut
-from llm_gym.serving.protocol import APIError, parse_completion_request
+from llm_gym.serving.protocol import (
+    CHAT_UNHONOURED_FIELDS,
+    UNHONOURED_FIELDS,
+    APIError,
+    parse_completion_request,
+)
 
+ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -65,6 +73,11 @@ def chat_error(**fields: Any) -> APIError:
             {"stream": True, "stream_options": {"include_usage": "yes"}},
             "stream_options.include_usage",
         ),
+        (
+            {"stream": True, "stream_options": {"include_obfuscation": "no"}},
+            "stream_options.include_obfuscation",
+        ),
+        ({"stream": True, "stream_options": {"obfuscate": False}}, "stream_options"),
         ({"stream": True, "return_token_ids": True}, "return_token_ids"),
         # the model
         ({"model": None}, "model"),
@@ -111,6 +124,15 @@ def chat_error(**fields: Any) -> APIError:
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"response_format": {"type": "yaml"}}, "response_format"),
+        # OpenAI's fields for what this server does not do
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"verbosity": "low"}, "verbosity"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
         # messages
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
@@ -151,6 +173,26 @@ def test_another_model_is_a_404() -> None:
     assert "'gpt-9'" in info.value.message and "'m'" in info.value.message
 
 
+@pytest.mark.parametrize("obfuscation", [True, False, None])
+def test_stream_options_take_openais_fields(obfuscation: bool | None) -> None:
+    """``include_obfuscation`` (the openai SDK's and the Agents SDK's) is accepted either way,
+    beside ``include_usage``, on both endpoints."""
+    options = {"include_usage": True, "include_obfuscation": obfuscation}
+    chat = parse_chat_request({**BASE, "stream": True, "stream_options": options}, "m")
+    assert chat.stream and chat.include_usage
+    completion = parse_completion_request(
+        {"model": "m", "prompt": "hi", "stream": True, "stream_options": options}, "m"
+    )
+    assert completion.stream and completion.include_usage
+
+
+def test_an_empty_tools_list_is_refused_as_openai_refuses_it() -> None:
+    error = chat_error(tools=[])
+    assert (error.status, error.param, error.code) == (400, "tools", "empty_array")
+    assert "empty array" in error.message and "Omit 'tools'" in error.message
+    assert parse_chat_request({**BASE, "tools": None}, "m").tools is None  # null: no tools
+
+
 def test_what_is_accepted() -> None:
     request = parse_chat_request(
         {
@@ -167,6 +209,10 @@ def test_what_is_accepted() -> None:
             "tool_choice": "auto",
             "response_format": {"type": "text"},
             "presence_penalty": 0,
+            "modalities": ["text"],  # the neutral values of what the server does not do
+            "verbosity": "medium",
+            "functions": [],
+            "function_call": "auto",
             "user": "someone",  # unknown fields are ignored
         },
         "m",
@@ -345,3 +391,16 @@ def test_serve_refuses_a_template_key_before_the_model_loads(
     error = capsys.readouterr().err
     assert "may not allow clients to set 'chat_template'" in error
     assert "--template-kwargs" in error
+
+
+def test_the_serving_guide_lists_every_openai_chat_field() -> None:
+    """``docs/guides/serving.md`` names every field of the installed openai client's
+    chat-completions request, and every field the server refuses unless neutral."""
+    params = pytest.importorskip("openai.types.chat.completion_create_params")
+    guide = (ROOT / "docs/guides/serving.md").read_text(encoding="utf-8")
+    section = guide.split("## Chat completions:", 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    listed = {name for cell in first_cells for name in re.findall(r"`([\w\[\].]+)`", cell)}
+    openai_fields = set(params.CompletionCreateParamsStreaming.__annotations__)
+    assert openai_fields - listed == set()
+    assert (set(UNHONOURED_FIELDS) | set(CHAT_UNHONOURED_FIELDS)) - listed == set()

@@ -19,14 +19,17 @@ A client that closes its connection before the answer is ready is not generated 
 request is skipped and a running generation stops at the next token (streams too).
 
 Errors are OpenAI-shaped (``{"error": {...}}``): 4xx name what was wrong, 404 and 405 list the
-endpoints, and any other failure is a 500 that says what happened. Generation runs in the
-engine's one worker thread; the event loop only reads, writes and waits.
+endpoints, and any other failure is a 500 that says what happened. Each 4xx answer's reason is
+logged at info level on :data:`LOG` (``llm-gym serve`` writes it beside the request's line;
+a 500's goes out at error level), so the server's log says why a client was refused.
+Generation runs in the engine's one worker thread; the event loop only reads, writes and waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -42,7 +45,10 @@ from llm_gym.serving.responses_api import response_events, response_from_chat
 from llm_gym.serving.responses_protocol import parse_responses_request, responses_error
 from llm_gym.serving.streaming import chat_stream, completion_stream
 
-__all__ = ["ENDPOINTS", "MAX_BODY_BYTES", "build_app", "refusal_body"]
+__all__ = ["ENDPOINTS", "LOG", "MAX_BODY_BYTES", "build_app", "log_error", "refusal_body"]
+
+LOG = logging.getLogger("llm_gym.serving")
+"""The server's own log: why a request was refused or failed (:func:`log_error`)."""
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest request body accepted by default."""
@@ -56,7 +62,23 @@ _THREAD_PARSE_BYTES = 64 * 1024
 
 def refusal_body(refusal: Refusal) -> bytes:
     """An :class:`~llm_gym.serving.access.AccessGuard` refusal as an OpenAI-shaped error."""
-    return dumps(APIError(refusal.status, refusal.message, refusal.header).body())
+    error = APIError(refusal.status, refusal.message, refusal.header)
+    log_error(error, "a request")
+    return dumps(error.body())
+
+
+def log_error(error: APIError, where: str) -> None:
+    """Log why ``where`` (``"POST /v1/chat/completions"``) was answered ``error``: a 4xx at
+    info level, anything else at error level; the message is cut at 1000 characters."""
+    param = f" (param {error.param!r})" if error.param else ""
+    LOG.log(
+        logging.INFO if 400 <= error.status < 500 else logging.ERROR,
+        "%d on %s: %s%s",
+        error.status,
+        where[:300],
+        error.message[:1000],
+        param,
+    )
 
 
 def build_app(
@@ -79,7 +101,8 @@ def build_app(
     def json_response(payload: Any, status: int = 200, headers: Any = None) -> Response:
         return Response(dumps(payload), status, headers, media_type="application/json")
 
-    def error_response(error: APIError, headers: Any = None) -> Response:
+    def error_response(request: Request, error: APIError, headers: Any = None) -> Response:
+        log_error(error, f"{request.method} {request.url.path}")
         return json_response(error.body(), error.status, headers)
 
     async def read_json(request: Request) -> dict[str, Any]:
@@ -122,14 +145,15 @@ def build_app(
             except APIError as exc:
                 # A refused body may be left unread: close the connection rather than read it.
                 headers = {"Connection": "close"} if exc.status in (408, 413) else None
-                return error_response(exc, headers)
+                return error_response(request, exc, headers)
             except Exception as exc:  # generation failed: the client sees why
                 return error_response(
+                    request,
                     APIError(
                         HTTPStatus.INTERNAL_SERVER_ERROR,
                         f"internal error: {type(exc).__name__}: {exc}"[:2000],
                         kind="server_error",
-                    )
+                    ),
                 )
 
         return wrapped
@@ -155,7 +179,7 @@ def build_app(
             gone.set()
             raise
         except ClientGone:
-            return error_response(APIError(499, "the client closed the connection"))
+            return error_response(request, APIError(499, "the client closed the connection"))
         finally:
             watcher.cancel()
 
@@ -208,13 +232,14 @@ def build_app(
         name = request.path_params["name"]
         if name != engine.model_name:
             return error_response(
+                request,
                 APIError(
                     HTTPStatus.NOT_FOUND,
                     f"The model {name[:200]!r} does not exist; this server serves "
                     f"{engine.model_name!r}.",
                     "model",
                     code="model_not_found",
-                )
+                ),
             )
         return json_response(model_card)
 
@@ -231,7 +256,7 @@ def build_app(
         else:
             message = str(exc.detail)
         code = "not_found" if exc.status_code == HTTPStatus.NOT_FOUND else None
-        return error_response(APIError(exc.status_code, message, code=code), exc.headers)
+        return error_response(request, APIError(exc.status_code, message, code=code), exc.headers)
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

@@ -10,7 +10,8 @@ bounded here:
   rules of :mod:`llm_gym.serving.body`, and kept as sent when they are not JSON or break a
   rule) and a tool message's ``tool_call_id`` / ``name``. Nothing else a client sends reaches
   the template.
-* **Tools** must be ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``.
+* **Tools** must be ``{"type": "function", "function": {"name", "description"?, "parameters"?}}``;
+  an empty list is refused as OpenAI refuses it (400, ``empty_array``; no tools: omit or null).
 * **The template is the model's own.** A client's ``chat_template`` is refused: a template is a
   program the server would run (an unbounded loop is one line), and no flag turns this on.
   ``chat_template_kwargs`` may only set the names in the server's allow-list
@@ -27,7 +28,8 @@ bounded here:
 * Unknown fields are ignored. Known fields this server cannot honour are refused rather than
   silently dropped: ``n`` other than 1, and any value but a neutral one of the sampling fields
   of :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS` (``logit_bias``, the penalties,
-  vLLM's ``top_k``, ``min_p``, ...) or of vLLM's chat ``echo`` / ``prompt_logprobs``.
+  vLLM's ``top_k``, ``min_p``, ...) or of :data:`~llm_gym.serving.protocol.CHAT_UNHONOURED_FIELDS`
+  (audio, web search, ``reasoning_effort``, ...); ``docs/guides/serving.md`` has every field.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from llm_gym.actions.grammar import ToolChoice, check_schema, parse_tool_choice
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.serving.body import decode_json_text
 from llm_gym.serving.protocol import (
+    CHAT_UNHONOURED_FIELDS,
     APIError,
     bad_request,
     check_common,
@@ -142,6 +145,10 @@ class ChatRequest:
     """The JSON schema the reply's answer follows (``response_format`` ``json_object``:
     any object; ``json_schema``: its ``schema``); None: text."""
 
+    @property
+    def tool_names(self) -> frozenset[str]:  # a reply that calls any other tool stays text
+        return frozenset(tool["function"]["name"] for tool in self.tools or ())
+
 
 def _text_content(value: Any, field: str) -> str:
     if value is None:
@@ -234,6 +241,10 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
         raise bad_request(
             f"'tools' must be a list of tool objects; got {type(value).__name__}", "tools"
         )
+    if not value:  # OpenAI's answer (and vLLM's): an empty list is not "no tools"
+        empty = "Invalid 'tools': empty array. Expected an array with minimum length 1, but got "
+        why = "an empty array instead. Omit 'tools' (or send null) for a request without tools."
+        raise APIError(400, empty + why, "tools", code="empty_array")
     tools = []
     for i, tool in enumerate(value):
         field = f"tools[{i}]"
@@ -393,7 +404,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "'chat_template_kwargs' for the template's options.",
             "chat_template",
         )
-    refuse_unhonoured(body, {"echo": (False,), "prompt_logprobs": ()})  # vLLM's, on chat
+    refuse_unhonoured(body, CHAT_UNHONOURED_FIELDS)
 
 
 def parse_chat_request(

@@ -386,7 +386,13 @@ class Engine:
         text = "".join(p.text for p in pieces)
         tools = self.action_format if request.parse_tool_calls else None
         finish = assembler.finish or "length"
-        message, finish = assistant_message(text, finish, tools, request.parallel_tool_calls)
+        message, finish = assistant_message(
+            text,
+            finish,
+            tools,
+            parallel=request.parallel_tool_calls,
+            tool_names=request.tool_names,
+        )
         logprobs = None
         if request.logprobs:
             tokens = [t for p in pieces for t in p.tokens]

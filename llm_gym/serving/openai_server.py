@@ -52,6 +52,7 @@ closes the connection), 503 past ``max_connections``, 500 when generation itself
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 from collections.abc import Collection
@@ -59,7 +60,7 @@ from typing import Any
 
 from llm_gym.policies.template_render import DEFAULT_RENDER_DEADLINE_S
 from llm_gym.serving.access import AccessPolicy
-from llm_gym.serving.app import MAX_BODY_BYTES, build_app
+from llm_gym.serving.app import LOG, MAX_BODY_BYTES, build_app
 from llm_gym.serving.body import decode_json_body
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_chat_request
 from llm_gym.serving.engine import DEFAULT_MAX_TOKENS, Engine
@@ -115,6 +116,20 @@ def _listen(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+def _log_config(uvicorn: Any) -> dict[str, Any]:
+    """uvicorn's logging set-up, with :data:`~llm_gym.serving.app.LOG` (why a request was
+    refused) written at info level to the access log's stream, next to the request's line."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    stream = config["handlers"]["access"]["stream"]
+    config["handlers"][LOG.name] = {
+        "formatter": "default",
+        "class": "logging.StreamHandler",
+        "stream": stream,
+    }
+    config["loggers"][LOG.name] = {"handlers": [LOG.name], "level": "INFO", "propagate": False}
+    return config
+
+
 class ChatCompletionServer:
     """A running server (see the module docstring); build it with :func:`serve`.
 
@@ -125,7 +140,8 @@ class ChatCompletionServer:
         port: TCP port (0: any free one).
         model_name: The model id clients send and ``/v1/models`` lists.
         default_max_tokens: Tokens per completion when a request sets none.
-        log: Log one line per request (uvicorn's access log).
+        log: Log one line per request (uvicorn's access log), and the reason of each 4xx
+            answer at info level (:data:`~llm_gym.serving.app.LOG`).
         tool_parser: The action format that parses tool calls out of replies (``"auto"``: the
             one the chat template teaches, else hermes).
         chat_template_kwargs: The ``chat_template_kwargs`` names clients may set.
@@ -217,7 +233,7 @@ class ChatCompletionServer:
             server_header=False,
             access_log=log,
             log_level="info" if log else "warning",
-            **({} if log else {"log_config": None}),
+            log_config=_log_config(uvicorn) if log else None,
         )
         self._running = ThreadedServer(config, "llm_gym-serve", sockets=[self._socket])
 

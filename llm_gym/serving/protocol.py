@@ -23,7 +23,9 @@ from typing import Any
 __all__ = [
     "MAX_LOGPROBS",
     "MAX_SEED",
+    "CHAT_UNHONOURED_FIELDS",
     "MIN_SEED",
+    "STREAM_OPTIONS",
     "UNHONOURED_FIELDS",
     "APIError",
     "Common",
@@ -73,6 +75,18 @@ UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
 does not implement, with the values that change nothing (null always does). Any other value is
 refused with a 400 rather than dropped: a client that bans a token with ``logit_bias`` must not
 get it back silently."""
+
+
+CHAT_UNHONOURED_FIELDS: dict[str, tuple[Any, ...]] = {
+    **{"modalities": (["text"],), "audio": (), "web_search_options": (), "reasoning_effort": ()},
+    **{"verbosity": ("medium",), "functions": ([],), "function_call": ("auto", "none")},
+    "moderation": (),
+    **{"echo": (False,), "prompt_logprobs": ()},  # vLLM's
+}
+"""Chat fields (beside :data:`~llm_gym.serving.protocol.UNHONOURED_FIELDS`) this server does not
+implement, with the values that change nothing: its replies are text, it searches and moderates
+nothing, has one verbosity and does not reason on a budget (OpenAI refuses ``reasoning_effort``
+for a model that does not); the deprecated ``functions`` are ``tools``."""
 
 
 class APIError(Exception):
@@ -219,6 +233,41 @@ def refuse_unhonoured(body: dict[str, Any], fields: dict[str, tuple[Any, ...]]) 
             )
 
 
+STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
+"""The ``stream_options`` fields read: OpenAI's ``include_usage`` (honoured) and
+``include_obfuscation`` (accepted either way: no stream of this server carries OpenAI's
+``obfuscation`` padding, which hides the length of each delta from observers of the network,
+and clients never read it), and vLLM's ``continuous_usage_stats`` (only false: not honoured).
+Any other field is refused."""
+
+
+def _stream_options(options: Any, stream: bool) -> bool:
+    """``stream_options`` checked; returns ``include_usage``."""
+    if options is None:
+        return False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with stream=true", "stream_options")
+    if not isinstance(options, dict) or set(options) - set(STREAM_OPTIONS):
+        raise bad_request(
+            "'stream_options' must be an object with 'include_usage' and 'include_obfuscation' "
+            f"(true or false); got {_show(options)}",
+            "stream_options",
+        )
+    for key in ("include_usage", "include_obfuscation"):
+        if options.get(key) is not None and not isinstance(options[key], bool):
+            raise bad_request(
+                f"'stream_options.{key}' must be true or false; got {_show(options[key])}",
+                f"stream_options.{key}",
+            )
+    if options.get("continuous_usage_stats") not in (None, False):  # vLLM's: not honoured
+        raise bad_request(
+            "'stream_options.continuous_usage_stats' is not supported by this server (it "
+            "would be ignored); omit it or send false",
+            "stream_options.continuous_usage_stats",
+        )
+    return bool(options.get("include_usage"))
+
+
 @dataclass(frozen=True)
 class Common:
     """What every generation request carries, checked."""
@@ -256,33 +305,7 @@ def check_common(body: dict[str, Any], model_name: str) -> Common:
             f"'n' must be 1 on this server (one choice per request); got {_show(n)}", "n"
         )
     stream = flag_field(body, "stream")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise bad_request("'stream_options' is only allowed with stream=true", "stream_options")
-        if not isinstance(options, dict) or set(options) - {
-            "include_usage",
-            "continuous_usage_stats",
-        }:
-            raise bad_request(
-                "'stream_options' must be an object with 'include_usage' (true or false); got "
-                f"{_show(options)}",
-                "stream_options",
-            )
-        include_usage = options.get("include_usage", False)
-        if not isinstance(include_usage, bool) and include_usage is not None:
-            raise bad_request(
-                f"'stream_options.include_usage' must be true or false; got {_show(include_usage)}",
-                "stream_options.include_usage",
-            )
-        include_usage = bool(include_usage)
-        if options.get("continuous_usage_stats") not in (None, False):  # vLLM's: not honoured
-            raise bad_request(
-                "'stream_options.continuous_usage_stats' is not supported by this server (it "
-                "would be ignored); omit it or send false",
-                "stream_options.continuous_usage_stats",
-            )
+    include_usage = _stream_options(body.get("stream_options"), stream)
     return_token_ids = flag_field(body, "return_token_ids")
     if return_token_ids and stream:
         raise bad_request(

@@ -4,7 +4,9 @@
   carried ``tools``: well-formed calls go to ``message.tool_calls`` (``arguments`` a JSON string,
   as OpenAI sends them), ``content`` is the text outside the calls (``null`` when there is none)
   and ``finish_reason`` becomes ``"tool_calls"``. A reply that is not a well-formed call stays
-  text in ``content``.
+  text in ``content``, and so does a reply that calls a tool the request did not declare (the
+  whole reply, its calls of declared tools too): a structured call is always one the client
+  can run, and the model's text is kept for the client to read.
 * :func:`logprobs_content` writes OpenAI's ``logprobs.content`` list (``token``, ``logprob``,
   ``bytes`` (the UTF-8 of the token's text), ``top_logprobs``).
 * :func:`chat_chunk` / :func:`completion_chunk` are the stream's ``data:`` objects and
@@ -17,7 +19,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from llm_gym.actions import ActionFormat
@@ -88,23 +90,35 @@ def logprobs_content(
 
 
 def assistant_message(
-    text: str, finish_reason: str, action_format: ActionFormat | None, parallel: bool = True
+    text: str,
+    finish_reason: str,
+    action_format: ActionFormat | None,
+    *,
+    parallel: bool = True,
+    tool_names: Collection[str] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The answer's ``message`` and ``finish_reason`` (``action_format`` None: no tool parsing;
-    ``parallel`` False: the first call alone, the rest of the reply dropped, as vLLM does).
+    ``parallel`` False: the first call alone, the rest of the reply dropped, as vLLM does;
+    ``tool_names``: the request's declared tools, a reply that calls any other stays text;
+    None: any name is a call).
 
     Example:
         >>> from llm_gym.actions import get_action_format
+        >>> hermes = get_action_format("hermes")
         >>> reply = 'On it.\\n<tool_call>\\n{"name": "add", "arguments": {"a": 1}}\\n</tool_call>'
-        >>> message, finish = assistant_message(reply, "stop", get_action_format("hermes"))
+        >>> message, finish = assistant_message(reply, "stop", hermes, tool_names={"add"})
         >>> message["content"], message["tool_calls"][0]["function"], finish
         ('On it.', {'name': 'add', 'arguments': '{"a": 1}'}, 'tool_calls')
+        >>> message, finish = assistant_message(reply, "stop", hermes, tool_names={"search"})
+        >>> message["content"] == reply, "tool_calls" in message, finish
+        (True, False, 'stop')
     """
     if action_format is not None:
         parsed = action_format.parse(text)
-        if parsed.is_tool_calls:
+        calls = parsed.tool_calls if parallel else parsed.tool_calls[:1]
+        declared = tool_names is None or all(c["function"]["name"] in tool_names for c in calls)
+        if parsed.is_tool_calls and declared:
             content = parsed.message.get("content") or None
-            calls = parsed.tool_calls if parallel else parsed.tool_calls[:1]
             message = {"role": "assistant", "content": content, "tool_calls": calls}
             return message, "tool_calls"
     return {"role": "assistant", "content": text}, finish_reason

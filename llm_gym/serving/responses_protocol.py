@@ -313,7 +313,7 @@ def parse_responses_request(
     chat: dict[str, Any] = {
         "model": body.get("model"),
         "messages": input_messages(body),
-        "tools": tools,
+        "tools": tools or None,  # an empty list is no tools here (the Agents SDK sends one)
         "tool_choice": _tool_choice(body.get("tool_choice")),
         "parallel_tool_calls": body.get("parallel_tool_calls"),
         "response_format": _response_format(body.get("text")),

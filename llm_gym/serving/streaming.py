@@ -11,7 +11,8 @@ thread and return once the prompt is rendered and checked, so a bad request is s
 * With ``tools``, the text outside tool calls streams until a tool call can have started (for the
   Hermes format, up to ``<tool_call>``; other formats hold the whole reply back); the rest is
   parsed once the generation ends and sent as one ``tool_calls`` delta (each call with its
-  ``index``, ``id``, ``type`` and complete ``function``) with ``finish_reason: "tool_calls"``.
+  ``index``, ``id``, ``type`` and complete ``function``) with ``finish_reason: "tool_calls"``;
+  a reply that is no call, or calls a tool the request did not declare, ends as content.
   The streamed content may differ from a whole answer's in the whitespace around the calls.
 * completions: ``text_completion`` objects with text deltas (the prompt first with ``echo``).
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 from llm_gym.actions import ActionFormat
@@ -128,8 +129,11 @@ def _error_event(exc: BaseException) -> bytes:
 class _ToolHold:
     """Streams the content before a tool call can start; holds the rest for the parser."""
 
-    def __init__(self, action_format: ActionFormat, parallel: bool = True) -> None:
+    def __init__(
+        self, action_format: ActionFormat, tool_names: Collection[str], parallel: bool = True
+    ) -> None:
         self.format = action_format
+        self.tool_names = tool_names
         self.parallel = parallel
         self.marker = STREAM_MARKERS.get(action_format.name)
         self.text = ""
@@ -159,7 +163,9 @@ class _ToolHold:
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """The content not sent yet and the parsed tool calls (none: the rest is content)."""
-        message, _ = assistant_message(self.text, "stop", self.format, self.parallel)
+        message, _ = assistant_message(
+            self.text, "stop", self.format, parallel=self.parallel, tool_names=self.tool_names
+        )
         calls = message.get("tool_calls")
         if not calls:
             return self.text[self.sent :], []
@@ -201,7 +207,7 @@ async def _chat_events(
     with_usage = request.include_usage
     hold = None
     if request.parse_tool_calls:
-        hold = _ToolHold(engine.action_format, request.parallel_tool_calls)
+        hold = _ToolHold(engine.action_format, request.tool_names, request.parallel_tool_calls)
     lps: list[dict[str, Any]] = []
 
     def content(text: str, finish: str | None = None) -> bytes:
