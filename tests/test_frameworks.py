@@ -103,6 +103,7 @@ def test_smolagents_tool_calling_agent(served: ChatCompletionServer) -> None:
         api_base=served.url,
         api_key=API_KEY,
         max_tokens=budget(served),
+        temperature=0,  # greedy: the same replies every run
     )
     agent = smolagents.ToolCallingAgent(
         tools=[smolagents.tool(weather)], model=model, max_steps=2, verbosity_level=0
@@ -150,7 +151,7 @@ def test_openai_agents_default_model_with_a_tool(served: ChatCompletionServer) -
         model=served.model_name,
         tools=[agents.function_tool(weather)],
         tool_use_behavior="stop_on_first_tool",
-        model_settings=agents.ModelSettings(max_tokens=budget(served)),
+        model_settings=agents.ModelSettings(max_tokens=budget(served), temperature=0),
     )
     history = [
         {"role": "user", "content": QUESTION},
@@ -176,7 +177,7 @@ def test_openai_agents_default_model_with_an_output_type(served: ChatCompletionS
         instructions="Answer the question.",
         model=served.model_name,
         output_type=Verdict,
-        model_settings=agents.ModelSettings(max_tokens=budget(served)),
+        model_settings=agents.ModelSettings(max_tokens=budget(served), temperature=0),
     )
     result = agents.Runner.run_sync(
         agent, "Is Paris in France?", run_config=agents_run_config(served)
@@ -198,7 +199,7 @@ def test_openai_agents_chat_completions_model_with_an_output_type(
         instructions="Answer the question.",
         model=agents.OpenAIChatCompletionsModel(model=served.model_name, openai_client=client),
         output_type=Verdict,
-        model_settings=agents.ModelSettings(max_tokens=budget(served)),
+        model_settings=agents.ModelSettings(max_tokens=budget(served), temperature=0),
     )
     result = agents.Runner.run_sync(
         agent, "Is Paris in France?", run_config=agents.RunConfig(tracing_disabled=True)
@@ -223,7 +224,7 @@ def test_pydantic_ai_chat_model_with_an_output_type(served: ChatCompletionServer
 
     model = OpenAIChatModel(served.model_name, provider=pydantic_ai_provider(served))
     agent = pydantic_ai.Agent(
-        model, output_type=Verdict, model_settings={"max_tokens": budget(served)}
+        model, output_type=Verdict, model_settings={"max_tokens": budget(served), "temperature": 0}
     )
     result = agent.run_sync("Is Paris in France?")
     assert isinstance(result.output, Verdict)
@@ -237,7 +238,7 @@ def test_pydantic_ai_default_model_with_an_output_type(served: ChatCompletionSer
 
     model = OpenAIResponsesModel(served.model_name, provider=pydantic_ai_provider(served))
     agent = pydantic_ai.Agent(
-        model, output_type=Verdict, model_settings={"max_tokens": budget(served)}
+        model, output_type=Verdict, model_settings={"max_tokens": budget(served), "temperature": 0}
     )
     result = agent.run_sync("Is Paris in France?")
     assert isinstance(result.output, Verdict)
@@ -254,6 +255,7 @@ def chat_openai(served: ChatCompletionServer) -> Any:
         base_url=served.url,
         api_key=API_KEY,
         max_tokens=budget(served),
+        temperature=0,  # greedy: the same replies every run
         max_retries=0,
     )
 

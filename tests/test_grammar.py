@@ -266,3 +266,25 @@ def test_a_missing_library_names_the_extra(monkeypatch, small_model):
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(ImportError, match=r"llm-gym\[grammar\]"):
         GrammarCompiler(small_model[1], 512, [0])
+
+
+def test_closed_objects_by_hand() -> None:
+    from llm_gym.actions.grammar import closed_objects
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+            "choice": {"enum": [{"properties": {}}]},
+        },
+        "$defs": {"d": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert set(closed["properties"]) == {"properties", "open", "choice"}  # no key invented
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert closed["properties"]["open"]["additionalProperties"] is True  # as the schema says
+    assert closed["properties"]["choice"] == {"enum": [{"properties": {}}]}  # a literal
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the input is left as it is

@@ -23,6 +23,10 @@ Formats that close a call with a tag (``hermes``, ``qwen3_coder``, ``harmony``) 
 arguments' strings without a raw ``<`` (a string schema without its own ``pattern``, ``format``,
 ``enum`` or ``const`` gets the pattern :data:`NO_MARKUP`), so no argument can close the call early.
 
+A tool's argument object takes only the properties its schema declares unless the schema says
+otherwise (:func:`closed_objects`: ``additionalProperties`` false where it is absent, as OpenAI's
+strict mode and vLLM's xgrammar backend do), so a forced call cannot run on with invented keys.
+
 Schemas are bounded before any compiler sees them (:func:`check_schema`).
 """
 
@@ -66,6 +70,7 @@ NO_MARKUP = "^[^<]*$"
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 """The arguments of a tool without a schema (or not ``strict`` under ``auto``)."""
 _LITERAL_KEYS = frozenset({"enum", "const", "default", "examples"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 
 
 class GrammarUnsupportedError(InvalidArgumentError):
@@ -176,6 +181,34 @@ def guard_markup(schema: Any) -> Any:
     }
     if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(out):
         out["pattern"] = NO_MARKUP
+    return out
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of ``schema`` whose object schemas with ``properties`` and no
+    ``additionalProperties`` take no other property.
+
+    Example:
+        >>> closed_objects({"type": "object", "properties": {"q": {"type": "object",
+        ...     "properties": {}}}})["properties"]["q"]["additionalProperties"]
+        False
+        >>> "additionalProperties" in closed_objects({"type": "object"})
+        False
+    """
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _LITERAL_KEYS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
+            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
+        else:
+            out[key] = closed_objects(value)
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
     return out
 
 
@@ -337,7 +370,7 @@ def reply_grammar(
     guard = action_format.GUARDS_MARKUP
     alternatives = []
     for i, tool in enumerate(tools):
-        schema = guard_markup(tool.schema) if guard else tool.schema
+        schema = closed_objects(guard_markup(tool.schema) if guard else tool.schema)
         rules.extend(action_format.call_grammar(tool.name, schema, f"call_{i}", lark))
         alternatives.append(f"call_{i}")
     rules.append(f"call: {' | '.join(alternatives)}")
