@@ -137,19 +137,7 @@ class HarmonyFormat(ActionFormat):
         return _MESSAGE in rendered and super().signature(rendered)
 
     def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:
-        """Parse the model's raw assistant text; see the module docstring for the rules.
-
-        Args:
-            text: The raw assistant text.
-            call_id_prefix: Tool-call ids become ``f"{call_id_prefix}_{i}"``; ``None`` draws a
-                fresh random prefix.
-
-        Returns:
-            The parsed action; never raises for a ``str``.
-
-        Raises:
-            InvalidArgumentError: ``text`` is not a ``str``.
-        """
+        """:meth:`ActionFormat.parse` (its contract); the rules are in the module docstring."""
         require_text(text)
         if not any(token in text for token in _TRIGGERS):
             return ParsedAction.final(text)

@@ -98,19 +98,7 @@ class Llama3JsonFormat(ActionFormat):
         return super().signature(rendered) or _CALL_SHAPE.search(rendered) is not None
 
     def parse(self, text: str, *, call_id_prefix: str | None = None) -> ParsedAction:
-        """Parse the model's raw assistant text; see the module docstring for the rules.
-
-        Args:
-            text: The raw assistant text.
-            call_id_prefix: Tool-call ids become ``f"{call_id_prefix}_{i}"``; ``None`` draws a
-                fresh random prefix.
-
-        Returns:
-            The parsed action; never raises for a ``str``.
-
-        Raises:
-            InvalidArgumentError: ``text`` is not a ``str``.
-        """
+        """:meth:`ActionFormat.parse` (its contract); the rules are in the module docstring."""
         require_text(text)
         stripped = text.lstrip()
         content = ""
