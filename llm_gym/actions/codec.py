@@ -31,6 +31,7 @@ from llm_gym.core.types import ToolCall
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = [
+    "spec_block",
     "count_json_values",
     "decode_tool_calls",
     "scan_json",
@@ -272,6 +273,21 @@ def dumps_for_model(value: Any, *, escape_markup: bool = False) -> str:
     # Outside string literals JSON text holds only ASCII syntax, so every match is inside a string.
     pattern = _SURROGATES_AND_MARKUP if escape_markup else _SURROGATES
     return pattern.sub(_escape_char, text)
+
+
+def spec_block(tool_specs: Sequence[Any], header: str, footer: str) -> str:
+    """``header``, one JSON spec per line (:func:`dumps_for_model`), ``footer``; ``""`` without
+    tools: the text layout's tool instructions of every format that lists its specs as JSON.
+
+    Example:
+        >>> spec_block([{"name": "f"}], "<tools>\\n", "\\n</tools>")
+        '<tools>\\n{"name": "f"}\\n</tools>'
+        >>> spec_block([], "<tools>", "</tools>")
+        ''
+    """
+    if not tool_specs:
+        return ""
+    return header + "\n".join(dumps_for_model(spec) for spec in tool_specs) + footer
 
 
 def tool_call_to_object(tool_call: ToolCall) -> dict[str, Any]:

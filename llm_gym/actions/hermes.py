@@ -41,6 +41,7 @@ from llm_gym.actions.codec import (
     loads_lenient,
     make_tool_calls,
     require_text,
+    spec_block,
     tool_call_to_object,
 )
 from llm_gym.actions.grammar import Lark
@@ -202,10 +203,7 @@ class HermesFormat(ActionFormat):
         Returns:
             The system-prompt text.
         """
-        if not tool_specs:
-            return ""
-        specs = "\n".join(dumps_for_model(spec) for spec in tool_specs)
-        return _TOOLS_HEADER + specs + _TOOLS_FOOTER
+        return spec_block(tool_specs, _TOOLS_HEADER, _TOOLS_FOOTER)
 
     def render_tool_result(self, message: Message) -> str:
         """``"<tool_response>\\n{content}\\n</tool_response>"``.

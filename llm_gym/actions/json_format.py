@@ -36,6 +36,7 @@ from llm_gym.actions.codec import (
     loads_lenient,
     make_tool_calls,
     require_text,
+    spec_block,
     tool_call_to_object,
 )
 from llm_gym.actions.grammar import Lark
@@ -184,10 +185,7 @@ class JsonFormat(ActionFormat):
         Returns:
             The system-prompt text.
         """
-        if not tool_specs:
-            return ""
-        specs = "\n".join(dumps_for_model(spec) for spec in tool_specs)
-        return _INSTRUCTIONS_HEADER + specs + _INSTRUCTIONS_FOOTER
+        return spec_block(tool_specs, _INSTRUCTIONS_HEADER, _INSTRUCTIONS_FOOTER)
 
     def render_tool_result(self, message: Message) -> str:
         """A JSON object with the message's ``tool_call_id``, ``name`` (when set) and ``content``.

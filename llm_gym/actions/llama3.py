@@ -40,6 +40,7 @@ from llm_gym.actions.codec import (
     dumps_for_model,
     require_text,
     scan_json,
+    spec_block,
     tool_call_to_object,
 )
 from llm_gym.actions.grammar import Lark
@@ -188,10 +189,7 @@ class Llama3JsonFormat(ActionFormat):
         Returns:
             The system-prompt text.
         """
-        if not tool_specs:
-            return ""
-        specs = "\n".join(dumps_for_model(spec) for spec in tool_specs)
-        return _INSTRUCTIONS_HEADER + specs + _INSTRUCTIONS_FOOTER
+        return spec_block(tool_specs, _INSTRUCTIONS_HEADER, _INSTRUCTIONS_FOOTER)
 
     def render_tool_result(self, message: Message) -> str:
         """``{"output": content}`` as JSON, with the message's ``name`` first when set (Llama 3
