@@ -109,18 +109,23 @@ def family_tokenizer(base, family: str):
     return tokenizer
 
 
-@pytest.fixture(scope="module")
-def tokenizers(small_model) -> dict:
+def family_tokenizers(base) -> dict:
+    """Each family's tokenizer built on ``base`` (the families this TRL ships), and SmolLM2's."""
     out = {}
     for family in FAMILIES:
         try:
-            out[family] = family_tokenizer(small_model[1], family)
+            out[family] = family_tokenizer(base, family)
         except pytest.skip.Exception:
             continue
-    smollm2 = copy.deepcopy(small_model[1])
+    smollm2 = copy.deepcopy(base)
     smollm2.chat_template = SMOLLM2_TEMPLATE
     out["smollm2"] = smollm2
     return out
+
+
+@pytest.fixture(scope="module")
+def tokenizers(small_model) -> dict:
+    return family_tokenizers(small_model[1])
 
 
 def _tokenizer(tokenizers: dict, family: str):

@@ -25,8 +25,8 @@ from llm_gym.policies.template_history import (
 )
 from llm_gym.policies.template_render import apply_template
 from llm_gym.policies.template_tools import short_call_ids, template_support, text_layout
-from tests.test_template_format import FAMILIES, family_tokenizer
-from tests.test_template_tools import SMOLLM2_TEMPLATE
+from tests.test_template_format import FAMILIES, family_tokenizers
+from tests.test_template_format import _tokenizer as pick
 
 pytest.importorskip("transformers")
 
@@ -36,22 +36,7 @@ STRUCTURED = {"mistral_v0.3", "gpt-oss"}
 
 @pytest.fixture(scope="module")
 def tokenizers(small_model) -> dict:
-    out = {}
-    for family in FAMILIES:
-        try:
-            out[family] = family_tokenizer(small_model[1], family)
-        except pytest.skip.Exception:
-            continue
-    smollm2 = copy.deepcopy(small_model[1])
-    smollm2.chat_template = SMOLLM2_TEMPLATE
-    out["smollm2"] = smollm2
-    return out
-
-
-def _tokenizer(tokenizers: dict, family: str):
-    if family not in tokenizers:
-        pytest.skip(f"this TRL ships no template for {family}")
-    return tokenizers[family]
+    return family_tokenizers(small_model[1])
 
 
 def _call(fmt, name: str, arguments: dict) -> str:
@@ -101,7 +86,7 @@ def _render(tokenizer, conversation, specs, fmt) -> str:
 def test_the_probe_gives_structured_history_to_the_templates_that_need_it(
     family, tokenizers
 ) -> None:
-    support = template_support(_tokenizer(tokenizers, family))
+    support = template_support(pick(tokenizers, family))
     assert support.structured_history == (family in STRUCTURED)
     assert support.text_before_user == (family == "mistral_v0.3")  # its alternation rule
 
@@ -114,7 +99,7 @@ def test_two_calls_in_a_row_render_as_the_template_writes_calls(family, tokenize
     """Two calls in a row and a final answer render (as text they raise: gpt-oss at the first
     tool result, Mistral v0.3 at the second assistant turn in a row), each call as the
     template writes it, paired with its result."""
-    tokenizer = _tokenizer(tokenizers, family)
+    tokenizer = pick(tokenizers, family)
     fmt = get_action_format(FAMILIES[family][3])
     conversation, specs = _conversation(fmt)
     with pytest.raises(Exception, match="tool call|alternate"):  # as text: refused
@@ -138,7 +123,7 @@ def test_two_calls_in_a_row_render_as_the_template_writes_calls(family, tokenize
 def test_a_mistral_call_a_user_message_follows_stays_text(tokenizers) -> None:
     """Mistral v0.3 counts text turns only in its alternation: a call whose result a user
     message follows stays text (structured, the template refuses two user turns in a row)."""
-    tokenizer = _tokenizer(tokenizers, "mistral_v0.3")
+    tokenizer = pick(tokenizers, "mistral_v0.3")
     fmt = get_action_format("mistral")
     conversation, specs = _conversation(fmt, then_user=True)
     chat, _ = structured_history(conversation, fmt, text_before_user=True)
@@ -151,7 +136,7 @@ def test_a_mistral_call_a_user_message_follows_stays_text(tokenizers) -> None:
 
 def test_a_mistral_call_a_user_message_follows_renders_byte_for_byte_as_text(tokenizers) -> None:
     """One call, its result and a user message render exactly as the text turns do."""
-    tokenizer = _tokenizer(tokenizers, "mistral_v0.3")
+    tokenizer = pick(tokenizers, "mistral_v0.3")
     fmt = get_action_format("mistral")
     conversation, specs = _conversation(fmt, then_user=True)
     head = [*conversation[:-4], conversation[-2]]  # opening, one call, its result, "Go on."
@@ -172,7 +157,7 @@ def test_a_mistral_call_a_user_message_follows_renders_byte_for_byte_as_text(tok
 def test_templates_that_render_text_history_render_it_byte_for_byte(family, tokenizers) -> None:
     """ChatML (SmolLM2: the text layout), Qwen2.5's hermes, Llama 3.1 and Qwen3-Coder get the
     assistant's turns as text: the rendering is the template's own of the text turns."""
-    tokenizer = _tokenizer(tokenizers, family)
+    tokenizer = pick(tokenizers, family)
     fmt = get_action_format(FAMILIES[family][3] if family in FAMILIES else "hermes")
     conversation, specs = _conversation(fmt, then_user=True)
     support = template_support(tokenizer)
@@ -203,7 +188,7 @@ def test_a_past_call_with_deep_arguments_renders_them_as_text_with_a_warning(
     """A reply whose arguments nest 800 levels deep parses as a call; as an object a template's
     ``tojson`` would recurse past Python's stack inside the render. The template gets them as
     their JSON text, and a warning says why."""
-    tokenizer = copy.deepcopy(_tokenizer(tokenizers, family))
+    tokenizer = copy.deepcopy(pick(tokenizers, family))
     fmt = get_action_format(FAMILIES[family][3])
     deep: object = "leaf"
     for _ in range(800):
@@ -221,7 +206,7 @@ def test_a_past_call_with_deep_arguments_renders_them_as_text_with_a_warning(
 def test_a_past_call_with_huge_odd_arguments_renders(family, tokenizers) -> None:
     """Arguments of a megabyte, quotes, backslashes, newlines, other scripts and a
     look-alike of the family's tokens render as the template prints objects."""
-    tokenizer = _tokenizer(tokenizers, family)
+    tokenizer = pick(tokenizers, family)
     fmt = get_action_format(FAMILIES[family][3])
     odd = {
         "key": "x" * 1_000_000,
