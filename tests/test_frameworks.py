@@ -44,11 +44,6 @@ MAX_TOKENS = {"tiny": 200, "smollm2": 64}
 """Tokens per reply: the tiny model is quick; SmolLM2's budget is kept small (~3 s a reply on
 2 cores) yet holds a forced call or a schema's object."""
 API_KEY = "unused"
-SECOND_CALL_CUT = (
-    "SmolLM2, forced to call (tool_choice required, parallel calls allowed), writes a second "
-    "call that the 64-token budget cuts, so the reply is not a well-formed call: a forced "
-    "reply cut by its budget does not yet keep its complete calls"
-)
 """The server checks no key; the clients need one."""
 QUESTION = "What is the weather in Paris? Answer with the weather tool."
 
@@ -224,8 +219,6 @@ def pydantic_ai_provider(served: ChatCompletionServer) -> Any:
 def test_pydantic_ai_chat_model_with_an_output_type(served: ChatCompletionServer) -> None:
     """``output_type`` on ``OpenAIChatModel``: its output tool (``strict``) forced by
     ``tool_choice``; the run's output is an instance of the type."""
-    if served.model_name == "smollm2":
-        pytest.skip(SECOND_CALL_CUT)
     pydantic_ai = pytest.importorskip("pydantic_ai")
     from pydantic_ai.models.openai import OpenAIChatModel
 
@@ -240,8 +233,6 @@ def test_pydantic_ai_chat_model_with_an_output_type(served: ChatCompletionServer
 def test_pydantic_ai_default_model_with_an_output_type(served: ChatCompletionServer) -> None:
     """``output_type`` on ``OpenAIResponsesModel``, what ``"openai:NAME"`` builds: the output
     tool forced on ``/v1/responses``."""
-    if served.model_name == "smollm2":
-        pytest.skip(SECOND_CALL_CUT)
     pydantic_ai = pytest.importorskip("pydantic_ai")
     from pydantic_ai.models.openai import OpenAIResponsesModel
 
@@ -280,8 +271,6 @@ def test_langchain_with_structured_output(served: ChatCompletionServer) -> None:
 def test_langchain_bind_tools_forcing_a_call(served: ChatCompletionServer) -> None:
     """``bind_tools(..., tool_choice="any")`` (sent as ``"required"``): the reply is a call of
     the declared tool with arguments of its schema."""
-    if served.model_name == "smollm2":
-        pytest.skip(SECOND_CALL_CUT)
     pytest.importorskip("langchain_openai")
     from langchain_core.messages import AIMessage
     from langchain_core.tools import tool

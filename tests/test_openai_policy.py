@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import subprocess
@@ -253,6 +254,19 @@ def test_tools_are_text_in_the_system_prompt_by_default(endpoint: FakeEndpoint) 
         {"role": "system", "content": "You answer questions."},
         {"role": "user", "content": "How many people live in Velmora?"},
     ]
+
+
+def test_the_episodes_tool_choice_is_sent_with_native_tools(endpoint: FakeEndpoint) -> None:
+    named = {"type": "function", "function": {"name": "lookup"}}
+    policy = policy_for(endpoint, send_tools=True)
+    for choice in (None, "auto", "required", named):
+        forced = dataclasses.replace(request(), tool_choice=choice)
+        body = policy.build_payload(forced)
+        assert body.get("tool_choice") == choice
+    text_tools = policy_for(endpoint)
+    assert "tool_choice" not in text_tools.build_payload(request())
+    with pytest.raises(InvalidArgumentError, match="send_tools=True"):
+        text_tools.build_payload(dataclasses.replace(request(), tool_choice="required"))
 
 
 def test_native_tools_and_tool_call_responses(endpoint: FakeEndpoint) -> None:

@@ -116,6 +116,81 @@ def test_parallel_tool_calls_false_keeps_the_first_call(served, monkeypatch) -> 
     assert [c["function"]["name"] for c in one] == ["weather"]
 
 
+def cut_reply(served: ChatCompletionServer, monkeypatch, text: str) -> list[int]:
+    """Make the model write ``text`` and stop there, as a budget would: each token fed to the
+    request's constraint on the step after it (as ``model.generate`` does). Returns its ids."""
+    ids = served.tokenizer.encode(text, add_special_tokens=False)
+
+    def fake(model, prompt_ids, sampling, *, eos_ids, pad_id, on_token) -> None:
+        for i, token_id in enumerate(ids):
+            if i and sampling.constraint is not None:
+                sampling.constraint.advance(ids[i - 1])
+            if on_token(TokenOut(token_id, -0.5 - i)):
+                return
+
+    monkeypatch.setattr("llm_gym.serving.engine.sample_tokens", fake)
+    return ids
+
+
+WHOLE = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_reply_cut_by_its_budget_keeps_its_whole_calls(
+    served, monkeypatch, stream
+) -> None:
+    whole = len(served.tokenizer.encode(WHOLE, add_special_tokens=False))
+    ids = cut_reply(served, monkeypatch, WHOLE + '\n<tool_call>\n{"name": "noop", "argu')
+    fields = {"tools": TOOLS, "tool_choice": "required", "logprobs": True, "max_tokens": len(ids)}
+    if stream:
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=USER,
+            stream=True,
+            stream_options={"include_usage": True},
+            **fields,
+        )
+        chunks = [chunk.model_dump() for chunk in stream]
+        deltas = [c["choices"][0] for c in chunks if c["choices"]]
+        calls = [call for d in deltas for call in d["delta"].get("tool_calls") or []]
+        content = "".join(d["delta"].get("content") or "" for d in deltas)
+        entries = [e for d in deltas for e in (d.get("logprobs") or {}).get("content") or []]
+        finish, used = deltas[-1]["finish_reason"], chunks[-1]["usage"]["completion_tokens"]
+    else:
+        reply = served.chat_completion({"model": "tiny", "messages": USER, **fields})
+        choice = reply["choices"][0]
+        calls, content = choice["message"]["tool_calls"], choice["message"]["content"] or ""
+        entries, finish = choice["logprobs"]["content"], choice["finish_reason"]
+        used = reply["usage"]["completion_tokens"]
+    assert finish == "tool_calls"
+    assert [c["function"]["name"] for c in calls] == ["weather"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 2}
+    assert content.strip() == ""
+    assert [e["logprob"] for e in entries] == [-0.5 - i for i in range(whole)]
+    assert used == whole
+
+
+def test_a_forced_reply_cut_before_its_first_whole_call_ends_as_length(served, monkeypatch):
+    ids = cut_reply(served, monkeypatch, '<tool_call>\n{"name": "weather", "arguments": {"ci')
+    reply = served.chat_completion(
+        {"model": "tiny", "messages": USER, "tools": TOOLS, "tool_choice": "required"}
+    )
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert "tool_calls" not in choice["message"]
+    assert reply["usage"]["completion_tokens"] == len(ids)
+
+
+def test_an_unforced_reply_cut_by_its_budget_is_not_cut_back(served, monkeypatch) -> None:
+    ids = cut_reply(served, monkeypatch, WHOLE + '\n<tool_call>\n{"name": "noop", "argu')
+    reply = served.chat_completion({"model": "tiny", "messages": USER, "tools": TOOLS})
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert reply["usage"]["completion_tokens"] == len(ids)
+
+
 def test_a_streamed_named_call_arrives_as_one_structured_call(served) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)

@@ -103,6 +103,10 @@ class GrammarConstraint:
         self.eos_ids = frozenset(eos_ids)
         self.broken = False
         """True once a token the grammar refused was fed."""
+        self.fed = 0
+        """Tokens the grammar took (end-of-sequence ids are not fed)."""
+        self.accepted = 0
+        """:attr:`fed` when the grammar was last complete (0: never after a token)."""
         self._words = (vocab_size + 31) // 32
         self._bits = torch.empty((1, self._words), dtype=torch.int32)
         self._shifts = torch.arange(32, dtype=torch.int32)
@@ -126,6 +130,23 @@ class GrammarConstraint:
             return
         if not self.matcher.consume_token(int(token_id)):
             self.broken = True
+            return
+        self.fed += 1
+        if self.matcher.is_accepting():
+            self.accepted = self.fed
+
+    def complete_prefix(self, token_ids: Sequence[int]) -> int | None:
+        """How many of ``token_ids`` (the row's tokens so far, in order) make the longest
+        whole sentence of the grammar, or None when none does or all of them do. The tokens
+        the grammar has not taken yet are fed first (a decode loop feeds each token on the
+        step after it was sampled, so the last one may be pending)."""
+        for token_id in token_ids[self.fed :]:
+            if self.broken or self.matcher.is_stopped() or token_id in self.eos_ids:
+                break
+            self.advance(token_id)
+        if self.broken or self.accepted == 0 or self.accepted >= len(token_ids):
+            return None
+        return self.accepted
 
     @property
     def complete(self) -> bool:

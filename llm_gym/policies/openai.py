@@ -289,6 +289,18 @@ class OpenAIPolicy(Policy):
             payload["seed"] = seed
         if self.send_tools and request.tool_specs:
             payload["tools"] = [dict(spec) for spec in request.tool_specs]
+            if request.tool_choice is not None:
+                payload["tool_choice"] = request.tool_choice
+        elif request.tool_choice not in (None, "auto", "none"):
+            why = (
+                "this policy writes them as text in the prompt: use send_tools=True"
+                if request.tool_specs
+                else "the environment declares none"
+            )
+            raise InvalidArgumentError(
+                f"The episode asks for tool_choice={request.tool_choice!r}, which an endpoint "
+                f"enforces only on the tools a request sends; {why}."
+            )
         payload.update(self.extra_body)
         return payload
 

@@ -291,6 +291,10 @@ class Engine:
                     pad_id=self.pad_id,
                     on_token=on_token,
                 )
+        if sampling.keep_complete and assembler.finish is None and not cancelled():
+            kept = sampling.constraint.complete_prefix(assembler.generated)
+            if kept is not None:
+                assembler.rewind(kept)
         last = assembler.flush()
         if last.text or last.tokens:
             on_piece(last)
@@ -326,6 +330,7 @@ class Engine:
             seed=request.seed,
             logprobs=request.top_logprobs if request.logprobs else None,
             constraint=None if grammar is None else self._compiler().constraint(grammar),
+            keep_complete=grammar is not None and request.tool_choice.forced,
         )
 
     def _compiler(self) -> GrammarCompiler:
@@ -383,7 +388,7 @@ class Engine:
         pieces: list[Piece] = []
         self.run(prompt_ids, sampling, assembler, pieces.append, cancelled)
         _check_cancelled(cancelled)
-        text = "".join(p.text for p in pieces)
+        text = assembler.text
         tools = self.action_format if request.parse_tool_calls else None
         finish = assembler.finish or "length"
         message, finish = assistant_message(
@@ -395,7 +400,7 @@ class Engine:
         )
         logprobs = None
         if request.logprobs:
-            tokens = [t for p in pieces for t in p.tokens]
+            tokens = [t for p in pieces for t in p.tokens][: len(assembler.ids)]
             logprobs = logprobs_content(tokens, request.top_logprobs, self.token_text)
         return chat_body(
             self.model_name,

@@ -44,6 +44,9 @@ class Sampling:
     constraint: Any = None
     """A :class:`~llm_gym.policies.constraint.LogitsConstraint` the tokens follow (None: free);
     the logprobs reported are the model's, before its mask (vLLM's default)."""
+    keep_complete: bool = False
+    """A reply that ``max_tokens`` cuts is cut back to where ``constraint`` was last complete
+    (a forced reply keeps its whole tool calls and drops the one the budget cut)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,8 @@ class TextAssembler:
         self.text = ""
         self.finish: str | None = None
         """``"stop"`` once an end-of-sequence token or a stop string ended the text."""
+        self.dropped = 0
+        """Tokens :meth:`rewind` took back (sampled, not in the reply)."""
         self._sent = 0
         self._pending: list[tuple[TokenOut, int]] = []  # tokens not yet sent, with their start
         self._prefix = 0
@@ -261,6 +266,23 @@ class TextAssembler:
         self._pending = []
         self._sent = end
         return piece
+
+    def rewind(self, kept: int) -> None:
+        """Keep the first ``kept`` tokens and end the text there (``finish`` ``"stop"``).
+
+        :attr:`text` becomes their text; tokens not handed out yet past them are dropped. Text
+        already handed out past them is the caller's to drop: the reply is ``text``.
+        """
+        if self.finish is not None or not 0 <= kept < len(self.ids):
+            raise ValueError(f"rewind({kept}) needs an unfinished text of more than {kept} tokens")
+        first_pending = len(self.ids) - len(self._pending)
+        self._pending = self._pending[: max(0, kept - first_pending)]
+        self.dropped = len(self.ids) - kept
+        self.ids = self.ids[:kept]
+        self.generated = self.generated[:kept]
+        self.text = self._decode(self.ids)
+        self._sent = min(self._sent, len(self.text))
+        self.finish = "stop"
 
     def flush(self) -> Piece:
         """Everything not sent yet (call it once the generation is over)."""

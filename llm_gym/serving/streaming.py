@@ -13,6 +13,9 @@ thread and return once the prompt is rendered and checked, so a bad request is s
   parsed once the generation ends and sent as one ``tool_calls`` delta (each call with its
   ``index``, ``id``, ``type`` and complete ``function``) with ``finish_reason: "tool_calls"``;
   a reply that is no call, or calls a tool the request did not declare, ends as content.
+  A forced reply (``tool_choice`` ``"required"`` or named) that ``max_tokens`` cuts keeps its
+  whole calls: the call the budget cut is dropped (its tokens too) and ``finish_reason`` is
+  ``"tool_calls"``; with no whole call it ends as content with ``"length"``.
   The streamed content may differ from a whole answer's in the whitespace around the calls.
 * completions: ``text_completion`` objects with text deltas (the prompt first with ``echo``).
 
@@ -209,11 +212,13 @@ async def _chat_events(
     if request.parse_tool_calls:
         hold = _ToolHold(engine.action_format, request.tool_names, request.parallel_tool_calls)
     lps: list[dict[str, Any]] = []
+    sent = [0]  # logprob entries sent
 
     def content(text: str, finish: str | None = None) -> bytes:
         logprobs = None
         if request.logprobs:
             logprobs, lps[:] = list(lps), []
+            sent[0] += len(logprobs)
         return sse(chat_chunk(head, {"content": text}, finish, logprobs, with_usage))
 
     try:
@@ -230,6 +235,9 @@ async def _chat_events(
                 yield content(text)
         finish = assembler.finish or "length"
         if hold is not None:
+            if assembler.dropped:  # cut back to its whole calls: all of them still held
+                hold.text = assembler.text
+                del lps[max(0, len(assembler.ids) - sent[0]) :]
             rest, calls = hold.finish()
             if rest or (lps and not calls):
                 yield content(rest)
