@@ -286,3 +286,70 @@ def test_the_parser_is_bound_to_the_episode_s_tools() -> None:
     arguments = driver.parsed.tool_calls[0]["function"]["arguments"]
     assert arguments == '{"tag": "42", "n": 7}'  # typed by the schema: the string stays text
     driver.close_sync()
+
+
+def test_the_optional_hooks_default_to_nothing() -> None:
+    env = PingEnv()
+    assert asyncio.run(env.conclude("max_turns")) is None
+    assert env.defer_scoring() is None and env.note_tokens(7) is None
+    assert env.scoring_pending is False and env.scoring_key is env and env.tool_choice is None
+    with pytest.raises(NotImplementedError, match="PingEnv"):
+        asyncio.run(env.score_group([env]))
+
+
+class Duck:
+    """An env-like object that does not subclass Env."""
+
+    tool_specs: list = []
+
+    async def reset(self, task: Task) -> list:
+        return [{"role": "user", "content": "hi"}]
+
+
+def test_a_factory_must_return_an_env(mode: str) -> None:
+    driver = EpisodeDriver(lambda task: Duck())
+    with pytest.raises(InvalidArgumentError, match="returned a Duck.*subclass Env"):
+        play(driver, ["done"], mode)
+
+
+class Hooked(PingEnv):
+    """PingEnv that records what the loop tells it, scores cut episodes, asks for a tool."""
+
+    tool_choice = "required"
+
+    def __init__(self) -> None:
+        super().__init__(cap=2)
+        self.tokens: list[int] = []
+        self.causes: list[str] = []
+        self.deferred = False
+
+    def note_tokens(self, total: int) -> None:
+        self.tokens.append(total)
+
+    def defer_scoring(self) -> None:
+        self.deferred = True
+
+    async def conclude(self, cause: str) -> StepResult:
+        self.causes.append(cause)
+        return StepResult(False, True, self.messages, 0.25, {"concluded": 1})
+
+
+def test_the_loop_calls_each_declared_hook(small_model) -> None:
+    envs: list[Hooked] = []
+    seen: list[PolicyRequest] = []
+
+    class Calls(Policy):
+        async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
+            seen.extend(requests)
+            return [Generation(text=CALL, token_ids=[1, 2, 3]) for _ in requests]
+
+    def factory(task: Task) -> Hooked:
+        envs.append(Hooked())
+        return envs[-1]
+
+    [[episode]] = collect_groups(factory, [TASK], Calls(), max_turns=5, tokenizer=small_model[1])
+    (env,) = envs
+    assert env.deferred and env.causes == ["max_turns"]
+    assert episode.reward == 0.25 and episode.metrics["concluded"] == 1
+    assert len(env.tokens) == 2 and env.tokens[0] < env.tokens[1]
+    assert [r.tool_choice for r in seen] == ["required", "required"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -280,8 +280,21 @@ class Env(abc.ABC):
 
     Two switches change how the episode driver (:mod:`llm_gym.rollout.driver`) plays an env,
     :attr:`raw_text_actions` and :attr:`max_turns`; both are read once per episode, right after
-    ``reset``.
+    ``reset``; :attr:`tool_choice` is read before every turn.
+
+    Optional hooks, each with a default that does nothing (override what the env needs; the
+    rollout loop calls them on every env and probes for none):
+
+    * :meth:`conclude`: score an episode the loop cut short (turn cap, context, deadline).
+    * :meth:`defer_scoring`, :attr:`scoring_pending`, :attr:`scoring_key`, :meth:`score_group`:
+      score a GRPO group's episodes together once all of them have ended.
+    * :meth:`note_tokens`: the loop's count of the episode's tokens before each step.
     """
+
+    tool_choice: Any = None
+    """OpenAI's ``tool_choice`` for this env's turns (:attr:`PolicyRequest.tool_choice
+    <llm_gym.policies.base.PolicyRequest.tool_choice>`): None (default) or ``"auto"``,
+    ``"none"``, ``"required"``, ``{"type": "function", "function": {"name": NAME}}``."""
 
     raw_text_actions: ClassVar[bool] = False
     """True: ``step`` gets the assistant's raw text as the message's ``content`` and parses it
@@ -325,6 +338,39 @@ class Env(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook with an empty default
         """Release what ``reset`` acquired. Safe to call more than once."""
+
+    # --- optional hooks of the rollout loop -------------------------------------------------------
+    async def conclude(self, cause: str) -> StepResult | None:
+        """The loop ended the episode itself (``cause``: ``"max_turns"``,
+        ``"context_overflow"``, ``"deadline"``): the step that scores the transcript so far, or
+        None (default) to keep reward 0 and no metrics."""
+        return None
+
+    def defer_scoring(self) -> None:  # noqa: B027 - optional hook with an empty default
+        """Called right after ``reset`` by a loop that plays a group of episodes of one task:
+        an env that scores a group together (:meth:`score_group`) ends its episodes unscored
+        from now on. Default: each episode is scored as it ends."""
+
+    @property
+    def scoring_pending(self) -> bool:
+        """True when the episode has ended unscored and waits for :meth:`score_group`."""
+        return False
+
+    @property
+    def scoring_key(self) -> object:
+        """Envs whose pending episodes are scored in one :meth:`score_group` call share this
+        key (default: the env itself)."""
+        return self
+
+    async def score_group(self, members: Sequence[Env]) -> list[StepResult | BaseException]:
+        """Score the pending episodes of ``members`` (this env among them, all of one
+        :attr:`scoring_key`): per member, its ending step with the score in it, or the
+        exception that failed only that episode. Called only when :attr:`scoring_pending`."""
+        raise NotImplementedError(f"{type(self).__name__} defers no scoring to its group.")
+
+    def note_tokens(self, total: int) -> None:  # noqa: B027 - optional hook with an empty default
+        """The loop's count of the episode's tokens (prompt and every turn, the action about to
+        be stepped included), before each step of a model policy."""
 
     @property
     def synchronous(self) -> bool:

@@ -237,6 +237,11 @@ class MultiTurnEnvAdapter(Env):
         """The episode has ended and waits for :meth:`score_group`."""
         return self._unscored is not None
 
+    @property
+    def scoring_key(self) -> object:
+        """The shared environment object: adapters over one environment are scored together."""
+        return self.environment
+
     async def conclude(self, cause: str) -> StepResult | None:
         """The runner ended the episode itself (``cause``: ``"max_turns"``, ``"context_overflow"``,
         ``"deadline"``): score the transcript so far. The scored step, or None when the episode

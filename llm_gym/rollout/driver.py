@@ -227,12 +227,11 @@ class EpisodeDriver:
         cleaned = clean_messages(opening)
         self._dirty = cleaned is not None  # then each step's whole list is checked
         self.messages = cleaned or list(opening)
-        self.tool_specs = clean_json(list(getattr(env, "tool_specs", None) or ()))
+        self.tool_specs = clean_json(list(env.tool_specs or ()))
         self.parser = self.action_format.with_tool_specs(self.tool_specs)
         self.task, self.turn, self.ending, self._acting = task, 0, None, True
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
-        # getattr: a factory may return an env-like object that does not subclass Env.
-        self.raw_text = bool(getattr(env, "raw_text_actions", False))
+        self.raw_text = bool(env.raw_text_actions)
         self.env_cap = turn_cap(env)
         self.limit = self.max_turns if self.env_cap is None else min(self.env_cap, self.max_turns)
         return self.messages
@@ -240,6 +239,11 @@ class EpisodeDriver:
     def _new_env(self, task: Task) -> Env:
         self.ending, self._acting, self._cut = None, False, False
         self.env = env = self.env_factory(task)
+        if not isinstance(env, Env):
+            raise InvalidArgumentError(
+                f"The env factory returned a {type(env).__name__}; it must return an "
+                "llm_gym.Env (subclass Env, or SyncEnv for an env that never awaits)."
+            )
         self._plain = isinstance(env, SyncEnv)  # plain methods: no coroutine, no event loop
         return env
 
@@ -324,10 +328,7 @@ class EpisodeDriver:
         if not self._cut or self.ending is None:
             return None
         self._cut = False
-        conclude = getattr(self.env, "conclude", None)
-        if conclude is None:
-            return None
-        return conclude(str(self.ending.truncation_cause))
+        return self.env.conclude(str(self.ending.truncation_cause))
 
     def _concluded(self, result: StepResult | None) -> EpisodeEnd:
         ending = self.ending
@@ -391,7 +392,7 @@ class EpisodeDriver:
         except Exception:
             return self._raised(action)
         if ended is not None and self._cut:
-            return self._run(self._conclude(), bool(getattr(self.env, "synchronous", False)))
+            return self._run(self._conclude(), self.env.synchronous)
         return self.ending
 
     def end(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:

@@ -177,9 +177,7 @@ async def _run_episode(
     try:
         messages = await driver.start(task)
         env = driver.env
-        defer = getattr(env, "defer_scoring", None)
-        if defer is not None:  # scored with its whole group (document 002's score_episodes)
-            defer()
+        env.defer_scoring()  # an env that scores a whole group (document 002's score_episodes)
         episode.num_opening_messages = len(messages)
         tool_specs = driver.tool_specs
         episode.tool_specs = tool_specs
@@ -214,7 +212,7 @@ async def _run_episode(
                 max_new_tokens=budget,
                 prompt_ids=tracker.context_ids if tracker is not None else None,
                 oracle=oracle,
-                tool_choice=getattr(env, "tool_choice", None),
+                tool_choice=env.tool_choice,
             )
             deadline = None
             if settings.generation_deadline_s is not None:
@@ -234,9 +232,8 @@ async def _run_episode(
                 unsent = unsent_turn(driver, generation, turns, episode, tracker)
                 ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
                 break
-            note_tokens = getattr(env, "note_tokens", None)
-            if note_tokens is not None and tracker is not None:  # document 002's total_tokens
-                note_tokens(tracker.context_length + len(generation.token_ids or ()))
+            if tracker is not None:  # document 002's total_tokens
+                env.note_tokens(tracker.context_length + len(generation.token_ids or ()))
             ending = await driver.act(generation.text)
             turns.append(turn_record(driver, generation))
             take_tokens(episode, generation, turns, tracker)

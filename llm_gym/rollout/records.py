@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.core.env import TruncationCause, step_outcome
+from llm_gym.core.env import Env, TruncationCause, step_outcome
 from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import Message
 from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
@@ -84,7 +84,8 @@ class Ended:
     episode: Episode
     ending: EpisodeEnd
     tracker: TokenTracker | None
-    env: Any
+    env: Env | None
+    """The episode's env (None when its factory failed)."""
     start: float
     failure: PolicyError | ChatTemplateError | TokenizerError | None = None
     """The error that ended the episode outside the environment: the policy's
@@ -95,10 +96,10 @@ class Ended:
 async def score_group(ended: list[Ended]) -> None:
     """Score the group's deferred episodes together (one ``score_episodes`` call per shared
     environment); a failure ends only the episodes it concerns, as ``ENV`` with the error."""
-    pending = [e for e in ended if getattr(e.env, "scoring_pending", False)]
+    pending = [e for e in ended if e.env is not None and e.env.scoring_pending]
     by_environment: dict[int, list[Ended]] = {}
     for item in pending:
-        by_environment.setdefault(id(getattr(item.env, "environment", item.env)), []).append(item)
+        by_environment.setdefault(id(item.env.scoring_key), []).append(item)
     for members in by_environment.values():
         try:
             results = await members[0].env.score_group([m.env for m in members])
