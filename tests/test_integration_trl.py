@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
 
 from llm_gym import InvalidArgumentError
+from llm_gym.core.registry import env_entry
 from llm_gym.envs.tool_use_game import FACTS, ToolUseGameEnv, get_tasks
 from llm_gym.integrations.trl import env_reward, environment_factory, our_rendering, trl_dataset
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 
 
 def _episode(split: str = "val", index: int = 0):
@@ -62,6 +65,42 @@ def test_a_row_without_a_known_task_is_a_clear_error() -> None:
     cls = environment_factory("ToolUseGame-v0", split="val")
     with pytest.raises(InvalidArgumentError, match="names no task"):
         cls().reset(prompt=[], task_id="nope")
+
+
+def test_trl_s_tool_loop_gets_the_drivers_turn_limit() -> None:
+    cls = environment_factory("ToolUseGame-v0", split="val", max_turns=2)
+    episode = cls()
+    episode.reset(**trl_dataset("ToolUseGame-v0", "val", limit=1)[0])
+    assert episode.list_fact_keys() != "" and not episode.done
+    assert episode.list_fact_keys() != ""  # the second turn is the last
+    assert episode.done and episode.ending_cause == "max_turns" and episode.reward == 0.0
+    assert episode.lookup(key="Velmora.population") == "tool_error: no episode is running."
+    assert env_reward([[{"role": "assistant", "content": "1"}]], [episode]) == [0.0]
+    with pytest.raises(InvalidArgumentError, match="max_turns"):
+        environment_factory("ToolUseGame-v0", max_turns=0)
+
+
+def test_a_garbled_final_reply_is_a_parse_failure_as_in_our_loop() -> None:
+    _, episode, _ = _episode()
+    reply = "<tool_call>{not json</tool_call>"
+    assert env_reward([[{"role": "assistant", "content": reply}]], [episode]) == [
+        DEFAULT_FAILED_PARSE_REWARD
+    ]
+    assert episode.ending_cause == "parse_failure"
+
+
+class Broken(ToolUseGameEnv):
+    async def step(self, message):
+        raise RuntimeError("the env broke")
+
+
+def test_a_step_that_raises_ends_the_episode_instead_of_raising_into_trl() -> None:
+    broken = dataclasses.replace(env_entry("ToolUseGame-v0"), env_spec=Broken)
+    cls = environment_factory(broken, split="val")
+    episode = cls()
+    episode.reset(**trl_dataset("ToolUseGame-v0", "val", limit=1)[0])
+    assert episode.list_fact_keys() == "tool_error: the episode ended (env)."
+    assert episode.done and episode.ending.error and "the env broke" in episode.ending.error
 
 
 def test_our_rendering_gives_trl_our_prompt_ids(small_model_dir) -> None:

@@ -34,11 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llm_gym.aio import LoopRunner
-from llm_gym.core.env import step_within_cap
+from llm_gym.core.env import TruncationCause, require_turn_limit
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task, task_key
-from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
 
 __all__ = ["env_reward", "environment_factory", "our_rendering", "task_key", "trl_dataset"]
 
@@ -102,18 +102,28 @@ def _tool_method(spec: Mapping[str, Any]) -> Callable[..., str]:
 
 class _Episode:
     """One rollout's episode of an llm_gym environment, as TRL drives it (the base of the class
-    :func:`environment_factory` returns)."""
+    :func:`environment_factory` returns).
+
+    The episode runs on an :class:`~llm_gym.rollout.EpisodeDriver`, so TRL's tool loop gets our
+    loop's rules: each tool call is written in the env's action format and parsed back, text is
+    cleaned, steps and rewards are checked, ``env_timeout_s`` bounds every env call, the turn
+    limit is the smaller of ``max_turns`` and the env's own cap (an env that scores cut episodes
+    is concluded), and a failing step ends the episode as ``ENV`` instead of raising into TRL.
+    """
 
     _entry: Any
     _tasks: Mapping[str, Task]
     _runner: LoopRunner
+    _max_turns: int
+    _env_timeout_s: float | None
 
     def __init__(self) -> None:
-        self._env: Any = None
-        self._messages: list[Message] = []
+        self._driver: EpisodeDriver | None = None
         self._calls = 0
         self.reward: float | None = None
-        """The environment's reward once :func:`env_reward` sent the final reply (else None)."""
+        """The environment's reward once the episode ended (else None)."""
+        self.ending: EpisodeEnd | None = None
+        """How the episode ended, once it has."""
         self.done = False
 
     def reset(self, **row: Any) -> None:
@@ -126,14 +136,22 @@ class _Episode:
             )
         task = self._tasks[task_id]
         self._close()  # an episode TRL left unfinished
-        self._env = self._entry.env_factory()(task)
-        self._messages = self._runner.run(self._env.reset(task))
-        self._calls, self.reward, self.done = 0, None, False
+        self._driver = EpisodeDriver(
+            self._entry.env_factory(),
+            action_format=self._entry.action_format,
+            max_turns=self._max_turns,
+            runner=self._runner,
+            env_timeout_s=self._env_timeout_s,
+        )
+        self._calls, self.reward, self.ending, self.done = 0, None, None, False
+        self._driver.start_sync(task)
         return None
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
-        """Run one tool call as a step of the episode; its result is the tool message."""
-        if self._env is None or self.done:
+        """Run one tool call as a step of the episode; its result is the tool message (the
+        last one the env added), or a ``tool_error`` line when no episode is running."""
+        driver = self._driver
+        if driver is None or self.done:
             return "tool_error: no episode is running."
         self._calls += 1
         call = {
@@ -141,36 +159,53 @@ class _Episode:
             "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments)},
         }
-        message = Message(role="assistant", content="", tool_calls=[call])
-        result = self._runner.run(step_within_cap(self._env, message, self._calls))
-        self._messages = list(result.messages)
-        if result.terminated or result.truncated:
-            self.done, self.reward = True, float(result.reward)
-            self._close()
-        tools = [m for m in result.messages if m.get("role") == "tool"]
-        return str(tools[-1].get("content", "")) if tools else ""
+        ending = driver.act_sync(driver.action_format.render_tool_calls([call]))
+        tools = [m for m in driver.replies() if m.get("role") == "tool"]
+        if ending is not None:
+            self._end(ending)
+        if tools:
+            return str(tools[-1].get("content") or "")
+        return "" if ending is None else f"tool_error: the episode ended ({self.ending_cause})."
+
+    @property
+    def ending_cause(self) -> str:
+        """Why the episode ended (``"terminated"`` when the env ended it), or ``""``."""
+        if self.ending is None:
+            return ""
+        cause = self.ending.truncation_cause
+        return "terminated" if cause is None else str(cause)
 
     def _finish(self, reply: str) -> float:
-        """Send the final reply as the episode's last step; return the environment's reward."""
-        if self._env is None and not self.done:
+        """Send the final reply as the episode's last step; return the environment's reward.
+        An env that goes on after it is cut there, as the turn limit cuts (``MAX_TURNS``:
+        TRL's conversation is over), and concluded where it scores cut episodes."""
+        driver = self._driver
+        if driver is None and not self.done:
             raise InvalidArgumentError("A final reply before reset(): no episode is running.")
-        if not self.done:
-            final = Message(role="assistant", content=reply)
-            result = self._runner.run(step_within_cap(self._env, final, self._calls + 1))
-            self.done = True
-            self.reward = float(result.reward)  # terminated or truncated: the env's reward
-            self._close()
+        if not self.done and driver is not None:
+            ending = driver.act_sync(reply)
+            if ending is None:
+                ending = self._runner.run(driver.cut(TruncationCause.MAX_TURNS))
+            self._end(ending)
         return float(self.reward or 0.0)
+
+    def _end(self, ending: EpisodeEnd) -> None:
+        self.done, self.ending, self.reward = True, ending, float(ending.reward)
+        self._close()
 
     def _close(self) -> None:
         """Release the finished episode's env (a sandbox, a remote session)."""
-        env, self._env = self._env, None
-        if env is not None:
-            self._runner.run(env.close())
+        if self._driver is not None and self._driver.env is not None:
+            self._driver.close_sync()
 
 
 def environment_factory(
-    env: Any, *, split: str = "train", task_options: Mapping[str, Any] | None = None
+    env: Any,
+    *,
+    split: str = "train",
+    task_options: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
+    env_timeout_s: float | None = None,
 ) -> type:
     """The class ``GRPOTrainer(environment_factory=...)`` instantiates once per rollout.
 
@@ -178,6 +213,10 @@ def environment_factory(
         env: A registered id (``"ToolUseGame-v0"``), its ``EnvEntry``, or an env factory.
         split: The split whose tasks rows may name (``trl_dataset``'s split).
         task_options: Options of the task source (``{"world_seed": 1}`` for ToolUseGame).
+        max_turns: Assistant turns (tool calls and the final reply) before the episode ends
+            as ``MAX_TURNS`` (None: the env's registered ``max_turns``); keep it above TRL's
+            ``max_tool_calling_iterations``.
+        env_timeout_s: Seconds each env call may take (None: no limit).
 
     Returns:
         A class with ``reset(**row)`` and one public method per tool of the environment (its
@@ -209,6 +248,8 @@ def environment_factory(
         "_entry": entry,
         "_tasks": {task_key(t, i): t for i, t in enumerate(tasks)},
         "_runner": LoopRunner(),
+        "_max_turns": require_turn_limit(entry.max_turns if max_turns is None else max_turns),
+        "_env_timeout_s": env_timeout_s,
         "_specs": specs,
         "__doc__": f"{entry.id} as a TRL environment (one instance per rollout).",
     }
