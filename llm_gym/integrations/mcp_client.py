@@ -12,8 +12,12 @@ the server                         outcome
 =================================  ==============================================================
 cannot start, or does not answer   reset raises :class:`~llm_gym.errors.MCPServerError` within
  the handshake / listing in time   ``connect_timeout_s``: the episode ends (cause ``ENV``)
-lists a tool with a bad name or    that tool is left out (:attr:`MCPConnection.refused`, a
- a schema that is not an object    ``RuntimeWarning``); the others are served
+sends a listing the MCP schema     reset raises ``MCPServerError`` (the SDK checks the whole
+ refuses (an input schema whose    listing): the episode ends (cause ``ENV``)
+ type is not ``object``, ...)
+lists a tool with a bad name, a    that tool is left out (:attr:`MCPConnection.refused`, a
+ taken name or a schema of over    ``RuntimeWarning``); the others are served
+ ``MAX_SCHEMA_CHARS``
 lists too many tools               the first :data:`MAX_TOOLS` are served
 sends a long description           cut at :data:`MAX_DESCRIPTION_CHARS`
 answers a call slowly              ``tool_error: ... timed out`` after ``call_timeout_s``
@@ -238,7 +242,7 @@ class MCPConnection:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
                 raise
             raise MCPServerError(
-                f"The MCP server {label!r} could not be started or reached: "
+                f"The MCP server {label!r} could not be started, reached or listed: "
                 f"{type(exc).__name__}: {exc!s:.500}"
             ) from exc
         return self.tools
@@ -317,7 +321,15 @@ class MCPConnection:
         owner, self._owner = self._owner, None
         if owner is None or self._stop is None:
             return
+        if owner.get_loop() is not asyncio.get_running_loop():
+            # Opened on another event loop: when that loop ended (``asyncio.run`` returned) it
+            # cancelled the owner, which stopped the server; there is nothing left to wait on.
+            if not owner.get_loop().is_closed():
+                owner.get_loop().call_soon_threadsafe(self._stop.set)
+            return
         self._stop.set()
+        if self._client is None:  # still starting (or gone): nothing to end politely
+            owner.cancel()
         done, _ = await asyncio.wait((owner,), timeout=_CLOSE_S)
         if not done:
             owner.cancel()

@@ -284,7 +284,7 @@ def with_mcp_tools(env: Any, servers: Any) -> _WithMCPTools:
     if isinstance(env, str) and ":" not in env:
         from llm_gym.core.registry import env_entry
 
-        factory = env_entry(env).env_factory
+        factory = env_entry(env).env_factory()
     else:
         factory = as_env_factory(env)
     return _WithMCPTools(factory, as_server_list(servers))

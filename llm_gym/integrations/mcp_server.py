@@ -106,7 +106,7 @@ class ServedTools:
 
     async def _episode(self) -> Env:
         if self.env is None:
-            env = self.entry.env_factory(self.task)
+            env = self.entry.env_factory()(self.task)
             try:
                 await within(
                     env.reset(self.task), self.step_timeout_s, lambda: self._deadline("reset")
