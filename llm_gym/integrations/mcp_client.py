@@ -171,7 +171,7 @@ class MCPConnection:
         self.tools: list[MCPTool] = []
         """The tools served (after :meth:`open`)."""
         self.refused: list[str] = []
-        """Why each tool the server listed and this client left out was refused."""
+        """Why the client leaves out each tool of the listing it does not serve."""
         self._client: Any = None
         self._owner: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -335,4 +335,4 @@ class MCPConnection:
             owner.cancel()
             await asyncio.wait((owner,), timeout=_CLOSE_S)
         if owner.done() and not owner.cancelled():
-            owner.exception()  # retrieved: its failure was reported to whoever waited on it
+            owner.exception()  # retrieved: its failure reached whoever waited on ``ready``

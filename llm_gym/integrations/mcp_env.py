@@ -39,7 +39,7 @@ async def open_mcp_tools(
     servers: Sequence[MCPServerParams], reserved: Sequence[str] = ()
 ) -> tuple[list[MCPConnection], list[MCPTool], list[str]]:
     """Open a connection to each server at once; returns them, the tools they serve and why
-    each left-out tool was refused. A tool whose name is in ``reserved`` (the env's own) or
+    each left-out tool is refused. A tool whose name is in ``reserved`` (the env's own) or
     came from an earlier server is left out.
 
     Raises:

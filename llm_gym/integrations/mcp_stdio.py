@@ -1,8 +1,8 @@
 """The stdio transport to an MCP server, with a bound on what the server may send.
 
-The MCP SDK's own ``stdio_client`` reads a line of any length (and re-splits the growing
-buffer at every chunk: a 20 MB result took 16 s of event-loop time), so a hostile server could
-stall the run or fill its memory with one reply. :func:`bounded_stdio` keeps what
+The MCP SDK's own ``stdio_client`` holds a line of any length (and re-splits the growing buffer
+at every chunk, quadratic in the line's length), so a hostile server could stall the run or fill
+its memory with one reply. :func:`bounded_stdio` keeps what
 ``stdio_client`` keeps (newline-delimited JSON-RPC over the process's stdin and stdout; on
 exit stdin is closed, the server given :data:`EXIT_GRACE_S` to leave, then its process group is
 terminated and killed) and adds the bound:
@@ -68,7 +68,7 @@ def oversized_reply(head: bytes, limit: int) -> SessionMessage | None:
     request_id: int | str = int(raw) if raw[:1] != b'"' else raw[1:-1].decode("utf-8", "replace")
     error = mcp_types.ErrorData(
         code=OVERSIZED,
-        message=f"the server's reply was over {limit} bytes (the client's bound); it was dropped",
+        message=f"the server's reply is over {limit} bytes (the client's bound) and is dropped",
     )
     return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
