@@ -409,6 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=lambda args, out: serve_cli.run(args, out, _serve_until_stopped))
 
     _add_serve_env(sub)
+    from llm_gym.integrations import mcp_cli
+
+    p = sub.add_parser("serve-mcp", help=mcp_cli.HELP, description=mcp_cli.DESCRIPTION)
+    mcp_cli.add_arguments(p, _add_task_option)
+    p.set_defaults(func=lambda a, out: mcp_cli.run(a, out, _serve_until_stopped, _assignments))
     _add_new_env(sub)
 
     p = sub.add_parser("show-task", help="print one task as JSON")

@@ -16,8 +16,10 @@ __all__ = [  # the exception classes; did_you_mean (below) is the registries' sh
     "EnvTimeoutError",
     "InvalidArgumentError",
     "LlmGymError",
+    "MCPServerError",
     "RemoteEnvError",
     "ToolArgumentError",
+    "ToolCallError",
     "TokenizerError",
     "UnknownNameError",
 ]
@@ -57,6 +59,17 @@ class EnvTimeoutError(LlmGymError, TimeoutError):
 class RemoteEnvError(LlmGymError, ConnectionError):
     """A remote environment (an OpenEnv server) could not be reached, answered with an error,
     or outlasted its per-call deadline; the episode that used it ends (cause ``ENV``)."""
+
+
+class MCPServerError(LlmGymError, ConnectionError):
+    """An MCP server could not be started or reached, outlasted its deadline, or broke off
+    mid-episode: at reset the episode ends (cause ``ENV``); during a tool call the model gets a
+    ``tool_error`` message and the episode goes on."""
+
+
+class ToolCallError(LlmGymError, RuntimeError):
+    """A tool answered that its call failed (an MCP result marked ``isError``); the model sees
+    the tool's text as a ``tool_error`` message."""
 
 
 class UnknownNameError(LlmGymError, KeyError):

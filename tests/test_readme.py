@@ -41,6 +41,7 @@ COVERED_ELSEWHERE = {
         "tests/test_integration_trl_rollout.py::test_trl_trains_two_steps_with_our_rollout"
     ),
     "llm-gym serve-env": "tests/test_integration_openenv.py::test_the_cli_serves_an_env",
+    "llm-gym serve-mcp": "tests/test_mcp_server.py::test_the_cli_serves_over_stdio",
     "llm-gym fetch-model smollm2-135m-instruct": (
         "tests/test_real_model.py::test_the_fetched_folder_is_an_ordinary_hf_folder"
     ),

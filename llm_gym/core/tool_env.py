@@ -29,7 +29,14 @@ from llm_gym.core.tool import Tool, run_tool, tool_to_spec
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, did_you_mean
 
-__all__ = ["MAX_TOOL_RESULT_CHARS", "ToolEnv", "answers_match", "extract_answer"]
+__all__ = [
+    "MAX_TOOL_RESULT_CHARS",
+    "ToolEnv",
+    "answers_match",
+    "bound_tool_text",
+    "extract_answer",
+    "tool_error_text",
+]
 
 MAX_TOOL_RESULT_CHARS = 8_000
 """Tool results longer than this are cut (with a note) so one call cannot flood the context."""
@@ -156,6 +163,30 @@ def _describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def tool_error_text(exc: BaseException) -> str:
+    """The tool message a failed call gives the model: ``tool_error: `` and the error's message.
+
+    Example:
+        >>> tool_error_text(ValueError("no such city"))
+        'tool_error: no such city'
+    """
+    return f"tool_error: {_describe(exc)}"
+
+
+def bound_tool_text(content: str) -> str:
+    """A tool result as the model sees it: valid UTF-8 (:func:`~llm_gym.core.text.clean_text`)
+    and cut at :data:`MAX_TOOL_RESULT_CHARS` with a note.
+
+    Example:
+        >>> bound_tool_text("x" * 9000).endswith("[cut at 8000 chars]")
+        True
+    """
+    content = clean_text(content)  # a tool or its error may quote undecodable bytes
+    if len(content) > MAX_TOOL_RESULT_CHARS:
+        content = content[:MAX_TOOL_RESULT_CHARS] + f"\n[cut at {MAX_TOOL_RESULT_CHARS} chars]"
+    return content
+
+
 _TOOL_ATTRIBUTES = ("name", "description", "parameters_schema", "execute")
 
 
@@ -265,11 +296,8 @@ class ToolEnv(Env):
             content, stop = str(result.content), bool(result.should_stop)
         except Exception as exc:  # a bad call is an episode outcome, never a crash
             self._tool_errors += 1
-            content, stop = f"tool_error: {_describe(exc)}", False
-        content = clean_text(content)  # a tool or its error may quote undecodable bytes
-        if len(content) > MAX_TOOL_RESULT_CHARS:
-            content = content[:MAX_TOOL_RESULT_CHARS] + f"\n[cut at {MAX_TOOL_RESULT_CHARS} chars]"
-        return content, stop
+            content, stop = tool_error_text(exc), False
+        return bound_tool_text(content), stop
 
     async def step(self, message: Message) -> StepResult:
         task = self.task
