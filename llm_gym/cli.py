@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from llm_gym.command_errors import report_failure
+from llm_gym.core.factories import resolve
 from llm_gym.core.input_files import check_json_depth
 from llm_gym.errors import InvalidArgumentError, LlmGymError
 
@@ -158,10 +159,11 @@ def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
         progress=not args.no_progress,
         print_report=False,
         output=args.output,
+        save_episodes=args.save_episodes,
     )
     print(report.format_table(), file=out)
-    if args.output:
-        print(f"wrote {args.output}", file=out)
+    for path in filter(None, (args.output, args.save_episodes)):
+        print(f"wrote {path}", file=out)
     return 0
 
 
@@ -386,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
         "pins one, else auto)",
     )
     p.add_argument("--output", default=None, help="write the JSON record here")
+    p.add_argument(
+        "--save-episodes", default=None, metavar="PATH",
+        help="write every episode here as JSONL (messages, tools, reward, tokens, versions)",
+    )  # fmt: skip
     p.add_argument("--no-progress", action="store_true")
     _add_task_option(p)
     p.set_defaults(func=_cmd_eval)
@@ -415,6 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     mcp_cli.add_arguments(p, _add_task_option)
     p.set_defaults(func=lambda a, out: mcp_cli.run(a, out, _serve_until_stopped, _assignments))
     _add_new_env(sub)
+    # The train extra's command: its own parser (trainers.sft_command) reads every argument.
+    p = sub.add_parser("sft", help="fine-tune a model on saved episodes (trainers.sft_command)",
+                       add_help=False, prefix_chars="\0")  # fmt: skip
+    p.add_argument("arguments", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args, out: resolve("trainers.sft_command:main")(args.arguments, out))
 
     p = sub.add_parser("show-task", help="print one task as JSON")
     p.add_argument("env_id")

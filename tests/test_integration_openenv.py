@@ -38,6 +38,7 @@ from llm_gym.integrations.openenv_client import (
 from llm_gym.integrations.openenv_server import EnvServer, build_env_app, serve_env
 from llm_gym.policies import Generation, OraclePolicy, Policy
 from llm_gym.rollout import collect_groups
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 
 from .conftest import ROOT
 
@@ -108,6 +109,67 @@ def test_openenvs_own_client_plays_a_served_task_to_its_reward(server) -> None:
         assert last.observation["metrics"] and last.observation["truncated"] is False
 
 
+def test_a_reset_without_arguments_draws_a_train_task_as_gymnasium_does(server) -> None:
+    train = {task.id for task in get_tasks("train")}
+
+    def draws(client, seed: int | None) -> list[str]:
+        first = [] if seed is None else [client.reset(seed=seed).observation["task_id"]]
+        return first + [client.reset().observation["task_id"] for _ in range(4)]
+
+    with (
+        GenericEnvClient(base_url=server.url).sync() as one,
+        GenericEnvClient(base_url=server.url).sync() as two,
+    ):
+        seeded = draws(one, 7)
+        assert seeded == draws(two, 7)  # the same seed: the same tasks, in every session
+        assert seeded[0] == get_tasks("train")[7].id  # a seed alone picks task seed mod n
+        assert len(set(seeded[1:])) > 1 and set(seeded) <= train
+        unseeded = draws(one, None) + draws(two, None)
+        assert set(unseeded) <= train and len(set(unseeded)) > 1
+        assert client_val_draw(one) <= {task.id for task in get_tasks("val")}
+
+
+def client_val_draw(client) -> set[str]:
+    return {client.reset(split="val").observation["task_id"] for _ in range(3)}
+
+
+def test_a_text_action_is_parsed_with_the_envs_action_format(server) -> None:
+    task = get_tasks("val")[0]
+    key = task.metadata["keys"][0]
+    text = f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
+    with GenericEnvClient(base_url=server.url).sync() as client:
+        for action in ({"message": {"content": text}}, {"message": text}):
+            opening = client.reset(task_id=task.id, split="val").observation
+            looked = client.step(action)
+            assert looked.done is False
+            echo, reply = looked.observation["messages"][:2]
+            call = echo["tool_calls"][0]["function"]
+            assert (call["name"], json.loads(call["arguments"])) == ("lookup", {"key": key})
+            assert reply["role"] == "tool" and not reply["content"].startswith("tool_error")
+        # the rest, as the oracle plays it: a final answer in plain text is still one
+        tail = looked.observation["messages"]
+        answer = oracle_action(task, opening["messages"] + tail)
+        while answer.get("tool_calls"):
+            tail = tail + client.step({"message": answer}).observation["messages"]
+            answer = oracle_action(task, opening["messages"] + tail)
+        last = client.step({"message": answer["content"]})
+        assert last.done is True and last.reward == 1.0
+        # text that fails to parse ends the episode as TextEnv ends it
+        client.reset(task_id=task.id, split="val")
+        failed = client.step({"message": '<tool_call>{"name": "lookup", "argu'})
+        assert failed.done is True and failed.observation["truncated"] is True
+        assert failed.reward == DEFAULT_FAILED_PARSE_REWARD
+        assert failed.observation["metrics"]["truncation_cause"] == "parse_failure"
+        assert failed.observation["metrics"]["parse_error"]
+        with pytest.raises(RuntimeError, match="reset first"):
+            client.step({"message": "1"})
+
+
+def test_gym_make_without_base_url_says_what_to_pass() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"needs base_url.*base_url='http://127"):
+        gym.make("OpenEnv-v0")
+
+
 def test_the_server_lists_tasks_without_their_answers(server) -> None:
     listing = httpx.get(f"{server.url}/llm_gym/tasks", params={"split": "test"}).json()
     tasks = get_tasks("test")
@@ -147,8 +209,8 @@ def test_bad_resets_and_steps_get_clear_errors(server) -> None:
             client.reset(task_id="nope")
         with pytest.raises(RuntimeError, match="split must be one of"):
             client.reset(task_id="nope", split="dev")
-        with pytest.raises(RuntimeError, match="task_id .* or an integer seed"):
-            client.reset()
+        with pytest.raises(RuntimeError, match="integer seed"):
+            client.reset(seed="3")
         with pytest.raises(RuntimeError, match=r"Unknown reset argument\(s\) \['target'\]"):
             client.reset(seed=1, target="42")  # a client cannot rewrite the task
         done = client.reset(seed=1)

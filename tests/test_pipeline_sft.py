@@ -115,7 +115,7 @@ def test_a_demonstrator_beside_sft_completion_is_refused(field: str, value: obje
     check_sft_source(SFTSettings(**{field: value}), refund)  # the oracle source takes them
     with pytest.raises(InvalidArgumentError, match=f"sft.{field} sets a demonstrator"):
         check_sft_source(SFTSettings(source="sft_completion", **{field: value}), refund)
-    with pytest.raises(InvalidArgumentError, match="sft.source must be 'oracle' or"):
+    with pytest.raises(InvalidArgumentError, match="sft.source must be 'oracle', 'sft_completion'"):
         SFTSettings(source="completion")
 
 

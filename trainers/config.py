@@ -30,6 +30,7 @@ from trainers.config_checks import (
     check_counts,
     check_deadline,
     check_distillation,
+    check_outputs,
     check_sampling,
     check_templates,
 )
@@ -316,6 +317,10 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "resized) or a .jinja file. None: the model's own; a model with none is refused."
         },
     )
+    save_episodes: str | None = field(
+        default=None,
+        metadata={"help": "A folder: each step's episodes as JSONL (step-000001.jsonl, ...)."},
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -353,8 +358,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                     f"trainer needs two rows a step), actual value: {rows}."
                 )
         self.generation_batch_size = None
-        self.steps_per_generation = per_rank_rows // self.per_device_train_batch_size
-        self.gradient_accumulation_steps = self.steps_per_generation
+        steps = per_rank_rows // self.per_device_train_batch_size
+        self.steps_per_generation = self.gradient_accumulation_steps = steps
         self.max_steps = self.num_steps
         self.max_completion_length = self.max_model_length
         if self.bf16 is None:
@@ -371,17 +376,14 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         def refuse(name: str, value: Any, allowed: str) -> None:
             raise InvalidArgumentError(f"{name} must be {allowed}, actual value: {value!r}.")
 
-        if self.max_turns is not None and (
-            not isinstance(self.max_turns, int) or self.max_turns < 1
-        ):
-            refuse(
-                "max_turns", self.max_turns, "an int >= 1 (or None, then set it before training)"
-            )
+        turns = self.max_turns
+        if turns is not None and (not isinstance(turns, int) or turns < 1):
+            refuse("max_turns", turns, "an int >= 1 (or None, then set it before training)")
         if not isinstance(self.episodes_per_task, int) or self.episodes_per_task < 1:
             refuse("episodes_per_task", self.episodes_per_task, "an int >= 1 (the group size)")
         self.distillation = check_distillation(self.distillation, refuse)
         checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-        for check in (*checks, check_templates):
+        for check in (*checks, check_templates, check_outputs):
             check(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")

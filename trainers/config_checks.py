@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "check_templates",
     "check_deadline",
     "check_distillation",
+    "check_outputs",
     "check_sampling",
 ]
 
@@ -217,6 +219,16 @@ def check_templates(config: Any, refuse: Any) -> None:
             refuse("chat_template_kwargs", value, "a dict or a JSON object")
     if value is not None and not isinstance(value, dict):
         refuse("chat_template_kwargs", value, "None, a dict or a JSON object")
+
+
+def check_outputs(config: Any, refuse: Any) -> None:
+    """``save_episodes``: None, or a folder's path (missing folders are made at the first
+    step); an existing file is refused before any model loads."""
+    folder = config.save_episodes
+    if folder is not None and (not isinstance(folder, str | os.PathLike) or os.path.isfile(folder)):
+        refuse("save_episodes", folder, "None or a folder's path (each step writes a file there)")
+    if folder is not None:
+        config.save_episodes = os.fspath(folder)
 
 
 def check_counts(config: Any, refuse: Any) -> None:

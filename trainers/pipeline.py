@@ -118,13 +118,17 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     if config.sft is not None:
         from trainers.sft_data import oracle_sft_dataset
 
-        what = (
-            "sft_completion targets" if config.sft.source == "sft_completion" else "demonstrations"
-        )
-        print(f"== 2/5 SFT warm start on {config.sft.episodes} {what}", flush=True)
+        what = {
+            "oracle": f"{config.sft.episodes} demonstrations",
+            "sft_completion": f"{config.sft.episodes} sft_completion targets",
+            "episodes": f"the episodes of {config.sft.from_episodes}",
+        }[config.sft.source]
+        print(f"== 2/5 SFT warm start on {what}", flush=True)
         t = time.perf_counter()
-        warm_tasks = sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
-                               config.sft.task_options)  # fmt: skip
+        warm_tasks = (
+            sft_tasks(entry, config.sft.episodes, config.seed, config.task_options,
+                      config.sft.task_options) if config.sft.source != "episodes" else []
+        )  # fmt: skip
         made: dict[tuple[str | None, str], Any] = {}  # one dataset per distinct demonstrator
         action_format = grpo_fields.get("action_format") or entry.requested_action_format  # RL's
         from transformers import AutoTokenizer
@@ -153,6 +157,10 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         short = None
         if sft.source == "sft_completion":  # document 002's rows; both phases read them
             full = sft_completion_dataset(entry, warm_tasks)
+        elif sft.source == "episodes":  # rejection sampling: the saved episodes that did well
+            from llm_gym.eval.episode_files import episodes_dataset
+
+            full = episodes_dataset(str(sft.from_episodes), min_reward=sft.min_reward)
         else:
             full = demonstrations(sft.oracle, sft.oracle_options)
             if sft.short_context_steps > 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline_config import SFTSettings
+from trainers.sft_settings import SFTSettings
 
 __all__ = [
     "check_sft_source",
@@ -93,20 +93,27 @@ def demonstrator(spec: str | None, options: dict[str, Any] | None, resolve: Any)
 
 
 def check_sft_source(sft: SFTSettings, entry: Any) -> None:
-    """Refuse an ``sft_completion`` source that cannot run as configured: beside a
-    demonstrator setting (it runs no demonstrator), or for an environment that is not a
-    document-002 one (:func:`multi_turn_environment`). Nothing to check for ``oracle``."""
-    if sft.source != "sft_completion":
+    """Refuse an ``sft_completion`` or ``episodes`` source that cannot run as configured:
+    beside a demonstrator setting (neither runs a demonstrator), ``sft_completion`` for an
+    environment that is not a document-002 one (:func:`multi_turn_environment`), ``episodes``
+    whose file is missing. Nothing to check for ``oracle``."""
+    if sft.source == "oracle":
         return
     demonstrators = ("oracle", "oracle_options", "short_context_oracle",
                      "short_context_oracle_options")  # fmt: skip
     named = [name for name in demonstrators if getattr(sft, name) is not None]
     if named:
         raise InvalidArgumentError(
-            f"sft.{named[0]} sets a demonstrator, and sft.source 'sft_completion' runs none "
-            "(its targets are the environment's); remove it, or set sft.source to 'oracle'."
+            f"sft.{named[0]} sets a demonstrator, and sft.source {sft.source!r} runs none "
+            "(its transcripts are given); remove it, or set sft.source to 'oracle'."
         )
-    multi_turn_environment(entry)
+    if sft.source == "sft_completion":
+        multi_turn_environment(entry)
+    elif not Path(str(sft.from_episodes)).exists():
+        raise InvalidArgumentError(
+            f"sft.from_episodes {sft.from_episodes!r:.200} does not exist; name an episodes "
+            "JSONL file or folder (llm-gym eval --save-episodes, the trainer's save_episodes)."
+        )
 
 
 def multi_turn_environment(entry: Any) -> tuple[Any, str]:

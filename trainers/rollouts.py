@@ -3,23 +3,27 @@
 The trainer builds the generation policy (TRL's model unwrapped for generation, or its vLLM
 engine) and hands it here with the run's rollout settings; this module runs the groups through
 :func:`llm_gym.rollout.collect_groups_async`, all at once or, for sequential validation, one
-episode at a time.
+episode at a time; :func:`save_step_episodes` writes a step's episodes as data
+(``save_episodes``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from llm_gym.aio import run_sync
 from llm_gym.core.factories import EnvFactory, Oracle
+from llm_gym.core.registry import as_env_entry, entry_of_factory
 from llm_gym.core.task import Task
+from llm_gym.eval.episode_files import episode_record, write_episodes
 from llm_gym.policies import Policy
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import RolloutSettings, collect_groups_async
 
-__all__ = ["collect_episode_groups", "torch_threads"]
+__all__ = ["collect_episode_groups", "save_step_episodes", "step_episodes_path", "torch_threads"]
 
 
 @contextlib.contextmanager
@@ -84,3 +88,38 @@ def collect_episode_groups(
     return [
         [run_sync(collect([task], 1))[0][0] for _ in range(episodes_per_task)] for task in tasks
     ]
+
+
+def step_episodes_path(folder: str | Path, step: int) -> Path:
+    """The file of the episodes that train optimizer step ``step`` (from 1).
+
+    Example:
+        >>> step_episodes_path("runs/eps", 3).name
+        'step-000003.jsonl'
+    """
+    return Path(folder) / f"step-{step:06d}.jsonl"
+
+
+def save_step_episodes(
+    folder: str | Path,
+    step: int,
+    episodes: Sequence[Episode],
+    env_factory: EnvFactory,
+    policy: dict[str, Any],
+) -> Path:
+    """Write the episodes that train optimizer step ``step`` to
+    :func:`step_episodes_path` as JSONL (:mod:`llm_gym.eval.episode_files`): the environment
+    named by its registry entry (else the factory's name, no version), ``policy_version`` the
+    step whose weights sampled them (``step - 1``; the per-token versions of async training
+    are in each turn's and sample's ``policy_versions``)."""
+    entry = entry_of_factory(env_factory)
+    env_id, env_version = (
+        (entry.id, entry.version) if entry else (as_env_entry(env_factory).id, None)
+    )
+    records = (
+        episode_record(
+            e, env_id=env_id, env_version=env_version, policy=policy, policy_version=step - 1
+        )
+        for e in episodes
+    )
+    return write_episodes(step_episodes_path(folder, step), records)

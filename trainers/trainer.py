@@ -50,7 +50,7 @@ from trainers.rollout_metrics import (
     rollout_metrics,
     validation_metrics,
 )
-from trainers.rollouts import collect_episode_groups, torch_threads
+from trainers.rollouts import collect_episode_groups, save_step_episodes, torch_threads
 from trainers.scoring import ScoringMixin
 
 __all__ = ["MultiTurnGRPOTrainer"]
@@ -292,7 +292,13 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             zero_variance=pool.zero_variance,
             dropped=dropped,
         )
-        metrics = rollout_metrics(gather_object([part]), rollout_seconds, train_seconds)
+        parts = gather_object([part])
+        metrics = rollout_metrics(parts, rollout_seconds, train_seconds)
+        if args.save_episodes and mode == "train" and self.accelerator.is_main_process:
+            policy = {"name": args.rollout_backend, "model": self.model.name_or_path}
+            episodes = [e for p in parts for e in p.episodes]
+            step = self.state.global_step + 1
+            save_step_episodes(args.save_episodes, step, episodes, self.env_factory, policy)
         metrics.update(async_metrics)
         for key, value in metrics.items():  # gathered over processes
             self._metrics[mode][key].append(value)

@@ -32,6 +32,7 @@ __all__ = [
     "EnvEntry",
     "add_env_entry",
     "as_env_entry",
+    "entry_of_factory",
     "env_entry",
     "registered_envs",
     "remove_env_entry",
@@ -237,3 +238,19 @@ def env_entry(env_id: str) -> EnvEntry:
         f"No llm_gym environment {env_id!r}.{did_you_mean(env_id, _CATALOGUE)} "
         f"Registered: {sorted(_CATALOGUE)}."
     )
+
+
+def entry_of_factory(factory: Any) -> EnvEntry | None:
+    """The registered entry whose :meth:`EnvEntry.env_factory` returned ``factory`` (the factory
+    ``train.py`` trains with, say), or None; entries whose factory was never built are skipped,
+    so nothing is resolved here.
+
+    Example:
+        >>> entry_of_factory(env_entry("GuessNumber-v0").env_factory()).id
+        'GuessNumber-v0'
+    """
+    for entry in _CATALOGUE.values():
+        with entry._lock:
+            if entry._resolved.get("env") is factory:
+                return entry
+    return None

@@ -21,6 +21,7 @@ from typing import Any
 from llm_gym.core.registry import EnvEntry, as_env_entry
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.eval.episode_files import episode_record, write_episodes
 from llm_gym.eval.files import write_atomic, write_target
 from llm_gym.eval.metrics import (
     format_rate,
@@ -178,9 +179,9 @@ class EvalReport:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def check_output_path(path: str | Path) -> Path:
+def check_output_path(path: str | Path, name: str = "output") -> Path:
     """``path`` as :meth:`EvalReport.save` will write it, checked before any episode runs (each
-    of these failed only once the whole evaluation was done).
+    of these failed only once the whole evaluation was done); errors call it ``name``.
 
     The report is a regular file, written as a new file in the folder of ``path`` (of its target,
     for a link of one's own) and renamed over it (:func:`llm_gym.eval.files.write_atomic`):
@@ -197,30 +198,30 @@ def check_output_path(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise InvalidArgumentError(
-            f"output must be a file path, got the directory {str(path)!r}; add a file name "
+            f"{name} must be a file path, got the directory {str(path)!r}; add a file name "
             f"(e.g. {str(path / 'report.json')!r})."
         )
     try:
         target = write_target(path)
     except OSError as e:
-        raise InvalidArgumentError(f"output must be a regular file or a new path: {e}.") from None
+        raise InvalidArgumentError(f"{name} must be a regular file or a new path: {e}.") from None
     folder = target.parent
     while not folder.exists() and folder != folder.parent:  # save() makes the missing ones
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise InvalidArgumentError(
-            f"output {str(path)!r} cannot be written: {str(folder)!r} is "
+            f"{name} {str(path)!r} cannot be written: {str(folder)!r} is "
             f"{'not a directory' if not folder.is_dir() else 'not writable'}."
         )
     if target.exists() and not os.access(target, os.W_OK):
-        raise InvalidArgumentError(f"output {str(path)!r} exists and is not writable.")
+        raise InvalidArgumentError(f"{name} {str(path)!r} exists and is not writable.")
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".llm_gym-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
         raise InvalidArgumentError(
-            f"output {str(path)!r} cannot be written: {str(folder)!r} takes no new file "
+            f"{name} {str(path)!r} cannot be written: {str(folder)!r} takes no new file "
             f"({e.strerror or e})."
         ) from None
     return path
@@ -257,6 +258,7 @@ def run_and_report(
     progress: bool = True,
     print_report: bool = True,
     output: str | Path | None = None,
+    save_episodes: str | Path | None = None,
 ) -> EvalReport:
     """Run ``policy`` on an environment and report how it did.
 
@@ -290,6 +292,10 @@ def run_and_report(
         progress: Show a progress bar.
         print_report: Print the table when done.
         output: Write the JSON record here (checked before the first episode).
+        save_episodes: Write every episode here as JSONL, one object per line
+            (:mod:`llm_gym.eval.episode_files`: messages, tool specs, reward, truncation cause,
+            metrics, token ids and logprobs where a model sampled them, the policy's and the
+            environment's versions); checked before the first episode.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InvalidArgumentError(f"k must be an int >= 1, actual value: {k!r}.")
@@ -299,8 +305,9 @@ def run_and_report(
         raise InvalidArgumentError(
             f"episodes must be None (every task) or an int >= 1, actual value: {episodes!r}."
         )
-    if output is not None:
-        check_output_path(output)
+    for path, name in ((output, "output"), (save_episodes, "save_episodes")):
+        if path is not None:
+            check_output_path(path, name)
     entry = as_env_entry(env)
     all_tasks = list(tasks) if tasks is not None else entry.tasks(split)
     count = None if episodes is None else max(1, episodes // k)
@@ -375,4 +382,7 @@ def run_and_report(
         print(report.format_table())
     if output is not None:
         report.save(output)
+    if save_episodes is not None:
+        provenance = {"env_id": entry.id, "env_version": entry.version, "policy": described}
+        write_episodes(save_episodes, (episode_record(e, **provenance) for e in flat))
     return report

@@ -386,12 +386,23 @@ def register_remote_env(
     )
 
 
-def make_text_env(base_url: str, *, n_seed_tasks: int = DEFAULT_SEED_TASKS, **kwargs: Any) -> Any:
+def make_text_env(
+    base_url: str | None = None, *, n_seed_tasks: int = DEFAULT_SEED_TASKS, **kwargs: Any
+) -> Any:
     """``gym.make("OpenEnv-v0", base_url=...)``: a :class:`~llm_gym.gym.TextEnv` over the server.
 
     ``kwargs`` go to :class:`RemoteEnv` when they are its options (``call_timeout_s``,
     ``action_field``, ...), else to ``TextEnv`` (``split``, ``max_turns``, ``render_mode``, ...).
+
+    Raises:
+        InvalidArgumentError: no ``base_url`` (the error says what to pass).
     """
+    if base_url is None:
+        raise InvalidArgumentError(
+            "gym.make('OpenEnv-v0') needs base_url, the URL of an OpenEnv server: "
+            "gym.make('OpenEnv-v0', base_url='http://127.0.0.1:8001') (serve one with "
+            "`llm-gym serve-env ToolUseGame-v0`)."
+        )
     remote = {
         k: kwargs.pop(k)
         for k in (

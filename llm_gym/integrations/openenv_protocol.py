@@ -121,7 +121,9 @@ class EnvAction(Action):
     client's loop cut short, which the env may score as it stands (``Env.conclude``)."""
 
     message: AssistantMessage | None = Field(
-        default=None, description="The assistant's message (OpenAI format)."
+        default=None,
+        description="The assistant's message (OpenAI format), or its text as a string; text "
+        "without tool_calls is parsed with the env's action format.",
     )
     conclude: str | None = Field(
         default=None,
@@ -129,6 +131,13 @@ class EnvAction(Action):
         description="Instead of a message: why the client's loop ended the episode (its "
         "truncation cause, e.g. 'max_turns'); the env scores what it has, if it can.",
     )
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _text_is_content(cls, value: Any) -> Any:
+        """A plain string (``{"message": "..."}``, as OpenEnv's text envs take) is the
+        assistant's text: the server parses it with the env's action format."""
+        return {"content": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _one_of(self) -> EnvAction:

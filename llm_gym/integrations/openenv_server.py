@@ -7,14 +7,20 @@ per environment, a WebSocket session per client (``/ws``: ``reset``, ``step``, `
 only describe our episodes in its terms:
 
 * the action is the assistant's message (:class:`EnvAction`: ``{"message": {"role":
-  "assistant", "content": ..., "tool_calls": [...]}}``, OpenAI's format, validated with limits);
+  "assistant", "content": ..., "tool_calls": [...]}}``, OpenAI's format, validated with limits),
+  or its text (``{"message": "..."}``); a message without ``tool_calls`` is parsed with the
+  env's action format as ``TextEnv.step`` parses it (a ``<tool_call>`` block becomes a tool
+  call; text that fails to parse ends the episode: truncated, ``failed_parse_reward``, the
+  reason in ``metrics["parse_error"]``), unless the env reads raw text itself;
 * the observation (:class:`EnvObservation`) carries the conversation's new messages
   (``messages`` from index ``start``: a client splices them in, so a step sends only the
   tail), the tool specs (at reset), ``done``, ``reward`` (when done), ``truncated`` and the
   episode's ``metrics``;
-* ``reset`` takes ``task_id`` (and ``split``, default ``"train"``) or a ``seed`` (task ``seed
-  mod n`` of the split), plus the task source's options (``task_options``, fixed when the
-  server starts: a client cannot rewrite tasks or their answers);
+* ``reset`` takes ``task_id`` (and ``split``, default ``"train"``), or a ``seed`` (task ``seed
+  mod n`` of the split; it also seeds the session's draws), or nothing: a random task of the
+  split, drawn as gymnasium draws (from the last seed given, else fresh entropy); the task
+  source's options (``task_options``) are fixed when the server starts: a client cannot
+  rewrite tasks or their answers;
 * ``GET /llm_gym/tasks?split=val`` lists the split's task ids and prompts (never targets), so a
   client (:class:`~llm_gym.integrations.openenv_client.RemoteEnv`) can build its task list.
 

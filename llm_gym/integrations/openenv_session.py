@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from llm_gym.actions import ParsedAction, ParseKind, get_action_format
 from llm_gym.aio import LoopRunner, within
 from llm_gym.core.env import StepResult, check_step, step_outcome, turn_cap
 from llm_gym.core.factories import SPLITS
@@ -31,6 +33,7 @@ from llm_gym.integrations.openenv_protocol import (
     json_safe,
     read_frame,
 )
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 
 try:
     from openenv.core.env_server.interfaces import Environment
@@ -103,6 +106,8 @@ class ServedEnv(Environment):
         self._done = True
         self._closed = False
         self._state = State()
+        self._draws = random.Random()  # a reset without task or seed: fresh entropy, as gymnasium
+        self._parser = get_action_format(entry.action_format)
 
     # --- the episode ----------------------------------------------------------------------
     def _task(self, split: Any, task_id: Any, seed: Any) -> Task:
@@ -124,15 +129,19 @@ class ServedEnv(Environment):
                 f"task_id {task_id[:120]!r} names no task of {self.entry.id}'s {where} "
                 "(GET /llm_gym/tasks?split=... lists them)."
             )
-        if isinstance(seed, int) and not isinstance(seed, bool):
-            tasks = self.catalog(split or "train")[0]
-            if not tasks:
-                raise InvalidArgumentError(f"{self.entry.id}'s {split or 'train'} split is empty.")
-            return tasks[seed % len(tasks)]
-        raise InvalidArgumentError(
-            "reset needs task_id (split optional) or an integer seed (task seed mod n of the "
-            f"split, default 'train'), actual: seed={seed!r:.40}."
-        )
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise InvalidArgumentError(
+                "reset takes task_id (split optional), an integer seed (task seed mod n of the "
+                "split, default 'train') or neither (a random task of the split), actual: "
+                f"seed={seed!r:.40}."
+            )
+        tasks = self.catalog(split or "train")[0]
+        if not tasks:
+            raise InvalidArgumentError(f"{self.entry.id}'s {split or 'train'} split is empty.")
+        if seed is None:
+            return tasks[self._draws.randrange(len(tasks))]
+        self._draws = random.Random(seed)  # later resets without arguments follow this seed
+        return tasks[seed % len(tasks)]
 
     async def reset_async(
         self,
@@ -171,7 +180,14 @@ class ServedEnv(Environment):
         if message is None:  # the client's loop cut the episode: the env scores what it has
             return await self._conclude(str(action.conclude))
         where = f"{self.entry.id}.step"
-        result = await self._guarded(lambda: env.step(message.to_message()), where)
+        sent = message.to_message()
+        if not message.tool_calls and not getattr(env, "raw_text_actions", False):
+            prefix = f"call_t{self._state.step_count + 1}"  # the driver's ids
+            parsed = self._parser.parse(message.content, call_id_prefix=prefix)
+            if parsed.kind is ParseKind.PARSE_FAILURE:
+                return await self._parse_failure(parsed)
+            sent = parsed.message
+        result = await self._guarded(lambda: env.step(sent), where)
         observation = await self._guarded(lambda: self._observe(result, where), where)
         self._sent = list(result.messages)
         self._state.step_count += 1
@@ -219,6 +235,19 @@ class ServedEnv(Environment):
             start=len(self._sent), done=True, reward=reward, truncated=True,
             metrics=_as_json(metrics), task_id=self._state.task_id,  # type: ignore[attr-defined]
         ), where)  # fmt: skip
+
+    async def _parse_failure(self, parsed: ParsedAction) -> EnvObservation:
+        """End the episode on text the action format cannot parse, as the episode driver does:
+        the env never sees it; truncated, ``failed_parse_reward``, the reason in
+        ``metrics["parse_error"]``."""
+        observation = sendable(EnvObservation(
+            messages=[parsed.message], start=len(self._sent), done=True,
+            reward=DEFAULT_FAILED_PARSE_REWARD, truncated=True,
+            metrics={"parse_error": parsed.error, "truncation_cause": "parse_failure"},
+            task_id=self._state.task_id,  # type: ignore[attr-defined]
+        ), f"{self.entry.id}.step")  # fmt: skip
+        await self._close_episode()
+        return observation
 
     def _check_open(self, episode: bool = False) -> None:
         if self._closed or (episode and (self._env is None or self._done)):
