@@ -129,44 +129,6 @@ def _assignments(items: list[str]) -> dict[str, object]:
     return out
 
 
-def _cmd_eval(args: argparse.Namespace, out: TextIO) -> int:
-    from llm_gym.eval import run_and_report
-    from llm_gym.policies import policy_backend, policy_from_spec
-
-    options: dict[str, object] = {"seed": args.seed}
-    if args.temperature is not None and not policy_backend(args.policy.partition(":")[0]).scripted:
-        options["temperature"] = args.temperature  # sampling settings are a model's
-    if args.chat_template is not None:  # refused by name for a policy that renders no template
-        options["chat_template"] = args.chat_template
-    policy = policy_from_spec(args.policy, **options)
-    tasks = None
-    if args.task_option:
-        from llm_gym.core.registry import env_entry
-
-        tasks = env_entry(args.env_id).tasks(args.split, **_assignments(args.task_option))
-    report = run_and_report(
-        args.env_id,
-        policy,
-        split=args.split,
-        tasks=tasks,
-        episodes=args.episodes,
-        k=args.k,
-        seed=args.seed,
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens,
-        max_model_length=args.max_model_length,
-        action_format=args.action_format,
-        progress=not args.no_progress,
-        print_report=False,
-        output=args.output,
-        save_episodes=args.save_episodes,
-    )
-    print(report.format_table(), file=out)
-    for path in filter(None, (args.output, args.save_episodes)):
-        print(f"wrote {path}", file=out)
-    return 0
-
-
 def _cmd_build_tiny_model(args: argparse.Namespace, out: TextIO) -> int:
     from llm_gym.models import build_tiny_model
 
@@ -360,41 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed for the random task choice")
     p.set_defaults(func=_cmd_play)
 
-    p = sub.add_parser("eval", help="score a policy on an environment (run_and_report)")
-    p.add_argument("env_id")
-    p.add_argument(
-        "--policy", default="oracle", help="oracle | random[:SEED] | hf:PATH | openai:MODEL@URL"
-    )
-    p.add_argument("--split", default="val", choices=["train", "val", "test"])
-    p.add_argument("--episodes", type=int, default=None, help="total episodes (default: split)")
-    p.add_argument("--k", type=int, default=1, help="episodes per task; pass@k")
-    p.add_argument(
-        "--temperature", type=float, default=None, help="model policies: 0 is greedy (default 1)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-turns", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--max-model-length", type=int, default=None)
-    p.add_argument(
-        "--chat-template", default=None, metavar="NAME|PATH.jinja",
-        help="hf: policies: the chat template for a model without one (a base model): "
-        "chatml, gemma, or a .jinja file",
-    )  # fmt: skip
-    p.add_argument(
-        "--action-format",
-        default=None,
-        help="how tool calls are written and parsed: auto (the format the model's chat template "
-        "teaches, else the env's) or a registered format, pinned (default: the env's when it "
-        "pins one, else auto)",
-    )
-    p.add_argument("--output", default=None, help="write the JSON record here")
-    p.add_argument(
-        "--save-episodes", default=None, metavar="PATH",
-        help="write every episode here as JSONL (messages, tools, reward, tokens, versions)",
-    )  # fmt: skip
-    p.add_argument("--no-progress", action="store_true")
-    _add_task_option(p)
-    p.set_defaults(func=_cmd_eval)
+    from llm_gym.eval import eval_cli
+
+    p = sub.add_parser("eval", help=eval_cli.HELP, description=eval_cli.HELP)
+    eval_cli.add_arguments(p, _add_task_option)
+    p.set_defaults(func=lambda args, out: eval_cli.run(args, out, _assignments))
 
     _add_leaderboard(sub)
 
