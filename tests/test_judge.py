@@ -305,3 +305,26 @@ def test_settings_are_checked_and_the_key_comes_from_the_environment(
     endpoint.respond = lambda body: (200, reply('{"explains": true, "clarity": 1}'))
     Judge(settings(endpoint.url, api_key_env="JUDGE_KEY")).judge([conversation("a")])
     assert endpoint.requests[-1]["headers"]["Authorization"] == "Bearer sk-judge"
+
+
+# --- our own server as the judge ------------------------------------------------------------------
+
+
+def test_llm_gym_serve_judges_with_the_verdicts_schema(small_model_dir) -> None:
+    """``llm-gym serve`` (the small test model) enforces the verdict's JSON schema, so even an
+    untrained judge gives a verdict the parse rules accept: a score on the rubric's grid."""
+    pytest.importorskip("uvicorn")
+    from llm_gym.serving.openai_server import serve
+
+    rubric = [{"name": "polite", "question": "Is the reply polite?"},
+              {"name": "clear", "question": "How clear is it?", "kind": "scale"}]  # fmt: skip
+    with serve(small_model_dir, model_name="tiny", device="cpu") as server:
+        judge = Judge(JudgeSettings(base_url=server.url, model="tiny", rubric=rubric,
+                                    max_tokens=48, mode="group"))  # fmt: skip
+        judged = judge.judge([conversation("Refunded."), conversation("No.")])
+    metrics = judge.stats.take()
+    assert metrics["judge/requests"] == 1 and metrics["judge/failures"] == 0, judged
+    for judgement in judged:
+        assert judgement.values["polite"] in (0.0, 1.0)
+        assert judgement.values["clear"] * 10 == int(judgement.values["clear"] * 10)
+        assert judgement.score == (judgement.values["polite"] + judgement.values["clear"]) / 2
