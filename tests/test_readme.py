@@ -71,6 +71,9 @@ COVERED_ELSEWHERE = {
     "OpenAIProvider(openai_client=client)": (
         "tests/test_responses_api.py::test_the_agents_sdk_runs_with_its_default_model"
     ),
+    "reward = JudgeReward(settings)": (
+        "tests/test_judge.py::test_server_errors_are_retried_then_fall_back_and_are_counted"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"
@@ -79,8 +82,9 @@ COVERED_ELSEWHERE = {
 """What the pages show but a test elsewhere runs: the Qwen calls download a model (the seeds'
 test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
 the TRL blocks a model path (their tests train two steps on the tiny one), the pretrained models
-the package index (the slow real-model tests fetch them), and the serving guide's servers a
-network address and a model (their tests serve on loopback)."""
+the package index (the slow real-model tests fetch them), the serving guide's servers a
+network address and a model (their tests serve on loopback), and the judge a judge endpoint
+(its tests script one on loopback)."""
 
 
 def read(page: str) -> str:

@@ -74,5 +74,8 @@ def test_a_failing_judge_falls_back_and_training_goes_on(
     assert all(r["rewards/judge/mean"] == -0.25 for r in logs)
     assert all("difficulty/zero_variance_saved" in r for r in logs)
     assert logs[0]["difficulty/tasks_seen"] == 0 and logs[1]["difficulty/tasks_seen"] >= 1
+    from tests.test_async import undocumented_metrics
+
+    assert not undocumented_metrics({k for r in trainer.state.log_history for k in r})
     estimates = [trainer._difficulty.estimate(i) for i in range(4)]
     assert sum(e is not None for e in estimates) >= 2
