@@ -9,7 +9,11 @@ the val split; the report gives, per arm and seed, the first step whose held-out
 each target, the zero-variance groups actually met per step (``zero_variance_skip_ratio``), the
 filter's own estimate of the groups it saved, and the wall time.
 
-    python -m benchmarks.difficulty_sampling            # about 10 min on 2 cores
+    python -m benchmarks.difficulty_sampling   # about 8 min on 2 quiet cores (estimate below)
+
+The estimate, from the main job's timings on the same machine (``main_job.md``: 1250 SFT steps in
+523 s; GRPO about 0.035 s an episode): the warm start's 310 steps about 130 s, each GRPO run
+(24 steps x 64 episodes, 7 greedy validations of 64 tasks) about 75 s, four runs 5 min.
     python -m benchmarks.difficulty_sampling --quick --model PATH  # smoke run, writes nothing
 
 Writes ``difficulty_sampling.md``, ``.json`` and ``.png`` to ``benchmarks/results``.
@@ -40,9 +44,11 @@ SHORT_SFT = {
     "sft.episodes": 1500,
     "sft.short_context_steps": 250,
     "sft.max_steps": 60,
-    "sft.time_budget_s": 400,
+    "sft.time_budget_s": None,
 }
-"""The warm start: the main job's recipe with about a quarter of its steps."""
+"""The warm start: the main job's recipe with about a quarter of its steps, all of them (a time
+budget that cuts them short on a loaded machine leaves a model that never succeeds, and then
+neither arm has anything to learn from)."""
 QUICK = {
     "sft.episodes": 16,
     "sft.max_steps": 2,
