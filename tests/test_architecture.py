@@ -32,7 +32,7 @@ LAYERS = [
     {"llm_gym.policies"},
     {"llm_gym.rollout"},
     {"llm_gym.gym"},
-    {"llm_gym.environments", "llm_gym.datasets"},
+    {"llm_gym.environments", "llm_gym.datasets", "llm_gym.judge"},
     {"llm_gym.envs"},
     {"llm_gym.eval"},
     {"llm_gym.models", "llm_gym.serving", "llm_gym.scaffold", "llm_gym.integrations"},

@@ -388,3 +388,25 @@ def test_constrained_decoding_smoke(tmp_path) -> None:
     assert summary["decoding"]["tiny"]["grammar_ms_per_token"] > 0
     for suffix in ("md", "json", "png"):
         assert (tmp_path / f"constrained_decoding.{suffix}").exists()
+
+
+def test_difficulty_sampling_smoke(small_model_dir, tmp_path) -> None:
+    """``--quick``: one seed, both arms from one warm start; the report has steps to each
+    target and the zero-variance groups met per arm."""
+    pytest.importorskip("trl")
+    from benchmarks import difficulty_sampling
+
+    args = ["--quick", "--model", str(small_model_dir), "--seeds", "0", "--steps", "2",
+            "--batch-size", "2", "--group-size", "2", "--val-every", "1", "--val-tasks", "2",
+            "--out-dir", str(tmp_path)]  # fmt: skip
+    result = difficulty_sampling.main(args)
+    assert [r["arm"] for r in result["runs"]] == ["uniform", "difficulty"]
+    for r in result["runs"]:
+        assert [v["step"] for v in r["validation"]] == [0, 1, 2]
+        assert set(r["steps_to"]) == {"0.3", "0.4", "0.5", "0.6"}
+    assert result["runs"][1]["saved_estimate"] is not None
+    assert result["runs"][0]["saved_estimate"] is None
+    data = json.loads((tmp_path / "difficulty_sampling.json").read_text())
+    assert data["settings"]["steps"] == 2
+    assert (tmp_path / "difficulty_sampling.png").exists()
+    assert "steps to 0.5" in (tmp_path / "difficulty_sampling.md").read_text()

@@ -84,9 +84,11 @@ def owed(task: Task) -> float:
     return task.metadata["expected"]["amount_cents"] / 100
 
 
-def play(task: Task, actions: Sequence[str]) -> tuple[list[dict[str, Any]], Any]:
+def play(
+    task: Task, actions: Sequence[str], env: RefundEnv | None = None
+) -> tuple[list[dict[str, Any]], Any]:
     """Document 002's episode loop over scripted actions; returns the transcript and reward."""
-    env = RefundEnv()
+    env = env or RefundEnv()
     example = TaskExample.from_task(task)
     messages = env.start_episode(example, "")
     for action in actions:
@@ -329,7 +331,11 @@ def test_step_episode_replays_only_sampled_actions_and_checks_the_current_one() 
     assert view["refunded"] == World.from_metadata(task.metadata).orders[order].refunded_cents / 100
     with pytest.raises(InvalidArgumentError, match="messages\\[-1\\] must be the current"):
         env.step_episode(example, messages, "something else")
-    assert vars(env) == {"split": "train", "max_turns": 10}  # nothing per-episode on the env
+    assert vars(env) == {
+        "split": "train",
+        "max_turns": 10,
+        "reply_judge": None,
+    }  # nothing per-episode
 
 
 def test_replaying_a_step_gives_the_same_result_and_refunds_once() -> None:
@@ -369,7 +375,7 @@ def test_concurrent_rollouts_share_one_env() -> None:
             assert episode.error is None and episode.reward == 1.0 and episode.terminated
             assert episode.per_turn_rewards == [1.0] * episode.num_turns
             assert episode.metrics["resolved"] == 1.0
-    assert vars(env) == {"split": "train", "max_turns": 10}
+    assert vars(env) == {"split": "train", "max_turns": 10, "reply_judge": None}
 
 
 # --- hostile actions ------------------------------------------------------------------------------
@@ -562,3 +568,47 @@ def test_register_multi_turn_env_reads_the_dataset() -> None:
 def test_docstring_examples(module: str) -> None:
     result = doctest.testmod(importlib.import_module(f"llm_gym.envs.refund.{module}"))
     assert result.failed == 0 and result.attempted > 0
+
+
+# --- the judged reply quality (the reply_judge option) --------------------------------------------
+
+
+def test_a_reply_judge_blends_the_reply_quality_in_and_success_still_needs_every_behaviour(
+) -> None:  # fmt: skip
+    from llm_gym.judge import shared_judge
+    from tests.test_judge import ScriptedJudge, reply
+
+    endpoint = ScriptedJudge()
+    try:
+        verdict = '{"explains_decision": true, "courteous": true, "clarity": 5}'
+        endpoint.respond = lambda body: (200, reply(verdict))
+        env = RefundEnv(reply_judge={"base_url": endpoint.url, "model": "judge"})
+        task = task_of("ok", kind="full", by_last=False)
+        order = task.metadata["target_order"]
+        actions = [login(task), get(order), refund(order, owed(task)), "Refunded, thank you."]
+        messages, result = play(task, actions, env=env)
+        # quality (2 * 1 + 1 * 1 + 1 * 0.5) / 4 = 0.875; score 0.8 * 1.0 + 0.2 * 0.875 = 0.975
+        assert result.metadata["reply_quality"] == 0.875 and result.score == 0.975
+        assert result.threshold == 0.975 and result.passed
+        assert result.metadata["per_turn_rewards"] == [0.975] * 4
+        prompt = endpoint.requests[-1]["body"]["messages"][1]["content"]
+        assert "explains_decision (yes/no, weight 2)" in prompt and "Refunded, thank you." in prompt
+        # a reply that resolves nothing: 0.8 * 0.0 + 0.2 * 0.875, below its threshold 0.975
+        _, declined = play(task, ["Sorry, I cannot help."], env=env)
+        assert declined.score == 0.175 and not declined.passed
+        # the judge fails: the behaviours' score alone, the failure in the metadata
+        endpoint.respond = lambda body: (500, {"error": "down"})
+        failing = RefundEnv(
+            reply_judge={"base_url": endpoint.url, "model": "judge", "max_retries": 0,
+                         "cache_size": 0}
+        )  # fmt: skip
+        _, alone = play(task, actions, env=failing)
+        assert (alone.score, alone.threshold, alone.metadata["judge_failed"]) == (1.0, 1.0, 1.0)
+        assert "reply_quality" not in alone.metadata
+        assert shared_judge(failing.reply_judge).stats.take()["judge/failures"] == 1
+    finally:
+        endpoint.close()
+    with pytest.raises(InvalidArgumentError, match="reply_judge weight"):
+        RefundEnv(reply_judge={"base_url": endpoint.url, "model": "j", "weight": 1.5})
+    with pytest.raises(InvalidArgumentError, match="unknown keys"):
+        RefundEnv(reply_judge={"base_url": endpoint.url, "model": "j", "rubrik": []})

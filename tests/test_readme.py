@@ -75,6 +75,9 @@ COVERED_ELSEWHERE = {
     "llm-gym sft --from-episodes": (
         "tests/test_episode_files.py::test_rejection_sampling_fine_tuning_closes_the_loop"
     ),
+    "reward = JudgeReward(settings)": (
+        "tests/test_judge.py::test_server_errors_are_retried_then_fall_back_and_are_counted"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"
@@ -84,8 +87,9 @@ COVERED_ELSEWHERE = {
 test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
 the TRL blocks a model path (their tests train two steps on the tiny one), the pretrained models
 the package index (the slow real-model tests fetch them), the serving guide's servers a
-network address and a model (their tests serve on loopback), and `llm-gym sft` an episodes file
-(its test collects one first)."""
+network address and a model (their tests serve on loopback), `llm-gym sft` an episodes file
+(its test collects one first), and the judge a judge endpoint (its tests script one on
+loopback)."""
 
 
 def read(page: str) -> str:

@@ -24,16 +24,7 @@ from trl import GRPOConfig as _TRLGRPOConfig
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
-from trainers.config_checks import (
-    check_async,
-    check_backend,
-    check_counts,
-    check_deadline,
-    check_distillation,
-    check_outputs,
-    check_sampling,
-    check_templates,
-)
+from trainers.config_checks import check_config
 from trainers.distillation import DistillationConfig
 from trainers.field_types import check_field_types
 from trainers.wandb_setup import DEFAULT_PROJECT, check_wandb_setup, report_to_with_wandb
@@ -172,6 +163,25 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "'model': NAME}, 'kl_coef': 1.0, 'reward_weight': 0.0}. The teacher scores the "
             "student's own samples; the per-token reverse KL on policy tokens is the learning "
             "signal (trainers.DistillationConfig). None: GRPO only."
+        },
+    )
+    judge: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "A judge endpoint's rubric score added to every episode's reward, times its "
+            "weight: {'base_url': URL, 'model': NAME, 'rubric': [{'name', 'question', 'kind': "
+            "yes_no | scale, 'weight'}], 'mode': episode | group, 'weight': 1.0, 'fallback': "
+            "None, ...} (llm_gym.judge.JudgeSettings). A failed judgement adds the fallback "
+            "(None: nothing) and is counted (judge/failures). None: no judge."
+        },
+    )
+    difficulty_sampling: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "Online difficulty filtering (lockstep only): draw the tasks whose estimated "
+            "pass rate is neither 0 nor 1 more often, every task at least at a floor: {'floor': "
+            "0.05, 'prior': 0.0, 'memory': 0.5} ({}: these; trainers.difficulty). None: TRL's "
+            "uniform order."
         },
     )
     report_to: str | list[str] | None = field(
@@ -324,7 +334,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
 
     def __post_init__(self) -> None:
         try:
-            self._check_multi_turn()
+            check_config(self)
         except TypeError:  # a check compared a value of the wrong type: name its field
             check_field_types(self)
             raise
@@ -371,23 +381,6 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
                 os.environ.setdefault("WANDB_PROJECT", self.wandb_project)
         super().__post_init__()
         self.num_generations = group_size
-
-    def _check_multi_turn(self) -> None:
-        def refuse(name: str, value: Any, allowed: str) -> None:
-            raise InvalidArgumentError(f"{name} must be {allowed}, actual value: {value!r}.")
-
-        turns = self.max_turns
-        if turns is not None and (not isinstance(turns, int) or turns < 1):
-            refuse("max_turns", turns, "an int >= 1 (or None, then set it before training)")
-        if not isinstance(self.episodes_per_task, int) or self.episodes_per_task < 1:
-            refuse("episodes_per_task", self.episodes_per_task, "an int >= 1 (the group size)")
-        self.distillation = check_distillation(self.distillation, refuse)
-        checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-        for check in (*checks, check_templates, check_outputs):
-            check(self, refuse)
-        if self.val_temperature < 0:
-            refuse("val_temperature", self.val_temperature, ">= 0")
-        check_field_types(self)  # last: the checks above say more about their own fields
 
     @property
     def is_async(self) -> bool:

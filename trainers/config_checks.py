@@ -1,5 +1,6 @@
-"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s counts, backend, async, deadline,
-distillation, sampling and chat-template fields.
+"""Checks of :class:`~trainers.config.MultiTurnGRPOConfig`'s fields (:func:`check_config` runs
+them all): counts, backend, async, deadline, distillation, sampling, chat-template and reward
+fields.
 
 Each refuses a value with the field named and what is allowed (``refuse(name, value, allowed)``),
 before any model loads.
@@ -23,12 +24,14 @@ from trainers.weight_sync import WeightSyncType
 
 __all__ = [
     "check_async",
+    "check_config",
     "check_counts",
     "check_backend",
     "check_templates",
     "check_deadline",
     "check_distillation",
     "check_outputs",
+    "check_rewards",
     "check_sampling",
 ]
 
@@ -277,3 +280,47 @@ def check_counts(config: Any, refuse: Any) -> None:
         refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")
     if config.shared_prefix_min_length < 1:
         refuse("shared_prefix_min_length", config.shared_prefix_min_length, "an int >= 1")
+
+
+def check_rewards(config: Any, refuse: Any) -> None:
+    """``judge`` (:class:`~llm_gym.judge.JudgeSettings`' keys) and ``difficulty_sampling``
+    (:class:`~trainers.difficulty.DifficultySettings`' keys; lockstep only), checked; no request
+    is sent here."""
+    from llm_gym.judge import JudgeSettings
+    from trainers.difficulty import DifficultySettings
+
+    if config.judge is not None:
+        JudgeSettings.of(config.judge)
+    if config.difficulty_sampling is not None:
+        DifficultySettings.of(config.difficulty_sampling)
+        if config.max_steps_off_policy is not None:
+            refuse(
+                "difficulty_sampling",
+                config.difficulty_sampling,
+                "None with async collection (max_steps_off_policy set): the rollout worker "
+                "draws its own tasks",
+            )
+
+
+def check_config(config: Any) -> None:
+    """Every check of this module on ``config``, then the field types (normalizes
+    ``distillation`` to a plain dict)."""
+    from llm_gym.errors import InvalidArgumentError
+    from trainers.field_types import check_field_types
+
+    def refuse(name: str, value: Any, allowed: str) -> None:
+        raise InvalidArgumentError(f"{name} must be {allowed}, actual value: {value!r}.")
+
+    if config.max_turns is not None and (
+        not isinstance(config.max_turns, int) or config.max_turns < 1
+    ):
+        refuse("max_turns", config.max_turns, "an int >= 1 (or None, then set it before training)")
+    if not isinstance(config.episodes_per_task, int) or config.episodes_per_task < 1:
+        refuse("episodes_per_task", config.episodes_per_task, "an int >= 1 (the group size)")
+    config.distillation = check_distillation(config.distillation, refuse)
+    checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
+    for check in (*checks, check_templates, check_rewards, check_outputs):
+        check(config, refuse)
+    if config.val_temperature < 0:
+        refuse("val_temperature", config.val_temperature, ">= 0")
+    check_field_types(config)  # last: the checks above say more about their own fields

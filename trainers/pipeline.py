@@ -260,6 +260,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             "step": record["step"],
             "reward": record["reward"],
             "success_rate": record.get("episodes/success_rate"),
+            "zero_variance_skip_ratio": record.get("zero_variance_skip_ratio"),
+            "difficulty_saved_total": record.get("difficulty/zero_variance_saved_total"),
         }
         for record in trainer.state.log_history
         if "reward" in record and "step" in record

@@ -16,6 +16,11 @@ The reward that enters the advantage is::
 with ``reward_weights`` (TRL's field, one weight per function; default all 1). ``None`` or NaN
 from a function adds nothing for that episode (TRL's ``nansum``); anything else that is not a
 finite number is refused, naming the function.
+
+The config's ``judge`` adds one more function, a :class:`~llm_gym.judge.JudgeReward` weighted by
+its settings' ``weight``, called once per group (so its ``group`` mode ranks each group in one
+request). Every :class:`~llm_gym.judge.JudgeReward` among the functions logs its ``judge/...``
+counters once per step.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.judge import JudgeReward
 from trainers.rollout_metrics import split_conversation
 
 __all__ = ["RewardFunc", "RewardsMixin", "check_reward_funcs", "combined_rewards"]
@@ -127,13 +133,27 @@ class RewardsMixin:
             max_new_tokens=args.max_tokens_per_turn,
         )
 
+    _judge: JudgeReward | None = None
+
+    def _extra_rewards(self) -> tuple[list[RewardFunc], list[float]]:
+        """The reward functions added to the environment's reward, and their weights: the
+        user's (TRL's ``reward_funcs`` / ``reward_weights``), then the config's ``judge``."""
+        funcs = [f for f in self.reward_funcs if f.__name__ != "_unused_reward"]  # type: ignore[attr-defined]
+        weights = self.reward_weights.tolist() if funcs else []  # type: ignore[attr-defined]
+        settings = self.args.judge  # type: ignore[attr-defined]
+        if settings is not None:
+            if self._judge is None:
+                self._judge = JudgeReward(settings)
+            funcs.append(self._judge)
+            weights.append(self._judge.settings.weight)
+        return funcs, weights
+
     def _group_rewards(self, group: Sequence[Any]) -> list[float]:
         """The rewards a group's advantages come from (see the module docstring)."""
         env_rewards = [self._shaped(e) for e in group]
-        funcs = [f for f in self.reward_funcs if f.__name__ != "_unused_reward"]  # type: ignore[attr-defined]
+        funcs, weights = self._extra_rewards()
         if not funcs:
             return env_rewards
-        weights = self.reward_weights.tolist()  # type: ignore[attr-defined]
         totals, per_func = combined_rewards(
             env_rewards,
             group,
@@ -148,3 +168,10 @@ class RewardsMixin:
                 name = getattr(func, "__name__", type(func).__name__)
                 self._metrics[mode][f"rewards/{name}/mean"].append(sum(finite) / len(finite))  # type: ignore[attr-defined]
         return totals
+
+    def _log_judge_metrics(self, mode: str) -> None:
+        """Each judge's ``judge/...`` counters since the last step (this process's)."""
+        for func in self._extra_rewards()[0]:
+            if isinstance(func, JudgeReward):
+                for key, value in func.take_metrics().items():
+                    self._metrics[mode][key].append(value)  # type: ignore[attr-defined]

@@ -40,6 +40,7 @@ from trainers.async_collect import AsyncCollector
 from trainers.chat_template import grpo_start
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
+from trainers.difficulty import DifficultySampler, DifficultySettings, group_outcomes
 from trainers.dynamic_sampling import GroupPool, refill_tasks
 from trainers.rejection_sampling import credit_rewards, group_signal
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
@@ -172,6 +173,10 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         self._last_collection_end: float | None = None
         self._async: AsyncCollector | None = None
         self._publish_seconds = 0.0
+        self._difficulty = None
+        if args.difficulty_sampling is not None:
+            settings = DifficultySettings.of(args.difficulty_sampling)
+            self._difficulty = DifficultySampler(len(tasks), args.episodes_per_task, settings)
 
     # --- generation --------------------------------------------------------------------------
 
@@ -302,6 +307,7 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         metrics.update(async_metrics)
         for key, value in metrics.items():  # gathered over processes
             self._metrics[mode][key].append(value)
+        self._log_judge_metrics(mode)
         self._last_collection_end = time.perf_counter()
         return batch
 
@@ -309,25 +315,32 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         """Collect the batch's groups now, with the current weights (dynamic sampling refills
         up to ``max_sampling_attempts`` rounds)."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        size = args.episodes_per_task
-        task_indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
-        tasks = [self.tasks[i] for i in task_indices]
+        size, rank = args.episodes_per_task, self.accelerator.process_index
+        indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
+        if self._difficulty is not None:  # the step's tasks by estimated difficulty
+            indices, saved = self._difficulty.draw(
+                wanted, (args.task_seed, self.state.global_step, rank)
+            )
+            for key, value in self._difficulty.metrics(saved).items():
+                self._metrics["train"][key].append(value)
         pool = GroupPool(wanted, signal=group_signal(args))
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,
                 # FSDP, vLLM server); one whose batch is already full refills a single group.
-                rank = self.accelerator.process_index
                 seed = (args.task_seed, self.state.global_step, attempt, rank)
-                tasks = refill_tasks(self.tasks, max(1, pool.deficit), seed)
+                indices = refill_tasks(range(len(self.tasks)), max(1, pool.deficit), seed)
             groups = self._collect(
-                tasks,
+                [self.tasks[i] for i in indices],
                 episodes_per_task=size,
                 temperature=args.temperature,
                 max_turns=args.max_turns or 1,
             )
             for group in groups:
                 pool.add(group, self._group_rewards(group))
+            if self._difficulty is not None:  # every process learns from every group
+                outcomes = gather_object([group_outcomes(indices, groups)])
+                self._difficulty.add([o for part in outcomes for o in part])
             deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
             if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
                 break

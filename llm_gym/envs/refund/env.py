@@ -28,7 +28,11 @@ from llm_gym.environments import (
 )
 from llm_gym.envs.refund.api import TOOL_SPECS, apply_action
 from llm_gym.envs.refund.protocol import read_tool_results, render_tool_call, render_tool_results
-from llm_gym.envs.refund.reward import score_transcript
+from llm_gym.envs.refund.reward import (
+    REPLY_QUALITY_WEIGHT,
+    REPLY_RUBRIC,
+    score_transcript,
+)
 from llm_gym.envs.refund.state import StoreState
 from llm_gym.envs.refund.tasks import SPLIT_SIZES, get_tasks
 from llm_gym.envs.refund.world import (
@@ -39,6 +43,7 @@ from llm_gym.envs.refund.world import (
     format_cents,
 )
 from llm_gym.errors import InvalidArgumentError
+from llm_gym.judge import JudgeSettings, shared_judge
 
 __all__ = [
     "MAX_EPISODE_TURNS",
@@ -87,7 +92,11 @@ class RefundEnv(EnvironmentMultiTurn):
     ## Reward
     :func:`~llm_gym.envs.refund.reward.score_transcript`: resolved 0.5, authenticated first 0.2,
     no over-refund 0.15, within policy 0.15; success at 1.0; per-turn rewards in the result's
-    metadata.
+    metadata. With ``reply_judge``, a judge endpoint also rates the reply's quality (default
+    rubric :data:`~llm_gym.envs.refund.reward.REPLY_RUBRIC`) and the score blends it in with its
+    ``weight`` (default 0.2; :func:`~llm_gym.envs.refund.reward.score_transcript`); success
+    still means every behaviour. A failed judgement gives ``fallback`` as the quality (None:
+    the behaviours' score alone) and ``judge_failed`` 1 in the metadata.
 
     ## Episode End
     The final reply, or :data:`MAX_EPISODE_TURNS` actions (then scored as it stands).
@@ -95,6 +104,9 @@ class RefundEnv(EnvironmentMultiTurn):
     Args:
         split: The split ``dataset`` reads (``"train"``, ``"val"`` or ``"test"``).
         max_turns: Assistant actions per episode.
+        reply_judge: None (no judge), or the judge of the reply's quality:
+            :class:`~llm_gym.judge.JudgeSettings` or their mapping, where ``rubric`` and
+            ``weight`` (in (0, 1]) may be left out (``{"base_url": URL, "model": NAME}``).
     """
 
     version: ClassVar[str] = VERSION
@@ -104,7 +116,13 @@ class RefundEnv(EnvironmentMultiTurn):
     """A turn is a few tool calls (a refund is about 57 tokens) or a short reply to the
     customer."""
 
-    def __init__(self, *, split: str = "train", max_turns: int = MAX_EPISODE_TURNS) -> None:
+    def __init__(
+        self,
+        *,
+        split: str = "train",
+        max_turns: int = MAX_EPISODE_TURNS,
+        reply_judge: JudgeSettings | Mapping[str, Any] | None = None,
+    ) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise InvalidArgumentError(
                 f"max_turns must be an int >= 1, actual value: {max_turns!r}."
@@ -115,6 +133,17 @@ class RefundEnv(EnvironmentMultiTurn):
             )
         self.split = split
         self.max_turns = max_turns
+        self.reply_judge = None
+        if reply_judge is not None:
+            if isinstance(reply_judge, Mapping):
+                defaults = {"rubric": REPLY_RUBRIC, "weight": REPLY_QUALITY_WEIGHT}
+                reply_judge = {**defaults, **reply_judge}
+            self.reply_judge = JudgeSettings.of(reply_judge)
+            if not 0 < self.reply_judge.weight <= 1:
+                raise InvalidArgumentError(
+                    "reply_judge weight (the judged quality's share of the score) must be in "
+                    f"(0, 1], actual value: {self.reply_judge.weight!r}."
+                )
 
     @property
     def dataset(self) -> tuple[Task, ...]:
@@ -154,7 +183,14 @@ class RefundEnv(EnvironmentMultiTurn):
 
     def score_episode(self, example: TaskExample, episode: EnvironmentEpisode) -> RewardResult:
         actions = sampled_actions(episode.messages, prompt_length=_OPENING_LENGTH)
-        return score_transcript(example.metadata, actions)
+        if self.reply_judge is None:
+            return score_transcript(example.metadata, actions)
+        opening, rest = episode.messages[:_OPENING_LENGTH], episode.messages[_OPENING_LENGTH:]
+        [judged] = shared_judge(self.reply_judge).judge([(opening, rest)])
+        quality = judged.score if judged.score is not None else self.reply_judge.fallback
+        result = score_transcript(example.metadata, actions, quality, self.reply_judge.weight)
+        result.metadata["judge_failed"] = float(judged.score is None)
+        return result
 
     def sft_completion(self, example: TaskExample) -> list[ChatMessage]:
         """The oracle's transcript after the opening (SFT does not run ``step_episode``, so the

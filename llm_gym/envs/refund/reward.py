@@ -39,7 +39,15 @@ from llm_gym.envs.refund.api import replay_actions
 from llm_gym.envs.refund.state import POLICY_FAULTS, Fault, StoreState
 from llm_gym.envs.refund.world import World
 
-__all__ = ["SUCCESS_THRESHOLD", "WEIGHTS", "Behaviours", "judge", "score_transcript"]
+__all__ = [
+    "REPLY_QUALITY_WEIGHT",
+    "REPLY_RUBRIC",
+    "SUCCESS_THRESHOLD",
+    "WEIGHTS",
+    "Behaviours",
+    "judge",
+    "score_transcript",
+]
 
 WEIGHTS: dict[str, float] = {
     "resolved": 0.50,
@@ -50,6 +58,18 @@ WEIGHTS: dict[str, float] = {
 """How much each behaviour adds to the score (they sum to 1)."""
 SUCCESS_THRESHOLD = 1.0
 """An episode succeeds when it earns every behaviour."""
+REPLY_RUBRIC: tuple[dict[str, Any], ...] = (
+    {"name": "explains_decision", "weight": 2, "question": "Does the agent's final reply tell "
+     "the customer what was decided (the refund made and its amount, or that it was declined) "
+     "and why, in line with the store's refund policy?"},
+    {"name": "courteous", "weight": 1, "question": "Is the final reply courteous and free of "
+     "internal details (tool names, JSON, error codes)?"},
+    {"name": "clarity", "weight": 1, "kind": "scale", "question": "How clear and concise is the "
+     "final reply for the customer?"},
+)  # fmt: skip
+"""The judge's rubric of the reply's quality (the ``reply_judge`` option's default)."""
+REPLY_QUALITY_WEIGHT = 0.2
+"""The judged reply quality's share of the score (the ``reply_judge`` option's default)."""
 UNOWED_REFUND = "unowed_refund"
 """The per-turn fault of a refund that is not owed (wrong order, too much, or none was due)."""
 
@@ -163,22 +183,41 @@ def judge(metadata: Mapping[str, Any], actions: Sequence[str]) -> Behaviours:
     )
 
 
-def score_transcript(metadata: Mapping[str, Any], actions: Sequence[str]) -> RewardResult:
+def score_transcript(
+    metadata: Mapping[str, Any],
+    actions: Sequence[str],
+    reply_quality: float | None = None,
+    quality_weight: float = REPLY_QUALITY_WEIGHT,
+) -> RewardResult:
     """The :class:`RewardResult` of an episode: the blended score, ``threshold=1.0``, and in
     ``metadata`` the behaviours (0/1), ``per_turn_rewards`` (one per action), ``refunded``
     (dollars), ``tool_calls``, ``tool_errors`` and ``faults`` (how many actions had one).
+
+    With a judged ``reply_quality`` ``q`` in [0, 1] (the ``reply_judge`` option), the score is
+    ``(1 - quality_weight) * behaviours + quality_weight * q`` and the threshold moves alike,
+    ``(1 - quality_weight) * 1.0 + quality_weight * q``, so success still means every behaviour;
+    ``reply_quality`` joins the metadata.
 
     Example:
         >>> from llm_gym.envs.refund import get_tasks
         >>> score_transcript(get_tasks("val")[0].metadata, ["Sorry, I cannot help."]).score
         0.0
+        >>> judged = score_transcript(get_tasks("val")[0].metadata, ["Sorry."], 0.5, 0.2)
+        >>> judged.score, judged.threshold  # 0.8 * 0.0 + 0.2 * 0.5, 0.8 * 1.0 + 0.2 * 0.5
+        (0.1, 0.9)
     """
     behaviours = judge(metadata, actions)
-    score = behaviours.score
+    score, threshold = behaviours.score, SUCCESS_THRESHOLD
+    extra: dict[str, float] = {}
+    if reply_quality is not None:
+        keep = 1 - quality_weight
+        score = round(keep * score + quality_weight * reply_quality, 9)
+        threshold = round(keep * SUCCESS_THRESHOLD + quality_weight * reply_quality, 9)
+        extra["reply_quality"] = float(reply_quality)
     per_turn = [0.0 if faults else score for faults in behaviours.turn_faults]
     return RewardResult(
         score=score,
-        threshold=SUCCESS_THRESHOLD,
+        threshold=threshold,
         metadata={
             "per_turn_rewards": per_turn,
             **{name: float(getattr(behaviours, name)) for name in WEIGHTS},
@@ -186,5 +225,6 @@ def score_transcript(metadata: Mapping[str, Any], actions: Sequence[str]) -> Rew
             "tool_calls": behaviours.tool_calls,
             "tool_errors": behaviours.tool_errors,
             "faults": sum(bool(f) for f in behaviours.turn_faults),
+            **extra,
         },
     )
