@@ -66,11 +66,7 @@ def episode_to_messages(episode: Episode) -> list[dict[str, Any]]:
     ``tool`` messages keep their ``name``). The same messages :func:`~llm_gym.rollout.
     episode_to_samples` renders, so the chat template gives the same token sequence.
     """
-    messages = [_sft_message(m) for m in episode.messages[: episode.num_opening_messages]]
-    for turn in episode.turns:
-        messages.append({"role": "assistant", "content": turn.text})
-        messages.extend(_sft_message(m) for m in turn.env_messages)
-    return messages
+    return [_sft_message(m) for m in episode.transcript()]
 
 
 def rl_token_rows(

@@ -86,15 +86,6 @@ def _json_ready(value: Any) -> Any:
     return str(value)
 
 
-def _transcript(episode: Episode) -> list[dict[str, Any]]:
-    """The opening messages, then each turn's raw text and the environment's replies."""
-    messages = [dict(m) for m in episode.messages[: episode.num_opening_messages]]
-    for turn in episode.turns:
-        messages.append({"role": "assistant", "content": turn.text})
-        messages.extend(dict(m) for m in turn.env_messages)
-    return messages
-
-
 def episode_record(
     episode: Episode,
     *,
@@ -114,7 +105,7 @@ def episode_record(
         "task_id": episode.task.id,
         "group": episode.group,
         "index": episode.index,
-        "messages": _transcript(episode),
+        "messages": episode.transcript(),
         "num_opening_messages": episode.num_opening_messages,
         "tool_specs": list(episode.tool_specs),
         "action_format": episode.action_format.name,

@@ -92,6 +92,16 @@ class Episode:
     was read only in part: the tokens the context would have held at least, which the soft
     overlong penalty measures (the samples stop before that reply); else 0."""
 
+    def transcript(self) -> list[Message]:
+        """The conversation as the policy wrote it: the opening messages, then each turn's raw
+        text as an assistant message (plain ``content``, no structured ``tool_calls``) and the
+        environment's replies (copies)."""
+        messages = [dict(m) for m in self.messages[: self.num_opening_messages]]
+        for turn in self.turns:
+            messages.append({"role": "assistant", "content": turn.text})
+            messages.extend(dict(m) for m in turn.env_messages)
+        return messages  # type: ignore[return-value]
+
     @property
     def num_turns(self) -> int:
         """Assistant turns taken."""
