@@ -576,9 +576,9 @@ def test_docstring_examples(module: str) -> None:
 def test_a_reply_judge_blends_the_reply_quality_in_and_success_still_needs_every_behaviour(
 ) -> None:  # fmt: skip
     from llm_gym.judge import shared_judge
-    from tests.test_judge import ScriptedJudge, reply
+    from tests.test_judge import ScriptedEndpoint, reply
 
-    endpoint = ScriptedJudge()
+    endpoint = ScriptedEndpoint()
     try:
         verdict = '{"explains_decision": true, "courteous": true, "clarity": 5}'
         endpoint.respond = lambda body: (200, reply(verdict))

@@ -4,12 +4,9 @@ group mode, fallback and failure counts, the reward function)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +23,7 @@ from llm_gym.judge import (
     parse_verdict,
     render_messages,
 )
+from tests.scripted_endpoint import ScriptedEndpoint, scripted_endpoint
 
 RUBRIC = [
     {"name": "explains", "question": "Does the reply explain the decision?", "weight": 3},
@@ -40,51 +38,10 @@ def reply(content: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
 
-class ScriptedJudge:
-    """A loopback ``/v1/chat/completions`` endpoint answering ``respond(body) -> (status,
-    payload or raw bytes)``; it records the requests."""
-
-    def __init__(self) -> None:
-        self.respond: Callable[[dict[str, Any]], tuple[int, Any]] = lambda body: (200, {})
-        self.requests: list[dict[str, Any]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"path": self.path, "body": body,
-                                        "headers": dict(self.headers)})  # fmt: skip
-                status, payload = server.respond(body)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                with contextlib.suppress(BrokenPipeError):  # the client gave up (timeout)
-                    self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def endpoint() -> Iterator[ScriptedJudge]:
-    server = ScriptedJudge()
-    yield server
-    server.close()
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with scripted_endpoint() as server:
+        yield server
 
 
 def settings(url: str, **overrides: Any) -> JudgeSettings:
@@ -199,7 +156,7 @@ def test_the_transcript_shows_calls_and_results_and_leaves_the_system_prompt_out
 # --- the judge on a scripted endpoint -------------------------------------------------------------
 
 
-def test_episode_mode_sends_the_rubric_and_schema_and_scores(endpoint: ScriptedJudge) -> None:
+def test_episode_mode_sends_the_rubric_and_schema_and_scores(endpoint: ScriptedEndpoint) -> None:
     endpoint.respond = lambda body: (200, reply('{"explains": true, "clarity": 6}'))
     judge = Judge(settings(endpoint.url, max_tokens=64))
     [judgement] = judge.judge([conversation("Refunded $20 since it arrived broken.")])
@@ -213,7 +170,7 @@ def test_episode_mode_sends_the_rubric_and_schema_and_scores(endpoint: ScriptedJ
     assert "[assistant] Refunded $20" in prompt and "rules" not in prompt
 
 
-def test_the_cache_answers_a_repeated_request(endpoint: ScriptedJudge) -> None:
+def test_the_cache_answers_a_repeated_request(endpoint: ScriptedEndpoint) -> None:
     endpoint.respond = lambda body: (200, reply('{"explains": false, "clarity": 2}'))
     judge = Judge(settings(endpoint.url, cache_size=1))
     first = judge.judge([conversation("a")])[0]
@@ -228,7 +185,9 @@ def test_the_cache_answers_a_repeated_request(endpoint: ScriptedJudge) -> None:
     assert judge.stats.take()["judge/episodes"] == 0  # taking resets
 
 
-def test_server_errors_are_retried_then_fall_back_and_are_counted(endpoint: ScriptedJudge) -> None:
+def test_server_errors_are_retried_then_fall_back_and_are_counted(
+    endpoint: ScriptedEndpoint,
+) -> None:
     answers = iter([(503, {"error": "busy"}), (200, reply('{"explains": 1, "clarity": 10}'))])
     endpoint.respond = lambda body: next(answers)
     judge = Judge(settings(endpoint.url, max_retries=1))
@@ -245,7 +204,7 @@ def test_server_errors_are_retried_then_fall_back_and_are_counted(endpoint: Scri
     assert metrics["judge/failure_ratio"] == 1.0
 
 
-def test_a_slow_judge_times_out_into_the_fallback(endpoint: ScriptedJudge) -> None:
+def test_a_slow_judge_times_out_into_the_fallback(endpoint: ScriptedEndpoint) -> None:
     def slow(body: dict[str, Any]) -> tuple[int, Any]:
         time.sleep(1.0)
         return 200, reply('{"explains": true, "clarity": 5}')
@@ -259,7 +218,7 @@ def test_a_slow_judge_times_out_into_the_fallback(endpoint: ScriptedJudge) -> No
     assert judge.stats.take()["judge/failures_timeout"] == 1
 
 
-def test_group_mode_ranks_a_group_in_one_request(endpoint: ScriptedJudge) -> None:
+def test_group_mode_ranks_a_group_in_one_request(endpoint: ScriptedEndpoint) -> None:
     def grade(body: dict[str, Any]) -> tuple[int, Any]:
         prompt = body["messages"][1]["content"]
         n = prompt.count("\nAttempt ")
@@ -286,7 +245,7 @@ def test_group_mode_ranks_a_group_in_one_request(endpoint: ScriptedJudge) -> Non
 
 
 def test_settings_are_checked_and_the_key_comes_from_the_environment(
-    endpoint: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
+    endpoint: ScriptedEndpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for bad, match in (
         ({"base_url": "ftp://x"}, "http"),

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from llm_gym.judge import Judge, JudgeReward, JudgeSettings
-from tests.test_judge import OPENING, RUBRIC, ScriptedJudge, conversation, reply
+from tests.test_judge import OPENING, RUBRIC, ScriptedEndpoint, conversation, reply
 
 
 @pytest.fixture
-def endpoint() -> Iterator[ScriptedJudge]:
-    server = ScriptedJudge()
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    server = ScriptedEndpoint()
     yield server
     server.close()
 
@@ -41,7 +41,7 @@ NESTED = "[" * 100_000 + "]" * 100_000
     ],
 )
 def test_hostile_answers_fall_back_and_are_counted(
-    endpoint: ScriptedJudge, answer: Any, kind: str
+    endpoint: ScriptedEndpoint, answer: Any, kind: str
 ) -> None:
     endpoint.respond = lambda body: (200, answer)
     settings = JudgeSettings(
@@ -54,7 +54,7 @@ def test_hostile_answers_fall_back_and_are_counted(
     assert metrics["judge/failures"] == 1 and metrics[f"judge/failures_{kind}"] == 1
 
 
-def test_a_refusing_or_absent_endpoint_falls_back(endpoint: ScriptedJudge) -> None:
+def test_a_refusing_or_absent_endpoint_falls_back(endpoint: ScriptedEndpoint) -> None:
     endpoint.respond = lambda body: (404, {"error": {"message": "no such model"}})
     judge = Judge(JudgeSettings(base_url=endpoint.url, model="j", rubric=RUBRIC))
     [judgement] = judge.judge([conversation("a")])
@@ -66,7 +66,9 @@ def test_a_refusing_or_absent_endpoint_falls_back(endpoint: ScriptedJudge) -> No
     assert judgement.score is None and judgement.error.startswith("endpoint")
 
 
-def test_a_group_reply_with_one_bad_entry_fails_only_that_attempt(endpoint: ScriptedJudge) -> None:
+def test_a_group_reply_with_one_bad_entry_fails_only_that_attempt(
+    endpoint: ScriptedEndpoint,
+) -> None:
     endpoint.respond = lambda body: (
         200,
         reply('{"1": {"explains": true, "clarity": 10}, "2": {"explains": "perhaps"},'
@@ -79,7 +81,7 @@ def test_a_group_reply_with_one_bad_entry_fails_only_that_attempt(endpoint: Scri
     assert reward.take_metrics()["judge/failures_reply"] == 2
 
 
-def test_hostile_transcripts_are_sent_bounded(endpoint: ScriptedJudge) -> None:
+def test_hostile_transcripts_are_sent_bounded(endpoint: ScriptedEndpoint) -> None:
     endpoint.respond = lambda body: (200, reply('{"explains": true, "clarity": 3}'))
     settings = JudgeSettings(
         base_url=endpoint.url, model="j", rubric=RUBRIC, max_transcript_chars=1000

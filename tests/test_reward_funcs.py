@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_judge import ScriptedJudge, reply
+from tests.test_judge import ScriptedEndpoint, reply
 
 pytest.importorskip("torch")
 
@@ -19,8 +19,8 @@ RUBRIC = [{"name": "answered", "question": "Did the assistant give a final answe
 
 
 @pytest.fixture
-def endpoint() -> Iterator[ScriptedJudge]:
-    server = ScriptedJudge()
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    server = ScriptedEndpoint()
     yield server
     server.close()
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import doctest
 import json
 import math
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -20,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 from llm_gym.errors import InvalidArgumentError  # noqa: E402
 from llm_gym.policies.http import EndpointError  # noqa: E402
+from tests.scripted_endpoint import ScriptedEndpoint, scripted_endpoint  # noqa: E402
 from trainers import teacher as teacher_module  # noqa: E402
 from trainers import teacher_endpoint  # noqa: E402
 from trainers.teacher import (  # noqa: E402
@@ -254,59 +253,10 @@ def test_completions_refuse_bad_requests(
 # --- EndpointTeacher against a scripted stub -------------------------------------------------
 
 
-class Stub:
-    """Answers every POST with ``respond(body) -> (status, payload)``; records requests."""
-
-    def __init__(self) -> None:
-        self.respond: Callable[[dict[str, Any]], tuple[int, Any]] = lambda body: (200, {})
-        self.requests: list[dict[str, Any]] = []
-        self.active = self.max_active = 0
-        self.lock = threading.Lock()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with stub.lock:
-                    stub.requests.append(
-                        {"path": self.path, "headers": dict(self.headers), "body": body}
-                    )
-                    stub.active += 1
-                    stub.max_active = max(stub.max_active, stub.active)
-                try:
-                    status, payload = stub.respond(body)
-                finally:
-                    with stub.lock:
-                        stub.active -= 1
-                data = json.dumps(payload).encode()  # NaN stays NaN (json's default)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def stub() -> Iterator[Stub]:
-    server = Stub()
-    yield server
-    server.close()
+def stub() -> Iterator[ScriptedEndpoint]:
+    with scripted_endpoint() as server:
+        yield server
 
 
 def lp(token: int, k: int) -> float:
@@ -340,7 +290,9 @@ EXPECTED = [[lp(ids[k], k) for k in range(start, len(ids))] for ids, start in SE
 @pytest.mark.parametrize(
     "answer", [vllm_answer, legacy_answer, lambda ids: legacy_answer(ids, extra=0)]
 )
-def test_endpoint_teacher_reads_both_forms(stub: Stub, answer: Callable[..., Any]) -> None:
+def test_endpoint_teacher_reads_both_forms(
+    stub: ScriptedEndpoint, answer: Callable[..., Any]
+) -> None:
     stub.respond = lambda body: (200, answer(body["prompt"]))
     teacher = EndpointTeacher(stub.url + "/", "teacher-model", api_key="sk-test")
     assert teacher.logprobs(SEQUENCES) == EXPECTED
@@ -359,7 +311,7 @@ def test_endpoint_teacher_reads_both_forms(stub: Stub, answer: Callable[..., Any
     }
 
 
-def test_endpoint_teacher_sends_no_key_and_limits_concurrency(stub: Stub) -> None:
+def test_endpoint_teacher_sends_no_key_and_limits_concurrency(stub: ScriptedEndpoint) -> None:
     def slow(body: dict[str, Any]) -> tuple[int, Any]:
         time.sleep(0.05)
         return 200, vllm_answer(body["prompt"])
@@ -424,7 +376,7 @@ def _set_entry(choice: dict[str, Any], value: Any) -> None:
     ],
 )
 def test_endpoint_teacher_refuses_malformed_answers(
-    stub: Stub, answer: Callable[..., Any], words: str
+    stub: ScriptedEndpoint, answer: Callable[..., Any], words: str
 ) -> None:
     stub.respond = lambda body: (200, answer(body["prompt"]))
     with pytest.raises(EndpointError, match="answered a malformed completion") as info:
@@ -437,7 +389,7 @@ def test_a_tiny_positive_logprob_is_rounding() -> None:
     assert parse_prompt_logprobs(answer, [3, 4]) == [None, 1e-6]
 
 
-def test_endpoint_teacher_retries_a_server_error_once(stub: Stub) -> None:
+def test_endpoint_teacher_retries_a_server_error_once(stub: ScriptedEndpoint) -> None:
     calls: list[int] = []
 
     def flaky(body: dict[str, Any]) -> tuple[int, Any]:
@@ -457,7 +409,7 @@ def test_endpoint_teacher_retries_a_server_error_once(stub: Stub) -> None:
     assert info.value.status == 500 and len(calls) + 2 == len(stub.requests)
 
 
-def test_endpoint_teacher_names_a_refusal(stub: Stub) -> None:
+def test_endpoint_teacher_names_a_refusal(stub: ScriptedEndpoint) -> None:
     stub.respond = lambda body: (400, {"error": {"message": "prompt_logprobs is not allowed"}})
     with pytest.raises(EndpointError, match=r"answered HTTP 400 for teacher model 'm'") as info:
         EndpointTeacher(stub.url, "m").logprobs(SEQUENCES[:1])
@@ -465,14 +417,14 @@ def test_endpoint_teacher_names_a_refusal(stub: Stub) -> None:
 
 
 def test_endpoint_teacher_connection_refused() -> None:
-    stub = Stub()
+    stub = ScriptedEndpoint()
     stub.close()  # nothing listens there any more
     with pytest.raises(EndpointError, match=r"failed after 2 attempts") as info:
         EndpointTeacher(stub.url, "m", timeout_s=5).logprobs(SEQUENCES[:1])
     assert stub.url in str(info.value)
 
 
-def test_endpoint_teacher_checks_its_arguments(stub: Stub) -> None:
+def test_endpoint_teacher_checks_its_arguments(stub: ScriptedEndpoint) -> None:
     with pytest.raises(InvalidArgumentError, match="max_concurrency"):
         EndpointTeacher(stub.url, "m", max_concurrency=0)
     with pytest.raises(InvalidArgumentError, match="timeout_s"):
