@@ -17,6 +17,7 @@ __all__ = [  # the exception classes; did_you_mean (below) is the registries' sh
     "InvalidArgumentError",
     "LlmGymError",
     "RemoteEnvError",
+    "SandboxUnavailableError",
     "ToolArgumentError",
     "TokenizerError",
     "UnknownNameError",
@@ -57,6 +58,11 @@ class EnvTimeoutError(LlmGymError, TimeoutError):
 class RemoteEnvError(LlmGymError, ConnectionError):
     """A remote environment (an OpenEnv server) could not be reached, answered with an error,
     or outlasted its per-call deadline; the episode that used it ends (cause ``ENV``)."""
+
+
+class SandboxUnavailableError(LlmGymError, RuntimeError):
+    """The code sandbox (bubblewrap with a libseccomp filter) cannot run on this machine; the
+    message names what to install, and the explicitly unsafe mode that runs without it."""
 
 
 class UnknownNameError(LlmGymError, KeyError):
