@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from llm_gym.envs.code import CodeEnv, grading, sandbox
+from llm_gym.envs.code import CodeEnv, grading, jail, sandbox
 from llm_gym.envs.code.grading import Verdict, grade
 from llm_gym.envs.code.sandbox import SandboxLimits, SandboxResult, run_function, sandbox_layers
 from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
@@ -502,7 +502,7 @@ def test_without_the_sandbox_code_v0_refuses_and_names_what_to_install(
 
 
 def test_a_sandbox_that_fails_its_trial_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "_view", lambda python: [])  # no interpreter in the view
+    monkeypatch.setattr(jail, "view", lambda python: [])  # no interpreter in the view
     sandbox._host.cache_clear()
     try:
         with pytest.raises(SandboxUnavailableError, match="a trial run failed"):

