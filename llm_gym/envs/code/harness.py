@@ -19,6 +19,7 @@ of each call, and no record can carry an expected output the child was never giv
 import marshal
 import os
 import sys
+from _json import encode_basestring_ascii as _quote
 
 __all__ = ["describe", "make_encoder", "run"]
 
@@ -48,15 +49,6 @@ def describe(exc, type=type, str=str, isinstance=isinstance, getattr=getattr,
     return f"{text} (line {line})" if line else text
 
 
-def _quote_function():
-    """JSON string quoting: the C accelerator, else the pure-Python one."""
-    try:
-        from _json import encode_basestring_ascii
-    except ImportError:
-        from json.encoder import py_encode_basestring_ascii as encode_basestring_ascii
-    return encode_basestring_ascii
-
-
 class _Unsupported(Exception):
     pass
 
@@ -64,7 +56,7 @@ class _Unsupported(Exception):
 def make_encoder(max_chars):
     """A JSON encoder for plain values that holds its own references (monkeypatching is moot);
     it raises past ``max_chars`` characters or 100 levels of nesting."""
-    quote = _quote_function()
+    quote = _quote
     int_repr, float_repr, join = int.__repr__, float.__repr__, ",".join
     type_name = type.__dict__["__name__"].__get__
     type_, len_, dict_items, unsupported = type, len, dict.items, _Unsupported
@@ -125,7 +117,7 @@ def run(fd, max_value_chars):
     """Read the payload from stdin, run it, report to ``fd``; ends the process."""
     import builtins
 
-    quote = _quote_function()
+    quote = _quote
     payload = marshal.loads(sys.stdin.buffer.read())
     os.close(0)
     for stream in (sys.stdout, sys.stderr):
