@@ -11,7 +11,8 @@ right: the caller compares values with expected outputs that never leave the par
   1: when it ends, every process of the run ends); a file system of read-only binds of the
   interpreter's prefix (its site-packages hidden), its libraries' folders, a minimal ``/dev``,
   the harness, and a writable work dir. The grader, its records, the expected outputs, ``/proc``
-  and other runs do not exist there. The code runs as uid 65534 with no capability.
+  and other runs do not exist there. The code runs as uid 65534 (the grader's own uid outside)
+  with no capability. :mod:`llm_gym.envs.code.jail` builds this configuration.
 - **The work dir** is a tmpfs of ``disk_bytes`` with one inode per 4 KiB, ``nosuid``, ``nodev``,
   ``noexec``, mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount
   namespace: it fills neither the host's disk nor its inodes and vanishes with the run.
