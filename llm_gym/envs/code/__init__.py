@@ -20,6 +20,7 @@ from llm_gym.envs.code.sandbox import (
     CallResult,
     SandboxLimits,
     SandboxResult,
+    require_sandbox,
     run_function,
     sandbox_layers,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "CallResult",
     "SandboxLimits",
     "SandboxResult",
+    "require_sandbox",
     "run_function",
     "sandbox_layers",
 ]

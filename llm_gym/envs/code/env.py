@@ -24,7 +24,7 @@ from llm_gym.envs.code.grading import (
     feedback,
     grade,
 )
-from llm_gym.envs.code.sandbox import SandboxLimits
+from llm_gym.envs.code.sandbox import SandboxLimits, require_sandbox
 from llm_gym.errors import InvalidArgumentError, ToolArgumentError
 
 __all__ = [
@@ -127,7 +127,10 @@ class CodeEnv(ToolEnv):
 
     ## Arguments
     ``limits`` (:class:`~llm_gym.envs.code.sandbox.SandboxLimits` of each run),
-    ``partial_credit`` (bool), ``max_test_runs`` (int >= 0).
+    ``partial_credit`` (bool), ``max_test_runs`` (int >= 0), ``unsafe_no_sandbox`` (bool: run
+    the code without any isolation; only for code you trust). Without it the env refuses to be
+    built where the sandbox cannot run (:class:`~llm_gym.errors.SandboxUnavailableError`, naming
+    what to install); ``gym.make("Code-v0", env_kwargs={"unsafe_no_sandbox": True})`` opts in.
 
     ## Version History
     - v0: first release.
@@ -143,6 +146,7 @@ class CodeEnv(ToolEnv):
         limits: SandboxLimits | None = None,
         partial_credit: bool = False,
         max_test_runs: int = MAX_TEST_RUNS,
+        unsafe_no_sandbox: bool = False,
     ) -> None:
         if not isinstance(max_test_runs, int) or max_test_runs < 0:
             raise InvalidArgumentError(
@@ -152,12 +156,23 @@ class CodeEnv(ToolEnv):
             raise InvalidArgumentError(
                 f"limits must be a SandboxLimits, actual type: {type(limits).__name__}."
             )
+        if not isinstance(unsafe_no_sandbox, bool):
+            raise InvalidArgumentError(
+                f"unsafe_no_sandbox must be a bool, actual value: {unsafe_no_sandbox!r}."
+            )
+        if not unsafe_no_sandbox:
+            require_sandbox()
         super().__init__(tools=[RunTestsTool(self)])
+        self.unsafe_no_sandbox = unsafe_no_sandbox
         self.limits = limits or SandboxLimits()
         self.partial_credit = bool(partial_credit)
         self.max_test_runs = max_test_runs
         self._test_runs = 0
         self._verdict: Verdict | None = None
+
+    @property
+    def _run_options(self) -> dict[str, Any]:
+        return {"limits": self.limits, "unsafe_no_sandbox": self.unsafe_no_sandbox}
 
     async def reset(self, task: Task) -> list[Message]:
         target = task.target
@@ -181,7 +196,7 @@ class CodeEnv(ToolEnv):
         self._test_runs += 1
         entry = task.target["entry"]
         examples = task.metadata.get("examples", [])
-        verdict = await asyncio.to_thread(grade, code, entry, examples, limits=self.limits)
+        verdict = await asyncio.to_thread(grade, code, entry, examples, **self._run_options)
         return feedback(verdict, entry, examples)
 
     async def step(self, message: Message) -> StepResult:
@@ -191,7 +206,7 @@ class CodeEnv(ToolEnv):
         self._messages.append(message)
         code = extract_code(message.get("content") or "")
         verdict = await asyncio.to_thread(
-            grade, code, task.target["entry"], task.target["tests"], limits=self.limits
+            grade, code, task.target["entry"], task.target["tests"], **self._run_options
         )
         self._verdict = verdict
         if self.partial_credit:

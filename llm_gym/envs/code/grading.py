@@ -198,16 +198,19 @@ def grade(
     tests: Sequence[Mapping[str, Any]],
     *,
     limits: SandboxLimits | None = None,
+    unsafe_no_sandbox: bool = False,
 ) -> Verdict:
     """Run ``code`` on the tests' ``args`` in the sandbox; compare with their ``expected`` here.
 
     Only the arguments go to the sandbox. Refused code (see :func:`check_source`) is not run.
+    ``unsafe_no_sandbox`` runs it without isolation (see :mod:`llm_gym.envs.code.sandbox`).
     """
     refusal = check_source(code, entry)
     if refusal is not None:
         outcomes = tuple(TestOutcome(False, "not run") for _ in tests)
         return Verdict(outcomes=outcomes, error=refusal, sandbox=None)
-    result = run_function(code, entry, [list(t["args"]) for t in tests], limits=limits)
+    args = [list(t["args"]) for t in tests]
+    result = run_function(code, entry, args, limits=limits, unsafe_no_sandbox=unsafe_no_sandbox)
     outcomes = []
     for test, call in zip(tests, result.calls, strict=True):
         if call is None:
