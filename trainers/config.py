@@ -30,6 +30,7 @@ from trainers.config_checks import (
     check_counts,
     check_deadline,
     check_distillation,
+    check_health,
     check_sampling,
     check_templates,
 )
@@ -316,6 +317,13 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "resized) or a .jinja file. None: the model's own; a model with none is refused."
         },
     )
+    health_action: str = field(
+        default="warn",
+        metadata={
+            "help": "A health check that fires (trainers.health): warn (a health/<check> metric, "
+            "one warning), stop (also end the run after the step, with a checkpoint) or off."
+        },
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -381,10 +389,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse("episodes_per_task", self.episodes_per_task, "an int >= 1 (the group size)")
         self.distillation = check_distillation(self.distillation, refuse)
         checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-        for check in (*checks, check_templates):
+        for check in (*checks, check_templates, check_health):
             check(self, refuse)
-        if self.val_temperature < 0:
-            refuse("val_temperature", self.val_temperature, ">= 0")
         check_field_types(self)  # last: the checks above say more about their own fields
 
     @property
@@ -419,12 +425,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             return None
         from peft import LoraConfig
 
-        return LoraConfig(
-            r=self.lora_r,
-            lora_alpha=self.lora_alpha,
-            target_modules=self.lora_target_modules or "all-linear",
-            task_type="CAUSAL_LM",
-        )
+        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, task_type="CAUSAL_LM",
+                          target_modules=self.lora_target_modules or "all-linear")  # fmt: skip
 
     @property
     def rollout_backend(self) -> str:

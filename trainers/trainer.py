@@ -41,6 +41,7 @@ from trainers.chat_template import grpo_start
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
 from trainers.dynamic_sampling import GroupPool, refill_tasks
+from trainers.health import HealthCallback
 from trainers.rejection_sampling import credit_rewards, group_signal
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
 from trainers.rollout_metrics import (
@@ -162,6 +163,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             peft_config=peft_config,
             callbacks=[*(callbacks or []), _AsyncCallback(self), _ValidationCallback(self)],
         )
+        self.health = HealthCallback(args.health_action, "rl")
+        self.callback_handler.callbacks.insert(0, self.health)  # its keys reach the loggers
         self.env_factory = as_env_factory(env_factory)
         if args.credit_assignment == "per_turn":
             refuse_per_turn_with_native_tools(self.env_factory, tasks[0])
