@@ -17,6 +17,7 @@ from trainers.health import (
     HealthWarning,
     check_health_action,
     run_health_checks,
+    series,
 )
 
 
@@ -181,3 +182,65 @@ def test_the_config_refuses_an_unknown_health_action(tmp_path) -> None:
         output_dir=str(tmp_path), report_to="none", episodes_per_task=2, health_action="stop"
     )
     assert config.health_action == "stop"
+
+
+@pytest.fixture
+def always_fires(monkeypatch):
+    """A check registered for the test that fires on the first record with a reward (RL) or a
+    loss (SFT)."""
+    from trainers import health
+
+    def first_record(history):
+        logged = series(history, "reward") or series(history, "loss")
+        return health.Finding(1.0, "a step was logged") if logged else None
+
+    monkeypatch.setitem(
+        health.HEALTH_CHECKS,
+        "test_fires",
+        health.HealthCheck("test_fires", first_record, "a test", "nothing", ("rl", "sft")),
+    )
+
+
+@pytest.mark.parametrize("off_policy", [None, 1], ids=["lockstep", "async"])
+def test_health_action_stop_ends_training_after_the_step_with_a_checkpoint(
+    small_model_dir, tmp_path, always_fires, off_policy
+) -> None:
+    pytest.importorskip("trl")
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    config = GRPOConfig(
+        output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=2,
+        num_steps=3, max_turns=2, max_model_length=1024, max_tokens_per_turn=8, use_cpu=True,
+        save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=1,
+        health_action="stop", max_steps_off_policy=off_policy,
+    )  # fmt: skip
+    trainer = MultiTurnGRPOTrainer(
+        args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:4])
+    )
+    with pytest.warns(HealthWarning, match="test_fires fired at step 1"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # of 3
+    assert (tmp_path / "checkpoint-1" / "trainer_state.json").exists()
+    [record] = [r for r in trainer.state.log_history if "health/test_fires" in r]
+    assert record["step"] == 1 and "reward" in record
+    assert trainer.health.fired[0]["check"] == "test_fires"
+
+
+def test_sft_runs_its_checks_and_stops_on_them(small_model_dir, tmp_path, always_fires) -> None:
+    pytest.importorskip("trl")
+    from llm_gym.envs.tool_use_game import get_tasks
+    from trainers.sft import build_sft_trainer
+    from trainers.sft_data import oracle_sft_dataset
+
+    dataset = oracle_sft_dataset("ToolUseGame-v0", list(get_tasks("train")[:4]))
+    trainer = build_sft_trainer(
+        small_model_dir, tmp_path, dataset, max_steps=3, per_device_train_batch_size=1,
+        logging_steps=1, progress=False, health_action="stop",
+    )  # fmt: skip
+    with pytest.warns(HealthWarning, match="test_fires fired at step 1"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # of 3
+    [health] = [c for c in trainer.callback_handler.callbacks if isinstance(c, HealthCallback)]
+    assert health.trainer == "sft" and [f["check"] for f in health.fired] == ["test_fires"]

@@ -100,7 +100,9 @@ function chart(title, lines, marks) {
     const line = svg("line", {x1: X(m.step), x2: X(m.step), y1: T, y2: H - B,
       stroke: "#e67e22", "stroke-dasharray": "4 3", class: "health-mark"});
     const tip = svg("title", {}); tip.textContent = `health: ${m.check} at step ${m.step}`;
-    line.append(tip); s.append(line); label(X(m.step) + 2, T + 8, m.check, "start");
+    line.append(tip); s.append(line);
+    const right = X(m.step) > (L + W) / 2;  // the name on the side with room
+    label(X(m.step) + (right ? -3 : 3), T + 8, m.check, right ? "end" : "start");
   }
   series.forEach(([, pts], i) => {
     const c = COLORS[i % COLORS.length];
