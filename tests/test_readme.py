@@ -41,6 +41,9 @@ COVERED_ELSEWHERE = {
         "tests/test_integration_trl_rollout.py::test_trl_trains_two_steps_with_our_rollout"
     ),
     "llm-gym serve-env": "tests/test_integration_openenv.py::test_the_cli_serves_an_env",
+    "llm-gym report outputs/": (
+        "tests/test_run_report.py::test_llm_gym_report_writes_the_page_and_prints_its_path"
+    ),
     "llm-gym fetch-model smollm2-135m-instruct": (
         "tests/test_real_model.py::test_the_fetched_folder_is_an_ordinary_hf_folder"
     ),

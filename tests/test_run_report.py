@@ -192,3 +192,65 @@ def test_an_episode_record_tells_trained_tokens_from_context() -> None:
     ]
     assert record["kind"] == episode.task.metadata["type"]
     json.dumps(record, allow_nan=False)
+
+
+def _chromium(*args: str) -> str:
+    import subprocess
+
+    command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_a_tiny_runs_report_reads_in_headless_chromium(small_model_dir, tmp_path) -> None:
+    """The report of a real (tiny) train.py run, rendered by Debian's chromium as a person opens
+    it: its text, its curves, and the episode browser's filters."""
+    import shutil
+
+    if shutil.which("chromium") is None:
+        pytest.skip("no chromium on PATH (Debian's chromium package renders the page)")
+    pytest.importorskip("trl")
+    from trainers.pipeline import load_config, run_pipeline
+
+    out = tmp_path / "run"
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"""
+env: ToolUseGame-v0
+model: {small_model_dir}
+output_dir: {out}
+val_tasks: 2
+grpo:
+  batch_size: 2
+  episodes_per_task: 2
+  num_steps: 2
+  max_turns: 2
+  max_model_length: 1024
+  max_tokens_per_turn: 8
+  validation_interval: 1
+  logging_steps: 1
+  report_to: none
+  save_strategy: "no"
+evaluation:
+  episodes: 6
+  samples: 0
+  max_new_tokens: 8
+"""
+    )
+    run_pipeline(load_config(config))
+    page = out / "report.html"
+    dom = _chromium("--dump-dom", page.as_uri())
+    assert "Run report: run" in dom and "held-out success (paired by task)" in dom
+    assert dom.count('class="chart"') >= 4  # reward, tool use, lengths, truncation, ...
+    assert "No health check fired." in dom
+    assert "6 of 6 episodes shown" in dom
+    episodes = load_run(out)["episodes"]["after_grpo"]["shown"]
+    failures = sum(not e["success"] for e in episodes)
+    filtered = _chromium("--dump-dom", page.as_uri() + "#eval=after_grpo&outcome=failure")
+    assert f"{failures} of 6 episodes shown" in filtered
+    assert filtered.count('data-outcome="failure"') == failures
+    assert 'data-outcome="success"' not in filtered
+    shot = tmp_path / "report.png"
+    _chromium(f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri())
+    assert shot.stat().st_size > 10_000
