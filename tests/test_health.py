@@ -244,3 +244,31 @@ def test_sft_runs_its_checks_and_stops_on_them(small_model_dir, tmp_path, always
     assert trainer.state.global_step == 1  # of 3
     [health] = [c for c in trainer.callback_handler.callbacks if isinstance(c, HealthCallback)]
     assert health.trainer == "sft" and [f["check"] for f in health.fired] == ["test_fires"]
+
+
+def test_the_logprob_gap_is_logged_and_small_for_the_same_weights(small_model_dir, tmp_path):
+    """With ``num_iterations=2`` the trainer scores the sampled tokens itself: the gap between
+    the in-process sampler's logprobs and its own is logged (TRL's key), and for the same
+    weights it stays far below the ``logprob_gap`` bound."""
+    pytest.importorskip("trl")
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.health import LOGPROB_GAP_BOUND
+    from trainers.trainer import MultiTurnGRPOTrainer
+
+    config = GRPOConfig(
+        output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=2,
+        num_steps=1, max_turns=2, max_model_length=1024, max_tokens_per_turn=8, use_cpu=True,
+        save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=1,
+        num_iterations=2,
+    )  # fmt: skip
+    trainer = MultiTurnGRPOTrainer(
+        args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:4])
+    )
+    trainer.train()
+    [gap] = [
+        r["sampling/sampling_logp_difference/mean"]
+        for r in trainer.state.log_history
+        if "sampling/sampling_logp_difference/mean" in r
+    ]
+    assert 0 <= gap < LOGPROB_GAP_BOUND / 10

@@ -153,9 +153,10 @@ class ScoringMixin:
             if "old_per_token_logps" in batch:  # the sampler's logprobs against the trainer's
                 gap = logprob_gap(
                     batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask
-                )
-                metrics["sampling/sampling_logp_difference/mean"] = gap[0]
-                metrics["sampling/sampling_logp_difference/max"] = gap[1]
+                )  # gathered: every process reads the same step log (health checks stop all)
+                gaps = self.accelerator.gather(torch.tensor([gap], device=loss_mask.device))
+                metrics["sampling/sampling_logp_difference/mean"] = float(gaps[:, 0].mean())
+                metrics["sampling/sampling_logp_difference/max"] = float(gaps[:, 1].max())
             if correct:  # vLLM's sampler vs the trainer's logprobs, as TRL corrects it
                 batch["importance_sampling_ratio"] = importance_sampling_ratio(
                     batch["old_per_token_logps"],
