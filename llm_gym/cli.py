@@ -1,4 +1,4 @@
-"""The ``llm-gym`` command line: list environments, play one by hand, show tasks."""
+"""The ``llm-gym`` command line: list environments, play one by hand, show tasks, report a run."""
 
 from __future__ import annotations
 
@@ -329,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=lambda args, out: eval_cli.run(args, out, _assignments))
 
     _add_leaderboard(sub)
+    from llm_gym.eval import run_report
+
+    p = sub.add_parser("report", help=run_report.HELP, description=run_report.DESCRIPTION)
+    run_report.add_arguments(p)
+    p.set_defaults(func=run_report.run_cli)
 
     p = sub.add_parser(
         "build-tiny-model", help="build the tiny default model offline; prints its path last"

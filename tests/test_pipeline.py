@@ -145,6 +145,17 @@ evaluation:
     out = tmp_path / "out"
     assert (out / "reward_curve.png").exists() and (out / "eval_before_grpo.json").exists()
     assert json.loads((out / "summary.json").read_text())["evaluation"]["split"] == "val"
+    # the run report, and what it reads: the step log, the config, the episodes
+    assert (out / "report.html").exists() and (out / "config.json").exists()
+    assert summary["health"] == []  # nothing fired in one step
+    from llm_gym.eval.run_report import load_run
+
+    run = load_run(out)
+    assert [r["step"] for r in run["steps"] if "reward" in r] == [1]
+    after = run["episodes"]["after_grpo"]
+    assert after["total"] == 3 and len(run["evaluations"]) == (2 if samples == 0 else 4)
+    spans = [span for e in after["shown"] for sample in e["samples"] for span in sample]
+    assert 1 in {mask for _, mask in spans} <= {0, 1}  # the sampled tokens, decoded, by mask
     if samples == 0:
         assert "sampled" not in evaluation
         assert not (out / "eval_after_grpo_sampled.json").exists()

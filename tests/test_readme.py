@@ -42,6 +42,9 @@ COVERED_ELSEWHERE = {
     ),
     "llm-gym serve-env": "tests/test_integration_openenv.py::test_the_cli_serves_an_env",
     "llm-gym serve-mcp": "tests/test_mcp_server.py::test_the_cli_serves_over_stdio",
+    "llm-gym report outputs/": (
+        "tests/test_run_report.py::test_llm_gym_report_writes_the_page_and_prints_its_path"
+    ),
     "llm-gym fetch-model smollm2-135m-instruct": (
         "tests/test_real_model.py::test_the_fetched_folder_is_an_ordinary_hf_folder"
     ),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "logprob_gap",
     "Row",
     "episode_rows",
     "group_rows",
@@ -297,6 +298,27 @@ def importance_sampling_ratio(
     low = -math.inf if clip_min is None else clip_min
     high = math.inf if clip_max is None else clip_max
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def logprob_gap(old_logps: Any, sampling_logps: Any, mask: Any) -> tuple[float, float]:
+    """The mean and the largest ``|old - sampled|`` logprob over the tokens where ``mask`` is 1
+    (TRL's ``sampling/sampling_logp_difference``): tokens the sampler could not score (NaN) are
+    left out; ``(0.0, 0.0)`` without tokens.
+
+    Example:
+        >>> import torch
+        >>> old = torch.tensor([[-1.0, -2.0, -3.0]])
+        >>> sampled = torch.tensor([[-1.5, float("nan"), -2.0]])
+        >>> logprob_gap(old, sampled, torch.tensor([[1, 1, 1]]))
+        (0.75, 1.0)
+    """
+    import torch
+
+    delta = torch.abs(old_logps - sampling_logps)
+    delta = delta[mask.bool() & ~torch.isnan(delta)]
+    if delta.numel() == 0:
+        return 0.0, 0.0
+    return float(delta.float().mean()), float(delta.max())
 
 
 def stale_token_mask(policy_versions: Any, current_version: int, mask: Any) -> Any:

@@ -331,6 +331,13 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
         default=None,
         metadata={"help": "A folder: each step's episodes as JSONL (step-000001.jsonl, ...)."},
     )
+    health_action: str = field(
+        default="warn",
+        metadata={
+            "help": "A health check that fires (trainers.health): warn (a health/<check> metric, "
+            "one warning), stop (also end the run after the step, with a checkpoint) or off."
+        },
+    )
 
     def __post_init__(self) -> None:
         try:
@@ -414,12 +421,8 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             return None
         from peft import LoraConfig
 
-        return LoraConfig(
-            r=self.lora_r,
-            lora_alpha=self.lora_alpha,
-            target_modules=self.lora_target_modules or "all-linear",
-            task_type="CAUSAL_LM",
-        )
+        return LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, task_type="CAUSAL_LM",
+                          target_modules=self.lora_target_modules or "all-linear")  # fmt: skip
 
     @property
     def rollout_backend(self) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "check_distillation",
     "check_outputs",
     "check_rewards",
+    "check_health",
     "check_sampling",
 ]
 
@@ -119,17 +120,27 @@ def check_backend(config: Any, refuse: Any) -> None:
         )
 
 
+def check_health(config: Any, refuse: Any) -> None:
+    """``health_action``: one of :data:`trainers.health.HEALTH_ACTIONS`."""
+    from trainers.health import HEALTH_ACTIONS
+
+    if config.health_action not in HEALTH_ACTIONS:
+        refuse("health_action", config.health_action, f"one of {list(HEALTH_ACTIONS)}")
+
+
 def check_sampling(config: Any, refuse: Any) -> None:
-    """TRL's ``temperature`` (>= 0) and ``top_p`` (in (0, 1]), ``learning_rate`` (>= 0) and
-    ``seed`` (numpy's range, where ``transformers.set_seed`` puts it): TRL takes any number and
-    fails, or trains backwards, only once training runs. Their types are checked before
-    (:func:`~trainers.field_types.check_field_types`)."""
+    """TRL's ``temperature`` (>= 0) and ``top_p`` (in (0, 1]), ``val_temperature`` (>= 0),
+    ``learning_rate`` (>= 0) and ``seed`` (numpy's range, where ``transformers.set_seed`` puts
+    it): TRL takes any number and fails, or trains backwards, only once training runs. Their
+    types are checked before (:func:`~trainers.field_types.check_field_types`)."""
     if not 0 <= config.seed < 2**32:
         refuse("seed", config.seed, f"an integer in [0, {2**32 - 1}]")
     if not 0 <= config.temperature < math.inf:
         refuse("temperature", config.temperature, "a finite number >= 0 (0: greedy)")
     if not 0 < config.top_p <= 1:
         refuse("top_p", config.top_p, "a number in (0, 1]")
+    if config.val_temperature < 0:
+        refuse("val_temperature", config.val_temperature, ">= 0")
     if not 0 <= config.learning_rate < math.inf:
         refuse("learning_rate", config.learning_rate, "a finite number >= 0")
 
@@ -319,8 +330,6 @@ def check_config(config: Any) -> None:
         refuse("episodes_per_task", config.episodes_per_task, "an int >= 1 (the group size)")
     config.distillation = check_distillation(config.distillation, refuse)
     checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-    for check in (*checks, check_templates, check_rewards, check_outputs):
+    for check in (*checks, check_templates, check_rewards, check_outputs, check_health):
         check(config, refuse)
-    if config.val_temperature < 0:
-        refuse("val_temperature", config.val_temperature, ">= 0")
     check_field_types(config)  # last: the checks above say more about their own fields

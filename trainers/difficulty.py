@@ -168,6 +168,13 @@ class DifficultySampler:
         self.saved_total = 0.0
         """Zero-variance groups saved over the run (expected; the module docstring)."""
 
+    @classmethod
+    def of(cls, settings: Any, num_tasks: int, group_size: int) -> DifficultySampler | None:
+        """The sampler of a config's ``difficulty_sampling`` value (None: off, so None)."""
+        if settings is None:
+            return None
+        return cls(num_tasks, group_size, DifficultySettings.of(settings))
+
     def estimate(self, index: int) -> float | None:
         """The task's pass-rate estimate (None: never run)."""
         return pass_rate(self.successes[index], self.episodes[index], self.settings.prior)

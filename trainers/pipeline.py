@@ -4,17 +4,21 @@
 :func:`~trainers.pipeline_config.load_config`): it builds or loads the model, warm-starts it on
 oracle transcripts, trains it with multi-turn GRPO, and evaluates it on held-out tasks before and
 after GRPO (:mod:`trainers.pipeline_eval`). The run writes ``summary.json`` (every number it
-printed) and ``reward_curve.png`` into ``output_dir``.
+printed), ``config.json``, ``step_log.jsonl`` (every logged record), ``reward_curve.png``, the
+evaluations' records and episodes, and the run report ``report.html``
+(:mod:`llm_gym.eval.run_report`) into ``output_dir``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from llm_gym.errors import InvalidArgumentError, did_you_mean
+from llm_gym.eval.run_report import write_run_report
 from llm_gym.policies.pretrained import resolve_model_path
 from trainers.pipeline_config import (
     EvalSettings,
@@ -98,6 +102,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     entry, grpo_tasks, max_turns = check_pipeline(config)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, default=str))
     summary: dict[str, Any] = {"env": config.env, "env_version": entry.version}
     started = time.perf_counter()
     grpo_fields = dict(config.grpo)
@@ -168,6 +173,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         model_path = sft_stage(
             model_path, out, full, sft, config.seed, short=short, action_format=action_format,
             chat_template=grpo_fields.get("chat_template"),
+            health_action=grpo_fields.get("health_action", "warn"),
         )  # fmt: skip
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
@@ -255,6 +261,9 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     trainer.processing_class.save_pretrained(str(final_path))
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
+    summary["health"] = trainer.health.fired
+    step_log = (json.dumps(record, default=str) + "\n" for record in trainer.state.log_history)
+    (out / "step_log.jsonl").write_text("".join(step_log))
     summary["train_log"] = [
         {
             "step": record["step"],
@@ -294,6 +303,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     summary["total_seconds"] = time.perf_counter() - started
     plot_reward_curve(trainer, summary.get("evaluation"), out / "reward_curve.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    report = write_run_report(out)
     evaluation = summary.get("evaluation", {})
     _print_gains(evaluation, f"{evaluation.get('split')} split")
     for name, variant in evaluation.get("variants", {}).items():
@@ -303,7 +313,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     spent = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in parts if seconds is not None)
     print(
         f"Total time: {summary['total_seconds'] / 60:.1f} min ({spent}). Wrote "
-        f"{out / 'summary.json'} and {out / 'reward_curve.png'}."
+        f"{out / 'summary.json'}, {out / 'reward_curve.png'} and the run report {report}."
     )
     return summary
 
@@ -335,8 +345,6 @@ def build_grpo_config(
     """The run's :class:`~trainers.MultiTurnGRPOConfig`: the config's ``grpo`` fields as written
     (async ones included), with ``max_turns`` (the environment's when the config has none),
     ``seed`` and ``use_cpu`` as defaults; nothing is loaded."""
-    import dataclasses
-
     from trainers import GRPOConfig
 
     fields = dict(config.grpo)

@@ -36,10 +36,13 @@ def evaluate_model(
     """``run_and_report`` of the model at ``model_path`` on ``settings.split`` of ``entry``.
 
     ``settings.episodes`` tasks, ``samples`` episodes each (``k=samples``), at ``temperature``
-    (0: greedy); the report is written to ``output_dir/eval_<label>.json``. ``tasks``: read
-    from these instead of the registered split (a variant's tasks).
+    (0: greedy); the report is written to ``output_dir/eval_<label>.json`` and its first
+    episodes (as many as the run report shows) to ``output_dir/episodes_<label>.jsonl``.
+    ``tasks``: read from these instead of the registered split (a variant's tasks).
     """
     from llm_gym.eval import run_and_report
+    from llm_gym.eval.episode_records import write_episodes
+    from llm_gym.eval.run_report import MAX_REPORT_EPISODES
     from llm_gym.policies import policy_from_spec
 
     policy = policy_from_spec(
@@ -51,7 +54,7 @@ def evaluate_model(
         chat_template=chat_template,
     )
     policy.name = label
-    return run_and_report(
+    report = run_and_report(
         entry,
         policy,
         split=settings.split,
@@ -63,6 +66,14 @@ def evaluate_model(
         print_report=False,
         output=Path(output_dir) / f"eval_{label}.json",
     )
+    tokenizer = getattr(policy, "tokenizer", None)
+    write_episodes(
+        Path(output_dir) / f"episodes_{label}.jsonl",
+        report.episodes,
+        decode=None if tokenizer is None else tokenizer.decode,
+        limit=MAX_REPORT_EPISODES,
+    )
+    return report
 
 
 def _task_key(episode: Any) -> str:

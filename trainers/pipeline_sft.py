@@ -31,9 +31,10 @@ def sft_stage(
     short: Any = None,
     action_format: str = "auto",
     chat_template: str | None = None,
+    health_action: str = "warn",
 ) -> str:
     """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then
-    the full transcripts of ``dataset``."""
+    the full transcripts of ``dataset`` (``health_action``: :mod:`trainers.health`'s, for both)."""
     from trainers.sft import sft_warm_start
     from trainers.sft_data import short_context_dataset
 
@@ -45,6 +46,7 @@ def sft_stage(
         action_format=action_format,
         lora=sft.lora,
         chat_template=chat_template,  # the run's (the grpo table's), for a model without one
+        health_action=health_action,
     )
     warmup = sft.warmup_steps
     if sft.short_context_steps > 0:

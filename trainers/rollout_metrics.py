@@ -16,6 +16,7 @@ from typing import Any
 from llm_gym.eval.metrics import summarize_episodes
 
 __all__ = [
+    "capped_turn_ratio",
     "completion_rows",
     "split_conversation",
     "extend_completion_logs",
@@ -99,6 +100,7 @@ def rollout_metrics(
     metrics["reward"] = summary["reward_mean"]
     metrics["reward_std"] = summary["reward_std"]
     metrics["episodes/shaped_reward_mean"] = sum(shaped) / max(1, len(shaped))
+    metrics["episodes/capped_turn_ratio"] = capped_turn_ratio(episodes)
     collected_groups = sum(part.collected_groups for part in parts)
     metrics["zero_variance_skip_ratio"] = sum(part.zero_variance for part in parts) / max(
         1, collected_groups
@@ -108,6 +110,20 @@ def rollout_metrics(
     if train_seconds == train_seconds:  # not NaN: there was a previous step
         metrics["timing/train_seconds"] = train_seconds
     return metrics
+
+
+def capped_turn_ratio(episodes: Sequence[Any]) -> float:
+    """The share of the episodes' assistant turns that stopped at the token cap
+    (``finish_reason == "length"``); 0.0 without turns.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> turns = [NS(finish_reason="length"), NS(finish_reason="stop")]
+        >>> capped_turn_ratio([NS(turns=turns), NS(turns=[NS(finish_reason="length")])])
+        0.6666666666666666
+    """
+    turns = [turn for episode in episodes for turn in episode.turns]
+    return sum(turn.finish_reason == "length" for turn in turns) / max(1, len(turns))
 
 
 def validation_metrics(summary: Mapping[str, float]) -> dict[str, float]:

@@ -21,6 +21,7 @@ import torch
 from trainers.batch import (
     group_rows,
     importance_sampling_ratio,
+    logprob_gap,
     off_policy_weights,
     pad_rows,
     rows_to_tensors,
@@ -149,6 +150,13 @@ class ScoringMixin:
                 batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention, keep, batch_size=micro
                 )
+            if "old_per_token_logps" in batch:  # the sampler's logprobs against the trainer's
+                gap = logprob_gap(
+                    batch["old_per_token_logps"], batch["sampling_per_token_logps"], loss_mask
+                )  # gathered: every process reads the same step log (health checks stop all)
+                gaps = self.accelerator.gather(torch.tensor([gap], device=loss_mask.device))
+                metrics["sampling/sampling_logp_difference/mean"] = float(gaps[:, 0].mean())
+                metrics["sampling/sampling_logp_difference/max"] = float(gaps[:, 1].max())
             if correct:  # vLLM's sampler vs the trainer's logprobs, as TRL corrects it
                 batch["importance_sampling_ratio"] = importance_sampling_ratio(
                     batch["old_per_token_logps"],

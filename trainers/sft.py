@@ -40,6 +40,7 @@ from llm_gym.policies.chat_templates import (
 from llm_gym.policies.pretrained import resolve_model_path
 from llm_gym.policies.template_format import episode_format
 from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE, rl_aligned_chat_template
+from trainers.health import HealthCallback
 from trainers.labelled_head import labelled_head_forward, unsupported_reason
 from trainers.length_chunks import LengthChunkedLM
 from trainers.sft_data import (
@@ -106,6 +107,7 @@ def build_sft_trainer(
     action_format: str = "auto",
     lora: dict[str, Any] | None = None,
     chat_template: str | None = None,
+    health_action: str = "warn",
     **config_kwargs: Any,
 ) -> SFTTrainer:
     """The ``SFTTrainer`` :func:`sft_warm_start` runs (arguments as there); its
@@ -225,7 +227,7 @@ def build_sft_trainer(
         args=config,
         train_dataset=dataset.select_columns(keep),
         processing_class=tokenizer,
-        callbacks=[budget] if budget is not None else None,
+        callbacks=[HealthCallback(health_action, "sft"), *([] if budget is None else [budget])],
         peft_config=peft_config,
     )
     trainer.original_chat_template = original_template  # type: ignore[attr-defined]
@@ -261,6 +263,7 @@ def sft_warm_start(
     action_format: str = "auto",
     lora: dict[str, Any] | None = None,
     chat_template: str | None = None,
+    health_action: str = "warn",
     **config_kwargs: Any,
 ) -> Path:
     """Supervised warm start of a causal LM on a conversational dataset, assistant turns only.
@@ -327,6 +330,9 @@ def sft_warm_start(
             template (``"chatml"``, ``"gemma"``: its turn tokens added where missing, the
             embeddings resized, as TRL's ``clone_chat_template``) or a ``.jinja`` file; the
             saved model keeps it. None: the model's own (a model with none is refused).
+        health_action: What a health check that fires does (:mod:`trainers.health`; SFT runs
+            ``nonfinite_loss``): ``"warn"``, ``"stop"`` (the loop ends; the model is saved) or
+            ``"off"``.
         **config_kwargs: More ``SFTConfig`` fields.
 
     Returns:
@@ -359,6 +365,7 @@ def sft_warm_start(
         action_format=action_format,
         lora=lora,
         chat_template=chat_template,
+        health_action=health_action,
         **config_kwargs,
     )
     result = trainer.train()

@@ -40,8 +40,9 @@ from trainers.async_collect import AsyncCollector
 from trainers.chat_template import grpo_start
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.config import MultiTurnGRPOConfig
-from trainers.difficulty import DifficultySampler, DifficultySettings, group_outcomes
+from trainers.difficulty import DifficultySampler, group_outcomes
 from trainers.dynamic_sampling import GroupPool, refill_tasks
+from trainers.health import HealthCallback
 from trainers.rejection_sampling import credit_rewards, group_signal
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
 from trainers.rollout_metrics import (
@@ -163,6 +164,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             peft_config=peft_config,
             callbacks=[*(callbacks or []), _AsyncCallback(self), _ValidationCallback(self)],
         )
+        self.health = HealthCallback(args.health_action, "rl")
+        self.callback_handler.callbacks.insert(0, self.health)  # its keys reach the loggers
         self.env_factory = as_env_factory(env_factory)
         if args.credit_assignment == "per_turn":
             refuse_per_turn_with_native_tools(self.env_factory, tasks[0])
@@ -173,10 +176,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         self._last_collection_end: float | None = None
         self._async: AsyncCollector | None = None
         self._publish_seconds = 0.0
-        self._difficulty = None
-        if args.difficulty_sampling is not None:
-            settings = DifficultySettings.of(args.difficulty_sampling)
-            self._difficulty = DifficultySampler(len(tasks), args.episodes_per_task, settings)
+        size = args.episodes_per_task
+        self._difficulty = DifficultySampler.of(args.difficulty_sampling, len(tasks), size)
 
     # --- generation --------------------------------------------------------------------------
 
