@@ -6,11 +6,10 @@ import asyncio
 import threading
 import types
 import weakref
-from asyncio.events import _get_running_loop, _set_running_loop
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
-__all__ = ["LoopRunner", "run_sync", "within"]
+__all__ = ["LoopRunner", "resume", "run_sync", "within"]
 
 T = TypeVar("T")
 
@@ -33,13 +32,20 @@ def _in_thread(coro: Coroutine[Any, Any, T]) -> T:
     return result[0]
 
 
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)``, also from inside a running event loop (a notebook, say)."""
+def _loop_running() -> bool:
+    """Whether this thread runs an event loop now."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    return _in_thread(coro)
+        return False
+    return True
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, also from inside a running event loop (a notebook, say)."""
+    if _loop_running():
+        return _in_thread(coro)
+    return asyncio.run(coro)
 
 
 _ABANDONED: set[asyncio.Future[Any]] = set()
@@ -113,7 +119,9 @@ def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T
                 return stop.value
 
 
-async def _finish(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
+async def resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
+    """Finish, as a coroutine a loop can run, ``coro`` after it was started by hand
+    (``yielded = coro.send(None)`` suspended it)."""
     return await _resume(coro, yielded)
 
 
@@ -126,27 +134,28 @@ class LoopRunner:
     def run(self, coro: Coroutine[Any, Any, T], eager: bool = False) -> T:
         """Run ``coro`` to completion and return its result.
 
-        With ``eager=True`` the coroutine is first driven directly (no event loop round trip);
-        if it suspends on a real awaitable it is finished on the loop, so the result is the same
-        either way. Use it for coroutines that usually complete without suspending.
+        With ``eager=True`` the coroutine is first driven directly, without an event loop
+        (``coro.send(None)``): one that completes without suspending costs no loop round trip;
+        one that suspends is finished on the loop, so the result is the same either way. Until
+        it first suspends, such a coroutine runs with no running loop: it must not ask for one
+        (``asyncio.get_running_loop``, ``create_task``, ``to_thread``) before its first
+        ``await`` that suspends (``await asyncio.sleep(0)`` is one; see
+        :attr:`llm_gym.core.env.Env.synchronous`).
         """
-        if _get_running_loop() is not None:  # called from inside a running loop
+        if eager:
+            try:
+                yielded = coro.send(None)
+            except StopIteration as stop:
+                return stop.value
+            coro = resume(coro, yielded)
+        if _loop_running():  # called from inside a running loop
             return _in_thread(coro)
         loop = self._loop
         if loop is None or loop.is_closed():
             self._loop = loop = asyncio.new_event_loop()
             # Close the loop when the runner is dropped without close() (no ResourceWarning).
             weakref.finalize(self, loop.close)
-        if not eager:
-            return loop.run_until_complete(coro)
-        _set_running_loop(loop)
-        try:
-            yielded = coro.send(None)
-        except StopIteration as stop:
-            return stop.value
-        finally:
-            _set_running_loop(None)
-        return loop.run_until_complete(_finish(coro, yielded))
+        return loop.run_until_complete(coro)
 
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():

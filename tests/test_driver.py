@@ -353,3 +353,41 @@ def test_the_loop_calls_each_declared_hook(small_model) -> None:
     assert episode.reward == 0.25 and episode.metrics["concluded"] == 1
     assert len(env.tokens) == 2 and env.tokens[0] < env.tokens[1]
     assert [r.tool_choice for r in seen] == ["required", "required"]
+
+
+class SuspendsThenAsksForTheLoop(PingEnv):
+    """Synchronous by declaration; a tool call suspends, then uses the running loop (as SQL-v0's
+    query does): the one path finishes such a step on the runner's loop."""
+
+    synchronous = True  # type: ignore[assignment]
+
+    async def step(self, message) -> StepResult:
+        if message.get("tool_calls"):
+            await asyncio.sleep(0)
+            await asyncio.get_running_loop().run_in_executor(None, lambda: None)
+        return await super().step(message)
+
+
+def test_a_synchronous_step_that_suspends_is_finished_on_the_loop() -> None:
+    driver = EpisodeDriver(as_env_factory(SuspendsThenAsksForTheLoop))
+    end = play(driver, ["done"], "sync")[-1]
+    assert end == EpisodeEnd(1.0, True, metrics={"answered": 1})
+    assert driver.runner is None  # nothing suspended: no loop was made
+    end = play(driver, [CALL, "done"], "sync")[-1]
+    assert end == EpisodeEnd(1.0, True, metrics={"answered": 1})
+    assert driver.runner is not None
+
+
+def test_no_module_uses_asyncios_private_running_loop_api() -> None:
+    from pathlib import Path
+
+    import llm_gym
+
+    root = Path(llm_gym.__file__).parent
+    private = ("_get_running_loop", "_set_running_loop")
+    hits = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if any(name in path.read_text(encoding="utf-8") for name in private)
+    ]
+    assert hits == []

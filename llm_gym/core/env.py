@@ -374,12 +374,16 @@ class Env(abc.ABC):
 
     @property
     def synchronous(self) -> bool:
-        """True when ``reset``, ``step`` and ``close`` never await real I/O.
+        """True when ``reset``, ``step``, ``conclude`` and ``close`` usually complete without
+        suspending (their awaits finish at once), and touch the event loop
+        (``asyncio.get_running_loop``, ``create_task``, ``to_thread``) only after an ``await``
+        that suspends (``await asyncio.sleep(0)`` is one).
 
-        Synchronous callers (``TextEnv``) then run them without an event loop round trip, which
-        makes a step several times cheaper. Leave it False unless every await inside completes at
-        once; a coroutine that suspends anyway is finished on the event loop, so a wrong True
-        costs speed, never correctness.
+        The one fast path for synchronous callers (``TextEnv``, ``act_sync``): they drive such
+        a coroutine directly, without an event loop, and finish on the loop only one that
+        suspends, so a True whose call does suspend costs speed, never correctness. A coroutine
+        that asks for the running loop before suspending gets ``RuntimeError`` (no running
+        loop) and fails its step. :class:`SyncEnv` is True.
         """
         return False
 
@@ -390,9 +394,9 @@ class SyncEnv(Env):
 
     Subclasses implement :meth:`reset_sync` and :meth:`step_sync` (and :meth:`close_sync` when
     there is something to release) instead of the async trio, which this class provides on top
-    of them, so the rollout loop drives a ``SyncEnv`` like any other ``Env``. Synchronous callers
-    (``TextEnv``) call the plain methods directly: no coroutine and no event loop at all, which
-    halves the cost of a cheap step. Override the ``*_sync`` methods, never the async ones.
+    of them, so the rollout loop drives a ``SyncEnv`` like any other ``Env``, and it is
+    :attr:`~Env.synchronous`: synchronous callers (``TextEnv``) complete each call without an
+    event loop. Override the ``*_sync`` methods, never the async ones.
     """
 
     @abc.abstractmethod

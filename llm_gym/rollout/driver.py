@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
-from llm_gym.aio import LoopRunner, within
+from llm_gym.aio import LoopRunner, resume, within
 from llm_gym.core.env import (
     Env,
     StepResult,
@@ -117,8 +117,9 @@ class EpisodeDriver:
         failed_parse_reward: The reward of an episode that ends on an unparseable action.
         record_parse: Also parse the text handed raw to a ``raw_text_actions`` env, as a record
             (:attr:`parsed`); the rollout loop counts tool calls with it.
-        runner: The event loop runner of the synchronous methods, for envs that are not
-            :class:`SyncEnv` (one is made when needed).
+        runner: The event loop runner of the synchronous methods (``start_sync``,
+            ``act_sync``, ``close_sync``) for the calls an env does not complete without one
+            (made when needed).
         max_action_chars: Longer assistant text is a parse failure, never parsed.
         env_timeout_s: Seconds an env's async ``reset``/``step``/``conclude``/``close`` may take
             (None: no limit). It cannot stop a call that blocks the event loop (a SyncEnv's
@@ -135,7 +136,7 @@ class EpisodeDriver:
         "_cut",
         "_dirty",
         "_eager",
-        "_plain",
+        "_env_step",
         "_step_sync",
         "action",
         "action_format",
@@ -212,17 +213,22 @@ class EpisodeDriver:
         """Where the environment's replies to the last action start in :attr:`messages`."""
         self.ending: EpisodeEnd | None = None
         """How the episode ended, once it has."""
-        self._plain = self._acting = self._cut = self._dirty = False
+        self._acting = self._cut = self._dirty = False
 
     # --- starting -----------------------------------------------------------------------------
     def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
-        # The synchronous step, looked up once per episode (TextEnv's hot path: no isinstance
-        # and no coroutine per step for a SyncEnv).
-        if self._plain:
-            self._step_sync: Callable[[Message], StepResult] = env.step_sync  # type: ignore[attr-defined]
-        else:
-            self._eager = env.synchronous
-            self._step_sync = self._step_on_runner
+        # The synchronous step, chosen once per episode (TextEnv's hot path): a SyncEnv's plain
+        # method (cheaper than driving its coroutine: benchmarks/results/env_step_sync_path.md),
+        # any other synchronous env's coroutine driven without a loop, else the runner's loop.
+        self._eager = env.synchronous
+        self._env_step = env.step
+        self._step_sync: Callable[[Message], StepResult] = (
+            env.step_sync  # type: ignore[attr-defined]
+            if isinstance(env, SyncEnv)
+            else self._step_now
+            if self._eager
+            else self._step_on_runner
+        )
         opening = check_messages(opening, f"{type(env).__name__}.reset")
         cleaned = clean_messages(opening)
         self._dirty = cleaned is not None  # then each step's whole list is checked
@@ -244,7 +250,6 @@ class EpisodeDriver:
                 f"The env factory returned a {type(env).__name__}; it must return an "
                 "llm_gym.Env (subclass Env, or SyncEnv for an env that never awaits)."
             )
-        self._plain = isinstance(env, SyncEnv)  # plain methods: no coroutine, no event loop
         return env
 
     async def start(self, task: Task) -> list[Message]:
@@ -257,10 +262,11 @@ class EpisodeDriver:
         return self._begin(env, task, await self._bounded(env.reset(task), "reset"))
 
     def start_sync(self, task: Task) -> list[Message]:
-        """:meth:`start` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
+        """:meth:`start` without an event loop for a ``synchronous`` env (else on
+        :attr:`runner`)."""
         env = self._new_env(task)
-        if self._plain:
-            return self._begin(env, task, env.reset_sync(task))  # type: ignore[attr-defined]
+        if isinstance(env, SyncEnv):  # its plain method: see _begin
+            return self._begin(env, task, env.reset_sync(task))
         return self._begin(env, task, self._run(env.reset(task), env.synchronous))
 
     # --- acting -------------------------------------------------------------------------------
@@ -383,7 +389,8 @@ class EpisodeDriver:
         return self.ending
 
     def act_sync(self, text: str) -> EpisodeEnd | None:
-        """:meth:`act` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
+        """:meth:`act` without an event loop for a ``synchronous`` env (else on
+        :attr:`runner`)."""
         action = self._prepare(text)
         if action is None:
             return self.ending
@@ -423,22 +430,39 @@ class EpisodeDriver:
             await self._bounded(env.close(), "close", env)
 
     def close_sync(self) -> None:
-        """:meth:`close` without an event loop for a :class:`SyncEnv` (else on :attr:`runner`)."""
+        """:meth:`close` without an event loop for a ``synchronous`` env (else on
+        :attr:`runner`)."""
         env, self.env, self._acting = self.env, None, False
-        if env is None:
-            return
-        if self._plain:
-            env.close_sync()  # type: ignore[attr-defined]
-        else:
+        if isinstance(env, SyncEnv):  # its plain method: see _begin
+            env.close_sync()
+        elif env is not None:
             self._run(env.close(), env.synchronous)
+
+    def _step_now(self, action: Message) -> StepResult:
+        """A synchronous env's step, driven without an event loop (finished on the runner's
+        loop if it suspends): :attr:`llm_gym.core.env.Env.synchronous`."""
+        step = self._env_step(action)
+        try:
+            yielded = step.send(None)
+        except StopIteration as stop:
+            return stop.value
+        return self._run(resume(step, yielded), False)
 
     def _step_on_runner(self, action: Message) -> StepResult:
         return self._run(self.env.step(action), self._eager)  # type: ignore[union-attr]
 
     def _run(self, coroutine: Any, eager: bool) -> Any:
+        """Run ``coroutine`` on :attr:`runner` (made here when first needed); ``eager``: first
+        drive it by hand, so one that completes without suspending needs no loop."""
+        if eager:
+            try:
+                yielded = coroutine.send(None)
+            except StopIteration as stop:
+                return stop.value
+            coroutine = resume(coroutine, yielded)
         if self.runner is None:
             self.runner = LoopRunner()
-        return self.runner.run(coroutine, eager)
+        return self.runner.run(coroutine)
 
     def __getstate__(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in self.__slots__ if hasattr(self, name)}
