@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from llm_gym.core.factories import EnvFactory, Oracle
-from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.base import PolicyStream
@@ -42,6 +41,7 @@ from trainers.async_rollout import RolloutWorker
 from trainers.config import MultiTurnGRPOConfig
 from trainers.dynamic_sampling import GroupPool
 from trainers.rejection_sampling import group_signal
+from trainers.rollouts import MixturePart
 from trainers.weight_sync import CallbackPublisher, InProcessPublisher, WeightSyncType
 
 __all__ = ["AsyncBatch", "AsyncCollector"]
@@ -131,20 +131,28 @@ class AsyncCollector:
         tokenizer = trainer._episode_tokenizer
         settings = args.rollout_settings(args.max_turns or 1)
 
+        mixture = trainer.mixture
+
         async def collect(
-            policy: Policy, stream: PolicyStream | None, task: Task, key: Hashable
+            policy: Policy, stream: PolicyStream | None, index: int, key: Hashable
         ) -> list[Episode]:
+            if mixture is not None:  # the env of the draw's slot, with its own settings
+                env, task = mixture.locate(index)
+                (part,) = mixture.parts([(env, task)], validation=False)
+            else:
+                part = MixturePart("", env_factory, [trainer.tasks[index]], settings,
+                                   args.action_format, oracle)  # fmt: skip
             groups = await collect_groups_async(
-                env_factory,
-                [task],
+                part.env_factory,
+                part.tasks,
                 policy,
                 episodes_per_task=args.episodes_per_task,
-                max_turns=settings.max_turns,
+                max_turns=part.settings.max_turns,
                 max_model_length=settings.max_model_length,
                 max_new_tokens=settings.max_new_tokens,
-                action_format=args.action_format,
+                action_format=part.action_format,
                 failed_parse_reward=settings.failed_parse_reward,
-                oracle=oracle,
+                oracle=part.oracle or oracle,
                 tokenizer=tokenizer,
                 chat_template_kwargs=settings.chat_template_kwargs,
                 template_tools=settings.template_tools,
@@ -153,6 +161,8 @@ class AsyncCollector:
                 stream=stream,
                 key_space=key,
             )
+            for episode in groups[0]:
+                episode.env_id = part.name or None
             return groups[0]
 
         if trainer.use_vllm:
@@ -213,6 +223,7 @@ class AsyncCollector:
             rank=rank,
             world=world,
             threads=threads,
+            order=mixture.async_order() if mixture is not None else None,
         )
         self.worker.start()
 
