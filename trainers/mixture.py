@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from llm_gym.core.factories import EnvFactory, Oracle
+from llm_gym.core.factories import EnvFactory, Oracle, as_task
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from trainers.async_rollout import task_order
@@ -59,8 +59,8 @@ class MixtureEnv:
     """Builds each episode's environment (``task -> Env``; a class, an id or a
     ``"module:attr"`` string works too)."""
     tasks: Sequence[Task] | Any
-    """Its training tasks: a list of ``Task`` (or dicts), a ``datasets.Dataset`` or a JSONL
-    path (:func:`trainers.train.load_tasks`)."""
+    """Its training tasks: a list of ``Task`` (or dicts), or a ``datasets.Dataset`` (a JSONL
+    file: :func:`trainers.load_tasks` reads it)."""
     weight: float = 1.0
     """Its share of the groups: ``weight / sum of the weights`` (> 0)."""
     max_turns: int | None = None
@@ -99,14 +99,22 @@ class MixtureEnv:
                     f"{where}.{name} must be an integer >= 1 or None (the run's), actual "
                     f"value: {value!r:.80}."
                 )
-        from trainers.train import load_tasks  # a list, a datasets.Dataset or a JSONL path
-
-        self.tasks = load_tasks(self.tasks)
-        self.val_tasks = load_tasks(self.val_tasks)
+        self.tasks = _task_list(self.tasks, f"{where}.tasks")
+        self.val_tasks = _task_list(self.val_tasks, f"{where}.val_tasks")
         if not self.tasks:
             raise InvalidArgumentError(
                 f"{where} has no training tasks; give it tasks (or leave it out of the mixture)."
             )
+
+
+def _task_list(tasks: Any, where: str) -> list[Task]:
+    """Tasks from a sequence of ``Task`` (or dicts, prompts) or a ``datasets.Dataset``."""
+    if isinstance(tasks, str | Path) or not isinstance(tasks, Iterable):
+        raise InvalidArgumentError(
+            f"{where} must be a list of Task (or dicts) or a datasets.Dataset, actual value: "
+            f"{tasks!r:.80}; read a JSONL file with trainers.load_tasks(path)."
+        )
+    return [as_task(task, f"{where}[{i}]") for i, task in enumerate(tasks)]
 
 
 def check_mixture(envs: Sequence[MixtureEnv]) -> list[MixtureEnv]:

@@ -146,7 +146,7 @@ def _evaluate_env(
         spec=f"hf:{path}",
         env_version=entry.version,
         model_path=path,
-        model_hash=model_files_hash(path),
+        model_hash=model_files_hash(Path(path)),
         command=command,
     )
     return record_from_report(report, job)
