@@ -75,7 +75,7 @@ COVERED_ELSEWHERE = {
     "llm-gym sft --from-episodes": (
         "tests/test_episode_files.py::test_rejection_sampling_fine_tuning_closes_the_loop"
     ),
-    "train_multi_turn(GRPOConfig(model=": (
+    'GRPOConfig(model="MODEL"': (
         "tests/test_mixture.py::"
         "test_a_mixture_of_five_envs_trains_logs_per_env_and_resumes_the_same_draw"
     ),
