@@ -157,6 +157,11 @@ class LoopRunner:
             weakref.finalize(self, loop.close)
         return loop.run_until_complete(coro)
 
+    @property
+    def has_loop(self) -> bool:
+        """Whether a call needed the loop (made at the first call that suspends)."""
+        return self._loop is not None and not self._loop.is_closed()
+
     def close(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.close()

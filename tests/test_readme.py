@@ -81,6 +81,10 @@ COVERED_ELSEWHERE = {
     "reward = JudgeReward(settings)": (
         "tests/test_judge.py::test_server_errors_are_retried_then_fall_back_and_are_counted"
     ),
+    'GRPOConfig(model="MODEL"': (
+        "tests/test_mixture.py::"
+        "test_a_mixture_of_five_envs_trains_logs_per_env_and_resumes_the_same_draw"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"
@@ -88,7 +92,8 @@ COVERED_ELSEWHERE = {
 }
 """What the pages show but a test elsewhere runs: the Qwen calls download a model (the seeds'
 test runs it on the tiny one), the hf line needs the main job's model, the openai line a server,
-the TRL blocks a model path (their tests train two steps on the tiny one), the pretrained models
+the TRL blocks and the mixture guide's call a model path (their tests train two steps on the
+tiny one), the pretrained models
 the package index (the slow real-model tests fetch them), the serving guide's servers a
 network address and a model (their tests serve on loopback), `llm-gym sft` an episodes file
 (its test collects one first), and the judge a judge endpoint (its tests script one on

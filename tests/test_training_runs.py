@@ -200,3 +200,33 @@ def test_sigkill_mid_run_resumes_from_a_complete_checkpoint(small_model_dir, tmp
     last = int(checkpoints[-1].split("-")[1])
     assert steps[0] == last + 1  # continued from the last complete checkpoint's step
     assert "DONE 4" in resumed.stdout
+
+
+def test_train_py_runs_the_mixture_config_for_two_steps(tmp_path) -> None:
+    """configs/mixture_example.yaml through train.py with the tiny model (its tokenizer on all
+    five environments), 2 steps, a few evaluation tasks: per-env metrics and the leaderboard."""
+    import json
+
+    out = tmp_path / "run"
+    sets = [
+        f"output_dir={out}", "grpo.num_steps=2", "grpo.episodes_per_task=2",
+        "grpo.max_tokens_per_turn=16", "grpo.validation_interval=2", "val_tasks=1",
+        "evaluation.episodes=2", "evaluation.max_new_tokens=16",
+    ]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config",
+         str(ROOT / "configs" / "mixture_example.yaml"), "--set", *sets],
+        capture_output=True, text=True, timeout=1500, env=subprocess_env(tmp_path), cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["envs"]) == {"ToolUseGame-v0", "GuessNumber-v0", "Wordle-v0", "Maze-v0",
+                                    "Math-v0"}  # fmt: skip
+    steps = [r for r in summary["train_log"] if "env/Math-v0/episodes" in r]
+    assert len(steps) == 2 and all(r["env/ToolUseGame-v0/share"] == 0.4 for r in steps)
+    records = json.loads((out / "leaderboard.json").read_text())["records"]
+    assert {(r["env_id"], r["policy"]) for r in records} == {
+        (env, stage) for env in summary["envs"] for stage in ("before-grpo", "after-grpo")
+    }
+    table = (out / "leaderboard.md").read_text()
+    assert "Maze-v0" in table and "after-grpo" in table

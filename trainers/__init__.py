@@ -6,6 +6,7 @@
 import trainers.rejection_sampling  # noqa: F401  (registers credit_assignment: rejection_sampling)
 from trainers.config import MultiTurnGRPOConfig
 from trainers.distillation import DistillationConfig
+from trainers.mixture import MixtureEnv
 from trainers.train import load_tasks, train_multi_turn
 from trainers.weight_sync import WeightSyncType
 
@@ -33,6 +34,7 @@ __all__ = [
     "MultiTurnGRPOTrainer",
     "train_multi_turn",
     "load_tasks",
+    "MixtureEnv",
     "WeightSyncType",
     "DistillationConfig",
     *_TEACHER,

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from llm_gym.core.factories import EnvFactory, Oracle
-from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.base import PolicyStream
@@ -42,6 +41,7 @@ from trainers.async_rollout import RolloutWorker
 from trainers.config import MultiTurnGRPOConfig
 from trainers.dynamic_sampling import GroupPool
 from trainers.rejection_sampling import group_signal
+from trainers.rollouts import MixturePart
 from trainers.weight_sync import CallbackPublisher, InProcessPublisher, WeightSyncType
 
 __all__ = ["AsyncBatch", "AsyncCollector"]
@@ -131,20 +131,28 @@ class AsyncCollector:
         tokenizer = trainer._episode_tokenizer
         settings = args.rollout_settings(args.max_turns or 1)
 
+        mixture = trainer.mixture
+
         async def collect(
-            policy: Policy, stream: PolicyStream | None, task: Task, key: Hashable
+            policy: Policy, stream: PolicyStream | None, index: int, key: Hashable
         ) -> list[Episode]:
+            if mixture is not None:  # the env of the draw's slot, with its own settings
+                env, task = mixture.locate(index)
+                (part,) = mixture.parts([(env, task)], validation=False)
+            else:
+                part = MixturePart("", env_factory, [trainer.tasks[index]], settings,
+                                   args.action_format, oracle)  # fmt: skip
             groups = await collect_groups_async(
-                env_factory,
-                [task],
+                part.env_factory,
+                part.tasks,
                 policy,
                 episodes_per_task=args.episodes_per_task,
-                max_turns=settings.max_turns,
+                max_turns=part.settings.max_turns,
                 max_model_length=settings.max_model_length,
                 max_new_tokens=settings.max_new_tokens,
-                action_format=args.action_format,
+                action_format=part.action_format,
                 failed_parse_reward=settings.failed_parse_reward,
-                oracle=oracle,
+                oracle=part.oracle or oracle,
                 tokenizer=tokenizer,
                 chat_template_kwargs=settings.chat_template_kwargs,
                 template_tools=settings.template_tools,
@@ -153,6 +161,8 @@ class AsyncCollector:
                 stream=stream,
                 key_space=key,
             )
+            for episode in groups[0]:
+                episode.env_id = part.name or None
             return groups[0]
 
         if trainer.use_vllm:
@@ -213,6 +223,7 @@ class AsyncCollector:
             rank=rank,
             world=world,
             threads=threads,
+            order=mixture.async_order() if mixture is not None else None,
         )
         self.worker.start()
 
@@ -284,6 +295,36 @@ class AsyncCollector:
                 pool.add(group.episodes, rewards(group.episodes))
         out.pool = pool
         return out
+
+    def metrics(self, taken: Any, publish_s: float, accelerator: Any) -> dict[str, float]:
+        """The step's ``async/...`` metrics of ``taken`` (what :meth:`take` returned), the
+        publish time since the last step's and the generators' own, gathered over processes."""
+        idle_s, apply_s = self.generator_seconds()
+        ages = taken.ages or [0]
+        local = [
+            taken.wait_s,
+            float(taken.dropped_stale),
+            float(taken.taken),
+            float(sum(taken.ages)),
+            float(len(taken.ages)),
+            float(max(ages)),
+            idle_s,
+            apply_s,
+            publish_s,
+        ]
+        device = accelerator.device
+        rows = accelerator.gather(torch.tensor([local], device=device, dtype=torch.float64))
+        wait, dropped, total, age_sum, age_n, age_max, idle, apply, publish = rows.T.tolist()
+        return {
+            "async/train_wait_s": max(wait),
+            "async/dropped_stale_groups": sum(dropped),
+            "async/dropped_stale_ratio": sum(dropped) / max(1.0, sum(total)),
+            "async/staleness_mean": sum(age_sum) / max(1.0, sum(age_n)),
+            "async/staleness_max": max(age_max),
+            "async/generator_idle_s": sum(idle),
+            "async/weight_apply_s": sum(apply),
+            "async/weight_sync_s": max(publish),
+        }
 
     def generator_seconds(self) -> tuple[float, float]:
         """Generator idle and weight-apply seconds since the last call (summed over replicas)."""

@@ -13,7 +13,8 @@ current version (or fewer than a waiting trainer still needs, so dynamic samplin
 Workers therefore never run far ahead; a group that is stale all the same (one very slow
 episode) is dropped by the trainer and counted.
 
-Task order: a seeded shuffle of the training tasks, reshuffled every epoch.
+Task order: a seeded shuffle of the training tasks, reshuffled every epoch, or the order the
+worker is given (a mixture's draw: :meth:`trainers.mixture_run.MixtureRun.async_order`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from llm_gym.rollout.episode import Episode
 
 __all__ = ["CollectGroup", "RolloutGroup", "RolloutWorker", "task_order"]
 
-CollectGroup = Callable[[Policy, PolicyStream | None, Task, Hashable], Awaitable[list[Episode]]]
-"""``(policy, stream, task, key_space) -> episodes``: one group of episodes of ``task``."""
+CollectGroup = Callable[[Policy, PolicyStream | None, int, Hashable], Awaitable[list[Episode]]]
+"""``(policy, stream, task_index, key_space) -> episodes``: one group of episodes of the task
+at ``task_index``."""
 
 
 @dataclass
@@ -92,6 +94,8 @@ class RolloutWorker:
         rank: This process's index (its share of the task order).
         world: The number of processes.
         threads: Torch threads of the worker's compute threads (None: leave as is).
+        order: Task indices in the order groups start (None: :func:`task_order` of ``tasks``,
+            ``seed``, ``rank`` and ``world``).
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class RolloutWorker:
         rank: int = 0,
         world: int = 1,
         threads: int | None = None,
+        order: Iterator[int] | None = None,
     ) -> None:
         self.policies = list(policies)
         self.collect = collect
@@ -117,7 +122,7 @@ class RolloutWorker:
         self.batch_size = batch_size
         self.max_steps_off_policy = max_steps_off_policy
         self.threads = threads
-        self._order = task_order(len(self.tasks), seed, rank, world)
+        self._order = order if order is not None else task_order(len(self.tasks), seed, rank, world)
         self._cond = threading.Condition()
         self._done: deque[RolloutGroup] = deque()
         self._error: BaseException | None = None
@@ -300,7 +305,7 @@ class RolloutWorker:
         self.groups_started += 1
         try:
             episodes = await self.collect(
-                self.policies[replica], self._streams[replica], self.tasks[index], key
+                self.policies[replica], self._streams[replica], index, key
             )
         except asyncio.CancelledError:
             raise

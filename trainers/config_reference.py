@@ -106,7 +106,32 @@ def render() -> str:
         lines.append(
             f"| `{field.name}` | {_type(field)} | {_default(field)} | {docs.get(field.name, '')} |"
         )
-    return "\n".join([*lines, *_train_table_section(), *_references_section()]) + "\n"
+    sections = [*_train_table_section(), *_mixture_section(), *_references_section()]
+    return "\n".join([*lines, *sections]) + "\n"
+
+
+def _mixture_section() -> list[str]:
+    """The keys of an ``envs:`` entry (:class:`trainers.mixture_config.MixtureEntry`)."""
+    from trainers.mixture_config import MixtureEntry
+
+    lines = [
+        "",
+        "## `envs`: a mixture of environments",
+        "",
+        "A `train.py` config may name several environments with weights instead of `env`",
+        "(`envs: [{id: ToolUseGame-v0, weight: 2}, {id: GuessNumber-v0}]`; `train_multi_turn`",
+        "takes `envs=[MixtureEnv(...)]`). Each step's groups are drawn by weight, stratified",
+        "(`trainers.mixture.stratified_slots`); see `docs/guides/mixtures.md`. An entry's keys:",
+        "",
+        "| key | type | default | what it does |",
+        "| --- | --- | --- | --- |",
+    ]
+    docs = _attribute_docs(MixtureEntry)
+    for field in dataclasses.fields(MixtureEntry):
+        lines.append(
+            f"| `{field.name}` | {_type(field)} | {_default(field)} | {docs.get(field.name, '')} |"
+        )
+    return lines
 
 
 def _train_table_section() -> list[str]:

@@ -17,13 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llm_gym.errors import InvalidArgumentError, did_you_mean
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.eval.run_report import write_run_report
 from llm_gym.policies.pretrained import resolve_model_path
 from trainers.pipeline_config import (
     EvalSettings,
     PipelineConfig,
     SFTSettings,
+    build_grpo_config,
+    has_gpu,
     load_config,
     yaml_load,
 )
@@ -66,7 +68,8 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
 
     Returns:
         The env's registry entry (resolved once: every step asks it), GRPO's tasks, the turn
-        limit.
+        limit; for a mixture (``envs``) None, its :class:`~trainers.mixture.MixtureEnv` s and 0
+        (:func:`~trainers.pipeline_mixture.check_mixture_pipeline`).
 
     Raises:
         LlmGymError: what the config gets wrong, named.
@@ -80,6 +83,10 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
             f"output_dir {config.output_dir!r} exists and is not a folder; name a folder (it is "
             "created when missing)."
         )
+    if config.envs is not None:  # a mixture: its own checks
+        from trainers.pipeline_mixture import check_mixture_pipeline
+
+        return None, check_mixture_pipeline(config), 0
     entry = env_entry(config.env)
     if config.sft is not None:  # a refused or missing demonstrator: here, not after the model
         for spec in (config.sft.oracle, config.sft.short_context_oracle):
@@ -87,18 +94,23 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
         check_sft_source(config.sft, entry)
     grpo_tasks = repeat_by_kind(entry.tasks("train", **config.task_options), config.task_repeats)
     max_turns = config.grpo.get("max_turns") or entry.max_turns
-    build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not _has_gpu())
+    build_grpo_config(config, config.model, max_turns=max_turns, use_cpu=not has_gpu())
     return entry, grpo_tasks, max_turns
 
 
 def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
-    """Build or load the model, warm-start it, train it with GRPO, evaluate before and after."""
+    """Build or load the model, warm-start it, train it with GRPO, evaluate before and after
+    (a config with ``envs``: :func:`~trainers.pipeline_mixture.run_mixture_pipeline`)."""
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from llm_gym.core.factories import resolve
     from trainers import train_multi_turn
 
+    if config.envs is not None:  # a weighted mixture of environments
+        from trainers.pipeline_mixture import run_mixture_pipeline
+
+        return run_mixture_pipeline(config)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     entry, grpo_tasks, max_turns = check_pipeline(config)
@@ -244,7 +256,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     # 4. GRPO
     repeats = "".join(f"; {kind} x{count}" for kind, count in config.task_repeats.items())
     print(f"== 4/5 multi-turn GRPO ({len(grpo_tasks)} tasks{repeats})", flush=True)
-    grpo_config = build_grpo_config(config, model_path, max_turns=max_turns, use_cpu=not _has_gpu())
+    grpo_config = build_grpo_config(config, model_path, max_turns=max_turns, use_cpu=not has_gpu())
     t = time.perf_counter()
     val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
     trainer = train_multi_turn(
@@ -339,36 +351,6 @@ def _print_gains(results: dict[str, Any], where: str) -> None:
         )
 
 
-def build_grpo_config(
-    config: PipelineConfig, model_path: str, *, max_turns: int | None, use_cpu: bool
-) -> Any:
-    """The run's :class:`~trainers.MultiTurnGRPOConfig`: the config's ``grpo`` fields as written
-    (async ones included), with ``max_turns`` (the environment's when the config has none),
-    ``seed`` and ``use_cpu`` as defaults; nothing is loaded."""
-    from trainers import GRPOConfig
-
-    fields = dict(config.grpo)
-    known = {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise InvalidArgumentError(
-            f"Unknown key(s) {unknown} in grpo: not fields of MultiTurnGRPOConfig (its own, TRL's "
-            f"GRPOConfig's or TrainingArguments').{did_you_mean(unknown[0], known)}"
-        )
-    if set_by_run := sorted({"output_dir", "model"} & set(fields)):
-        raise InvalidArgumentError(
-            f"grpo may not set {set_by_run}: the run sets them (output_dir/grpo under the config's "
-            "output_dir, and the model the config's model became)."
-        )
-    if config.distillation is not None:
-        fields.setdefault("distillation", config.distillation)
-    fields.setdefault("max_turns", max_turns)
-    fields.setdefault("seed", config.seed)
-    fields.setdefault("use_cpu", use_cpu)
-    output_dir = str(Path(config.output_dir) / "grpo")
-    return GRPOConfig(output_dir=output_dir, model=model_path, **fields)
-
-
 def repeat_by_kind(tasks: Any, repeats: dict[str, int]) -> list[Any]:
     """``tasks`` with each task of a kind named in ``repeats`` (``task.metadata["type"]``) that
     many times in a row, the others once (GRPO's sampler shuffles them). A named kind that no
@@ -399,9 +381,3 @@ def repeat_by_kind(tasks: Any, repeats: dict[str, int]) -> list[Any]:
             f"{MAX_GRPO_TASKS:,} (trainers.pipeline.MAX_GRPO_TASKS); use smaller counts."
         )
     return [task for task, count in zip(tasks, counts, strict=True) for _ in range(count)]
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

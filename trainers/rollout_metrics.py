@@ -4,7 +4,8 @@ Pure assembly from episodes (:func:`llm_gym.eval.summarize_episodes`) into the l
 ``reward`` and ``reward_std`` as TRL names them; the seeds' episode ratios bare, as the seeds tell
 users to watch them (:data:`SEED_EPISODE_KEYS`, ``zero_variance_skip_ratio``); the step's other
 episode metrics under ``episodes/``, the wall-clock split under ``timing/``, validation under
-``val/``. ``docs/metrics.md`` lists every key.
+``val/``; in a mixture of environments each one's under ``env/<name>/`` (:func:`env_metrics`)
+and ``val/<name>/``. ``docs/metrics.md`` lists every key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ __all__ = [
     "extend_completion_logs",
     "SEED_EPISODE_KEYS",
     "EPISODE_KEYS",
+    "ENV_KEYS",
+    "env_metrics",
     "VALIDATION_KEYS",
     "RolloutPart",
     "rollout_metrics",
@@ -62,6 +65,48 @@ VALIDATION_KEYS = (
     "tool_error_rate",
 )
 """The keys of a validation summary logged as ``val/<key>``."""
+
+
+ENV_KEYS = (
+    "reward_mean",
+    "success_rate",
+    "truncated_ratio",
+    "max_turns_ratio",
+    "context_overflow_ratio",
+    "parse_failure_ratio",
+    "turns_mean",
+    "completion_tokens_mean",
+)
+"""The keys of :func:`~llm_gym.eval.summarize_episodes` logged per environment of a mixture
+(``env/<name>/<key>``, ``reward_mean`` as ``env/<name>/reward``)."""
+
+
+def env_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+    """Per environment of a mixture (``episode.env_id``; episodes without one are left out):
+    :data:`ENV_KEYS` as ``env/<name>/<key>``, its episode count and its share of the episodes.
+
+    Example:
+        >>> from llm_gym.rollout import Episode
+        >>> from llm_gym import Task
+        >>> def episode(env, reward):
+        ...     return Episode(Task(prompt="q"), 0, 0, [], [], reward, True, False, env_id=env)
+        >>> m = env_metrics([episode("a", 1.0), episode("a", 0.0), episode("b", 0.5)])
+        >>> m["env/a/reward"], m["env/a/episodes"], m["env/a/share"], m["env/b/reward"]
+        (0.5, 2.0, 0.6666666666666666, 0.5)
+    """
+    by_env: dict[str, list[Any]] = {}
+    for episode in episodes:
+        if episode.env_id is not None:
+            by_env.setdefault(episode.env_id, []).append(episode)
+    total = sum(len(group) for group in by_env.values())
+    metrics: dict[str, float] = {}
+    for name, group in sorted(by_env.items()):
+        summary = summarize_episodes(group)
+        for key in ENV_KEYS:
+            metrics[f"env/{name}/{'reward' if key == 'reward_mean' else key}"] = summary[key]
+        metrics[f"env/{name}/episodes"] = float(len(group))
+        metrics[f"env/{name}/share"] = len(group) / total
+    return metrics
 
 
 @dataclass(frozen=True)
@@ -106,6 +151,7 @@ def rollout_metrics(
         1, collected_groups
     )
     metrics["episodes/dropped_samples"] = sum(part.dropped for part in parts)
+    metrics.update(env_metrics(episodes))
     metrics["timing/rollout_seconds"] = rollout_seconds
     if train_seconds == train_seconds:  # not NaN: there was a previous step
         metrics["timing/train_seconds"] = train_seconds
@@ -126,14 +172,18 @@ def capped_turn_ratio(episodes: Sequence[Any]) -> float:
     return sum(turn.finish_reason == "length" for turn in turns) / max(1, len(turns))
 
 
-def validation_metrics(summary: Mapping[str, float]) -> dict[str, float]:
-    """A validation summary's logged metrics (the :data:`VALIDATION_KEYS` it has).
+def validation_metrics(summary: Mapping[str, float], env: str | None = None) -> dict[str, float]:
+    """A validation summary's logged metrics (the :data:`VALIDATION_KEYS` it has), under
+    ``val/`` or, for environment ``env`` of a mixture, ``val/<env>/``.
 
     Example:
         >>> validation_metrics({"success_rate": 0.5, "reward_mean": 0.25, "episodes": 4.0})
         {'val/success_rate': 0.5, 'val/reward_mean': 0.25}
+        >>> validation_metrics({"success_rate": 0.5}, env="GuessNumber-v0")
+        {'val/GuessNumber-v0/success_rate': 0.5}
     """
-    return {f"val/{key}": summary[key] for key in VALIDATION_KEYS if key in summary}
+    prefix = "val/" if env is None else f"val/{env}/"
+    return {f"{prefix}{key}": summary[key] for key in VALIDATION_KEYS if key in summary}
 
 
 def split_conversation(episode: Any) -> tuple[list[Any], list[Any]]:

@@ -3,14 +3,17 @@
 The trainer builds the generation policy (TRL's model unwrapped for generation, or its vLLM
 engine) and hands it here with the run's rollout settings; this module runs the groups through
 :func:`llm_gym.rollout.collect_groups_async`, all at once or, for sequential validation, one
-episode at a time; :func:`save_step_episodes` writes a step's episodes as data
+episode at a time; a mixture's environments together (:func:`collect_mixture_groups`);
+:func:`save_step_episodes` writes a step's episodes as data
 (``save_episodes``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,32 @@ from llm_gym.policies import Policy
 from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import RolloutSettings, collect_groups_async
 
-__all__ = ["collect_episode_groups", "save_step_episodes", "step_episodes_path", "torch_threads"]
+__all__ = [
+    "MixturePart",
+    "collect_episode_groups",
+    "collect_mixture_groups",
+    "save_step_episodes",
+    "step_episodes_path",
+    "torch_threads",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class MixturePart:
+    """The groups one environment of a mixture plays in one collection."""
+
+    name: str
+    """The environment's name in the mixture (each episode's ``env_id``)."""
+    env_factory: EnvFactory | Any
+    """Builds its episodes' environments."""
+    tasks: Sequence[Task]
+    """Its tasks, one group each."""
+    settings: RolloutSettings
+    """How its episodes run (its turn limit)."""
+    action_format: str
+    """How its replies are parsed."""
+    oracle: Oracle | None = None
+    """Its scripted expert (scripted policies only)."""
 
 
 @contextlib.contextmanager
@@ -90,6 +118,72 @@ def collect_episode_groups(
     ]
 
 
+def collect_mixture_groups(
+    parts: Sequence[MixturePart],
+    policy: Policy,
+    *,
+    episodes_per_task: int,
+    oracle: Oracle | None,
+    tokenizer: Any,
+    sequential: bool = False,
+) -> list[list[Episode]]:
+    """Groups of a mixture's environments: ``parts`` says, for each environment that plays,
+    its tasks and how it runs; the groups come back part by part, in the parts' order, each
+    episode's ``env_id`` set to its part's name.
+
+    A policy that streams (``HFPolicy``) serves every environment at once on one stream, so
+    generation batches across them; any other policy serves the parts one after another (one
+    collection's waves at a time, as a vLLM or remote engine is driven elsewhere).
+    """
+
+    async def one(part: MixturePart, stream: Any, key: Any) -> list[list[Episode]]:
+        settings = part.settings
+        groups = await collect_groups_async(
+            part.env_factory,
+            part.tasks,
+            policy,
+            episodes_per_task=episodes_per_task,
+            max_turns=settings.max_turns,
+            max_model_length=settings.max_model_length,
+            max_new_tokens=settings.max_new_tokens,
+            action_format=part.action_format,
+            failed_parse_reward=settings.failed_parse_reward,
+            oracle=part.oracle or oracle,
+            tokenizer=tokenizer,
+            chat_template_kwargs=settings.chat_template_kwargs,
+            template_tools=settings.template_tools,
+            generation_deadline_s=settings.generation_deadline_s,
+            env_timeout_s=settings.env_timeout_s,
+            stream=stream,
+            key_space=key,
+        )
+        for group in groups:
+            for episode in group:
+                episode.env_id = part.name
+        return groups
+
+    async def together() -> list[list[list[Episode]]]:
+        open_stream = getattr(policy, "open_stream", None)
+        if open_stream is None:
+            return [await one(part, None, None) for part in parts]
+        stream = open_stream()
+        try:
+            return list(await asyncio.gather(*(one(p, stream, i) for i, p in enumerate(parts))))
+        finally:
+            await stream.aclose()
+
+    if sequential:  # every episode alone: one part, one task, one episode at a time
+        return [
+            [
+                run_sync(one(dataclasses.replace(part, tasks=[task]), None, None))[0][0]
+                for _ in range(episodes_per_task)
+            ]
+            for part in parts
+            for task in part.tasks
+        ]
+    return [group for part_groups in run_sync(together()) for group in part_groups]
+
+
 def step_episodes_path(folder: str | Path, step: int) -> Path:
     """The file of the episodes that train optimizer step ``step`` (from 1).
 
@@ -104,21 +198,31 @@ def save_step_episodes(
     folder: str | Path,
     step: int,
     episodes: Sequence[Episode],
-    env_factory: EnvFactory,
+    env_factory: EnvFactory | Mapping[str, EnvFactory],
     policy: dict[str, Any],
 ) -> Path:
     """Write the episodes that train optimizer step ``step`` to
     :func:`step_episodes_path` as JSONL (:mod:`llm_gym.eval.episode_files`): the environment
     named by its registry entry (else the factory's name, no version), ``policy_version`` the
     step whose weights sampled them (``step - 1``; the per-token versions of async training
-    are in each turn's and sample's ``policy_versions``)."""
-    entry = entry_of_factory(env_factory)
-    env_id, env_version = (
-        (entry.id, entry.version) if entry else (as_env_entry(env_factory).id, None)
-    )
+    are in each turn's and sample's ``policy_versions``). In a mixture ``env_factory`` maps
+    each environment's name to its factory and every episode is named by its own
+    (``episode.env_id``)."""
+
+    def name(factory: EnvFactory) -> tuple[str, str | None]:
+        entry = entry_of_factory(factory)
+        return (entry.id, entry.version) if entry else (as_env_entry(factory).id, None)
+
+    mixed = isinstance(env_factory, Mapping)
+    factories = env_factory if isinstance(env_factory, Mapping) else {None: env_factory}
+    names = {key: name(factory) for key, factory in factories.items()}
     records = (
         episode_record(
-            e, env_id=env_id, env_version=env_version, policy=policy, policy_version=step - 1
+            e,
+            env_id=names[e.env_id if mixed else None][0],
+            env_version=names[e.env_id if mixed else None][1],
+            policy=policy,
+            policy_version=step - 1,
         )
         for e in episodes
     )

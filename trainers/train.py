@@ -6,13 +6,16 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.core.factories import as_task
 from llm_gym.core.input_files import InputLimit, check_json_depth, input_lines
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from trainers.config import MultiTurnGRPOConfig
+
+if TYPE_CHECKING:
+    from trainers.mixture import MixtureEnv
 
 __all__ = ["MAX_TASK_FILE_BYTES", "train_multi_turn", "load_tasks"]
 
@@ -65,9 +68,10 @@ def _read_task_file(path: Path) -> list[Task]:
 def train_multi_turn(
     config: MultiTurnGRPOConfig,
     *,
-    tasks: Any,
-    env_factory: Callable[[Task], Any],
+    tasks: Any = None,
+    env_factory: Callable[[Task], Any] | None = None,
     val_tasks: Any = None,
+    envs: Sequence[MixtureEnv] | None = None,
     model: Any = None,
     processing_class: Any = None,
     oracle: Any = None,
@@ -82,6 +86,9 @@ def train_multi_turn(
         tasks: Training tasks: a list of ``Task``, a ``datasets.Dataset`` or a JSONL path.
         env_factory: Builds a fresh environment for each episode (``task -> Env``).
         val_tasks: Validation tasks, run every ``validation_interval`` steps.
+        envs: A weighted mixture of environments instead of ``tasks``, ``env_factory`` and
+            ``val_tasks``: :class:`~trainers.mixture.MixtureEnv` s, each with its weight,
+            tasks, validation tasks and settings (:mod:`trainers.mixture`).
         model: A model object instead of ``config.model``.
         processing_class: The tokenizer (default: from the model's path).
         oracle: The environment's scripted expert (only for scripted policies).
@@ -105,7 +112,8 @@ def train_multi_turn(
         model=model,
         args=config,
         env_factory=env_factory,
-        tasks=load_tasks(tasks),
+        tasks=load_tasks(tasks) if tasks is not None else None,
+        envs=envs,
         val_tasks=load_tasks(val_tasks) if val_tasks is not None else None,
         processing_class=processing_class,
         oracle=oracle,

@@ -13,6 +13,7 @@ and refills), :mod:`trainers.batch` (episodes to tensors), :mod:`trainers.shared
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,12 +21,12 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from llm_gym.core.factories import Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.eval.metrics import summarize_episodes
 from llm_gym.integrations.trl_rollout import generation_model
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.pretrained import resolve_model_path
@@ -43,6 +44,8 @@ from trainers.config import MultiTurnGRPOConfig
 from trainers.difficulty import DifficultySampler, group_outcomes
 from trainers.dynamic_sampling import GroupPool, refill_tasks
 from trainers.health import HealthCallback
+from trainers.mixture import MixtureEnv
+from trainers.mixture_run import MixtureRun
 from trainers.rejection_sampling import credit_rewards, group_signal
 from trainers.reward_funcs import RewardsMixin, check_reward_funcs
 from trainers.rollout_metrics import (
@@ -50,36 +53,17 @@ from trainers.rollout_metrics import (
     completion_rows,
     extend_completion_logs,
     rollout_metrics,
-    validation_metrics,
 )
-from trainers.rollouts import collect_episode_groups, save_step_episodes, torch_threads
+from trainers.rollouts import (
+    collect_episode_groups,
+    collect_mixture_groups,
+    save_step_episodes,
+    torch_threads,
+)
 from trainers.scoring import ScoringMixin
+from trainers.validation import ValidationCallback, ValidationMixin
 
 __all__ = ["MultiTurnGRPOTrainer"]
-
-
-class _ValidationCallback(TrainerCallback):
-    """With ``validation_interval`` set: validate before the first step, after every
-    ``validation_interval``-th step and after the last one (on every process)."""
-
-    def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
-        self.trainer = trainer
-
-    def _on(self, args: Any) -> bool:
-        return bool(self.trainer.val_tasks and getattr(args, "validation_interval", None))
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._on(args):
-            self.trainer.validate()  # logged with the first step's record
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._on(args) and state.global_step % args.validation_interval == 0:
-            self.trainer.validate()
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._on(args) and state.global_step % args.validation_interval != 0:
-            self.trainer.validate()
-            self.trainer.log({})  # a record of its own: no step follows to carry it
 
 
 class _AsyncCallback(TrainerCallback):
@@ -97,12 +81,16 @@ class _AsyncCallback(TrainerCallback):
         self.trainer._publish_weights()
 
 
+def _unzip(picks: list[tuple[int, Task]]) -> tuple[list[int], list[Task]]:
+    return [env for env, _ in picks], [task for _, task in picks]
+
+
 def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """TRL requires a reward function; episode rewards come from the environments instead."""
     return [0.0] * len(completions)
 
 
-class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
+class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrainer):
     """Multi-turn GRPO on llm_gym environments.
 
     Args:
@@ -111,6 +99,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         env_factory: Builds a fresh environment for each episode (``task -> Env``).
         tasks: The training tasks.
         val_tasks: Validation tasks (validated every ``args.validation_interval`` steps).
+        envs: A mixture of environments instead of ``env_factory``, ``tasks`` and
+            ``val_tasks``: each a :class:`~trainers.mixture.MixtureEnv` with its weight, tasks
+            and settings; each step's groups are drawn by weight (:mod:`trainers.mixture`).
         processing_class: The tokenizer (default: loaded from the model's path).
         peft_config: A PEFT config (default: a LoRA config when ``args.use_lora``).
         oracle: The environment's scripted expert (only used by scripted policies).
@@ -124,9 +115,10 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         model: Any = None,
         args: MultiTurnGRPOConfig | None = None,
         *,
-        env_factory: Callable[[Task], Any],
-        tasks: Sequence[Task],
+        env_factory: Callable[[Task], Any] | None = None,
+        tasks: Sequence[Task] | None = None,
         val_tasks: Sequence[Task] | None = None,
+        envs: Sequence[MixtureEnv] | None = None,
         processing_class: Any = None,
         peft_config: Any = None,
         oracle: Oracle | None = None,
@@ -145,7 +137,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         if model is None:
             raise InvalidArgumentError("No model: pass model= or set the config's model field.")
         model, processing_class = grpo_start(model, processing_class, args)  # its chat template
-        tasks = list(tasks)
+        mixture, env_factory, tasks = MixtureRun.or_one_env(
+            envs, env_factory, tasks, val_tasks, args
+        )
         if len(tasks) < args.batch_size:
             raise InvalidArgumentError(
                 f"Expected at least batch_size={args.batch_size} tasks, got {len(tasks)}."
@@ -162,13 +156,18 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             train_dataset=dataset,
             processing_class=processing_class,
             peft_config=peft_config,
-            callbacks=[*(callbacks or []), _AsyncCallback(self), _ValidationCallback(self)],
+            callbacks=[*(callbacks or []), _AsyncCallback(self), ValidationCallback(self)],
         )
         self.health = HealthCallback(args.health_action, "rl")
         self.callback_handler.callbacks.insert(0, self.health)  # its keys reach the loggers
         self.env_factory = as_env_factory(env_factory)
+        self.mixture = mixture
+        if mixture is not None:  # each process its own share of the draw
+            mixture.set_process(self.accelerator.process_index, self.accelerator.num_processes)
         if args.credit_assignment == "per_turn":
-            refuse_per_turn_with_native_tools(self.env_factory, tasks[0])
+            starts = [(e.env_factory, e.tasks[0]) for e in mixture.envs] if mixture else []
+            for factory, task in starts or [(self.env_factory, tasks[0])]:
+                refuse_per_turn_with_native_tools(as_env_factory(factory), task)
         self.tasks = tasks
         self.val_tasks = list(val_tasks) if val_tasks is not None else []
         self.oracle = oracle
@@ -192,8 +191,20 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         episodes_per_task: int,
         max_turns: int,
         sequential: bool,
+        envs: Sequence[int] | None = None,
+        validation: bool = False,
     ) -> list[list[Episode]]:
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        if envs is not None:  # a mixture: each environment with its own settings
+            assert self.mixture is not None
+            return collect_mixture_groups(
+                self.mixture.parts(list(zip(envs, tasks, strict=True)), validation),
+                policy,
+                episodes_per_task=episodes_per_task,
+                oracle=self.oracle,
+                tokenizer=self._episode_tokenizer,
+                sequential=sequential,
+            )
         return collect_episode_groups(
             self.env_factory,
             tasks,
@@ -214,8 +225,12 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         temperature: float,
         max_turns: int,
         sequential: bool = False,
+        envs: Sequence[int] | None = None,
+        validation: bool = False,
     ) -> list[list[Episode]]:
-        """Run groups of episodes with the current weights."""
+        """Run groups of episodes with the current weights; in a mixture ``envs`` names each
+        task's environment (each runs with its own turn limit, in ``validation`` its
+        validation one, and action format)."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
         if self.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
             if self._async is not None:  # the async publisher keeps vLLM current
@@ -225,7 +240,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
                 self._last_loaded_step = self.state.global_step
             policy = policy_from_spec(args.rollout_backend, trainer=self, temperature=temperature)
             try:
-                return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
+                return self._run_collection(
+                    policy, tasks, episodes_per_task, max_turns, sequential, envs, validation
+                )
             finally:
                 policy.finish()
         with (
@@ -249,7 +266,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
                 max_batch_size=1 if sequential else None,
             )
             try:
-                return self._run_collection(policy, tasks, episodes_per_task, max_turns, sequential)
+                return self._run_collection(
+                    policy, tasks, episodes_per_task, max_turns, sequential, envs, validation
+                )
             finally:
                 policy.finish()
                 unwrapped.train(was_training)
@@ -304,7 +323,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             policy = {"name": args.rollout_backend, "model": self.model.name_or_path}
             episodes = [e for p in parts for e in p.episodes]
             step = self.state.global_step + 1
-            save_step_episodes(args.save_episodes, step, episodes, self.env_factory, policy)
+            factories = self.mixture.factories if self.mixture is not None else self.env_factory
+            save_step_episodes(args.save_episodes, step, episodes, factories, policy)
         metrics.update(async_metrics)
         for key, value in metrics.items():  # gathered over processes
             self._metrics[mode][key].append(value)
@@ -317,29 +337,40 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         up to ``max_sampling_attempts`` rounds)."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
         size, rank = args.episodes_per_task, self.accelerator.process_index
-        indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
-        if self._difficulty is not None:  # the step's tasks by estimated difficulty
-            indices, saved = self._difficulty.draw(
-                wanted, (args.task_seed, self.state.global_step, rank)
-            )
-            for key, value in self._difficulty.metrics(saved).items():
-                self._metrics["train"][key].append(value)
+        mixture = self.mixture
+        envs, indices = None, None
+        if mixture is not None:  # the mixture's stratified draw, not TRL's sampler
+            envs, tasks = _unzip(mixture.step_picks(self.state.global_step, wanted))
+        else:
+            indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
+            if self._difficulty is not None:  # the step's tasks by estimated difficulty
+                indices, saved = self._difficulty.draw(
+                    wanted, (args.task_seed, self.state.global_step, rank)
+                )
+                for key, value in self._difficulty.metrics(saved).items():
+                    self._metrics["train"][key].append(value)
+            tasks = [self.tasks[i] for i in indices]
         pool = GroupPool(wanted, signal=group_signal(args))
         for attempt in range(args.max_sampling_attempts):
             if attempt > 0:
                 # Every process collects in every round (generation may be collective: ZeRO-3,
                 # FSDP, vLLM server); one whose batch is already full refills a single group.
                 seed = (args.task_seed, self.state.global_step, attempt, rank)
-                indices = refill_tasks(range(len(self.tasks)), max(1, pool.deficit), seed)
+                if mixture is not None:
+                    envs, tasks = _unzip(mixture.refill_picks(max(1, pool.deficit), seed))
+                else:
+                    indices = refill_tasks(range(len(self.tasks)), max(1, pool.deficit), seed)
+                    tasks = [self.tasks[i] for i in indices]
             groups = self._collect(
-                [self.tasks[i] for i in indices],
+                tasks,
                 episodes_per_task=size,
                 temperature=args.temperature,
                 max_turns=args.max_turns or 1,
+                envs=envs,
             )
             for group in groups:
                 pool.add(group, self._group_rewards(group))
-            if self._difficulty is not None:  # every process learns from every group
+            if self._difficulty is not None and indices is not None:  # every process learns
                 outcomes = gather_object([group_outcomes(indices, groups)])
                 self._difficulty.add([o for part in outcomes for o in part])
             deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
@@ -356,33 +387,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         publish_s = self._async.publish(self.state.global_step)  # when the callback did not
         self._publish_seconds += publish_s
         taken = self._async.take(wanted, self._group_rewards)
-        idle_s, apply_s = self._async.generator_seconds()
-        ages = taken.ages or [0]
-        local = [
-            taken.wait_s,
-            float(taken.dropped_stale),
-            float(taken.taken),
-            float(sum(taken.ages)),
-            float(len(taken.ages)),
-            float(max(ages)),
-            idle_s,
-            apply_s,
-            self._publish_seconds,
-        ]
+        metrics = self._async.metrics(taken, self._publish_seconds, self.accelerator)
         self._publish_seconds = 0.0
-        device = self.accelerator.device
-        rows = self.accelerator.gather(torch.tensor([local], device=device, dtype=torch.float64))
-        wait, dropped, total, age_sum, age_n, age_max, idle, apply, publish = rows.T.tolist()
-        metrics = {
-            "async/train_wait_s": max(wait),
-            "async/dropped_stale_groups": sum(dropped),
-            "async/dropped_stale_ratio": sum(dropped) / max(1.0, sum(total)),
-            "async/staleness_mean": sum(age_sum) / max(1.0, sum(age_n)),
-            "async/staleness_max": max(age_max),
-            "async/generator_idle_s": sum(idle),
-            "async/weight_apply_s": sum(apply),
-            "async/weight_sync_s": max(publish),
-        }
         assert taken.pool is not None
         return taken.pool, metrics
 
@@ -397,36 +403,15 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             collector.close()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """TRL's ``train``; async runs stop their rollout worker however it ends."""
+        """TRL's ``train``; async runs stop their rollout worker however it ends. A mixture
+        resumed from a checkpoint continues its draw where the checkpoint left it."""
+        if self.mixture is not None:
+            resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+            self.mixture.resume(resume, self.args.output_dir)
         try:
             return super().train(*args, **kwargs)
         finally:
             self._stop_async()
-
-    # --- validation --------------------------------------------------------------------------
-
-    def validate(self, tasks: Sequence[Task] | None = None) -> dict[str, float]:
-        """Run the validation tasks once each (greedy by default) and log ``val/...`` metrics."""
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        tasks = list(tasks if tasks is not None else self.val_tasks)
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        mine = tasks[rank::world]
-        # Every process collects, also one with no tasks: generation may be collective.
-        groups = self._collect(
-            mine,
-            episodes_per_task=1,
-            temperature=args.val_temperature,
-            max_turns=args.validation_max_turns or 1,
-            sequential=args.sequential_validation,
-        )
-        episodes = [e for part in gather_object([[e for g in groups for e in g]]) for e in part]
-        summary = summarize_episodes(episodes)
-        record = {"step": self.state.global_step, **summary}
-        self.validation_history.append(record)
-        # logged with the step's own record (TRL averages _metrics lists)
-        for key, value in validation_metrics(summary).items():
-            self._metrics["train"][key].append(value)
-        return summary
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -440,6 +425,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
         try:
             super()._save_checkpoint(model, trial)
+            if self.mixture is not None:  # each process its own position in the draw
+                self.mixture.save(os.path.join(staging_root, f"{PREFIX_CHECKPOINT_DIR}-{step}"))
         finally:
             self._get_output_dir = original  # type: ignore[method-assign]
         self.accelerator.wait_for_everyone()

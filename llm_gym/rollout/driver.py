@@ -36,12 +36,12 @@ The driver never renders text and never tokenizes: those belong to its callers.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
-from llm_gym.aio import LoopRunner, resume, within
+from llm_gym.aio import LoopRunner, within
 from llm_gym.core.env import (
     Env,
     StepResult,
@@ -217,18 +217,11 @@ class EpisodeDriver:
 
     # --- starting -----------------------------------------------------------------------------
     def _begin(self, env: Env, task: Task, opening: list[Message]) -> list[Message]:
-        # The synchronous step, chosen once per episode (TextEnv's hot path): a SyncEnv's plain
-        # method (cheaper than driving its coroutine: benchmarks/results/env_step_sync_path.md),
-        # any other synchronous env's coroutine driven without a loop, else the runner's loop.
-        self._eager = env.synchronous
-        self._env_step = env.step
-        self._step_sync: Callable[[Message], StepResult] = (
-            env.step_sync  # type: ignore[attr-defined]
-            if isinstance(env, SyncEnv)
-            else self._step_now
-            if self._eager
-            else self._step_on_runner
-        )
+        # The synchronous step (TextEnv's hot path): a SyncEnv's plain method (cheaper than its
+        # coroutine: benchmarks/results/env_step_sync_path.md), else the env's coroutine.
+        self._eager, self._env_step = env.synchronous, env.step
+        plain = isinstance(env, SyncEnv)
+        self._step_sync = env.step_sync if plain else self._step_now  # type: ignore[attr-defined]
         opening = check_messages(opening, f"{type(env).__name__}.reset")
         cleaned = clean_messages(opening)
         self._dirty = cleaned is not None  # then each step's whole list is checked
@@ -439,30 +432,13 @@ class EpisodeDriver:
             self._run(env.close(), env.synchronous)
 
     def _step_now(self, action: Message) -> StepResult:
-        """A synchronous env's step, driven without an event loop (finished on the runner's
-        loop if it suspends): :attr:`llm_gym.core.env.Env.synchronous`."""
-        step = self._env_step(action)
-        try:
-            yielded = step.send(None)
-        except StopIteration as stop:
-            return stop.value
-        return self._run(resume(step, yielded), False)
-
-    def _step_on_runner(self, action: Message) -> StepResult:
-        return self._run(self.env.step(action), self._eager)  # type: ignore[union-attr]
+        """The step on :attr:`runner`, driven by hand first for a ``synchronous`` env."""
+        return self._run(self._env_step(action), self._eager)
 
     def _run(self, coroutine: Any, eager: bool) -> Any:
-        """Run ``coroutine`` on :attr:`runner` (made here when first needed); ``eager``: first
-        drive it by hand, so one that completes without suspending needs no loop."""
-        if eager:
-            try:
-                yielded = coroutine.send(None)
-            except StopIteration as stop:
-                return stop.value
-            coroutine = resume(coroutine, yielded)
         if self.runner is None:
             self.runner = LoopRunner()
-        return self.runner.run(coroutine)
+        return self.runner.run(coroutine, eager)
 
     def __getstate__(self) -> dict[str, Any]:
         state = {name: getattr(self, name) for name in self.__slots__ if hasattr(self, name)}

@@ -87,6 +87,9 @@ class Episode:
     """The action format the episode's replies were parsed with (it also writes the tools into
     the prompt of a template that cannot render them): the instance, so a custom format renders
     again as it rendered."""
+    env_id: str | None = None
+    """The environment's name in a mixture of several (set by the collection that ran it;
+    ``trainers.mixture``), else None."""
     overflow_tokens: int = 0
     """When an environment reply too long for the context ended it (``CONTEXT_OVERFLOW``) and
     was read only in part: the tokens the context would have held at least, which the soft
