@@ -101,7 +101,7 @@ def test_a_tree_deeper_than_the_recursion_limit_is_removed(tmp_path: Path) -> No
         os.chmod(".", 0)
     finally:
         os.chdir(here)
-    _process.remove_tree(str(top))  # RecursionError before
+    _process.remove_tree(str(top))  # iterative: deeper than any recursion limit
     assert not top.exists()
     # And through a run: the grading returns, with no tree left behind.
     verdict = grade("KIND = 'deep'\n" + FILL, "f", [{"args": [], "expected": 0}])

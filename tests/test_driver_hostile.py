@@ -83,7 +83,7 @@ def test_a_malformed_step_result_ends_its_episode_as_env(name: str) -> None:
         assert "Hostile.step" in episode.error and message in episode.error
     text_env = TextEnv(env, tasks=[Task("x")])
     text_env.reset(seed=0)
-    _, reward, terminated, truncated, info = text_env.step("hello")  # raised before
+    _, reward, terminated, truncated, info = text_env.step("hello")
     assert (reward, terminated, truncated) == (0.0, False, True)
     assert info["truncation_cause"] == "env"
 
@@ -127,6 +127,14 @@ def odd_env(opening: Any = None, reply: Any = None) -> type[Env]:
     return Odd
 
 
+def nested_lists(depth: int) -> list[Any]:
+    """``[[[...]]]`` ``depth`` levels deep, built without recursion."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def _cycle() -> dict[str, Any]:
     message: dict[str, Any] = {"role": "tool", "content": "x\ud800"}
     message["self"] = message
@@ -135,7 +143,7 @@ def _cycle() -> dict[str, Any]:
 
 BAD_REPLIES = {
     "nested 950 deep": (
-        {"role": "tool", "content": "x", "extra": json.loads("[" * 950 + "]" * 950)},
+        {"role": "tool", "content": "x", "extra": nested_lists(950)},
         None,
     ),
     "a cycle": (_cycle(), "contains itself"),
@@ -149,7 +157,7 @@ def test_an_odd_env_message_ends_the_episode_or_passes_never_raises(name: str) -
     reply, error = BAD_REPLIES[name]
     text_env = TextEnv(odd_env(reply=reply), tasks=[Task("x")])
     text_env.reset(seed=0)
-    _, reward, terminated, truncated, info = text_env.step("hello")  # raised before
+    _, reward, terminated, truncated, info = text_env.step("hello")
     assert reward == 0.0 and not terminated
     assert truncated == (error is not None)
     json.dumps(info["messages"][:2])

@@ -451,7 +451,7 @@ R = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT {n}) "
 SQL_CASES = {
     # name: (query, what the result or the tool_error must contain)
     "attach by URI": ("ATTACH 'file:/etc/passwd?mode=ro' AS x", "refused: ATTACH"),
-    "vacuum into": ("VACUUM INTO '/tmp/llm_gym_campaign.db'", "refused: ATTACH"),
+    "vacuum into": ("VACUUM INTO '/tmp/llm_gym_hostile.db'", "refused: ATTACH"),
     "writable_schema": ("PRAGMA writable_schema=1", "refused: PRAGMA writable_schema"),
     "database_list": ("PRAGMA database_list", "refused: PRAGMA database_list"),
     "pragma look-alike": ("PRAGMA table_\u0131nfo(orders)", "refused: PRAGMA"),  # dotless i
@@ -502,7 +502,7 @@ def test_hostile_queries_are_results_or_tool_errors(db: ReadOnlyDatabase, name: 
     assert time.perf_counter() - start < 1.5
     assert expected in text, text[:300]
     assert db.summary()["orders"] > 0  # nothing changed
-    assert not os.path.exists("/tmp/llm_gym_campaign.db")
+    assert not os.path.exists("/tmp/llm_gym_hostile.db")
 
 
 # --- printf's %c repeat count ---------------------------------------------------------------------

@@ -20,7 +20,6 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import llm_gym
 from llm_gym import Task, TruncationCause
 from llm_gym.datasets import TaskExample
 from llm_gym.environments import (
@@ -630,9 +629,6 @@ def test_task_example_and_task_convert_both_ways() -> None:
     assert Task.from_dict(example.to_dict()) == task
     with pytest.raises(InvalidArgumentError, match="input"):
         TaskExample(input=3)  # type: ignore[arg-type]
-    assert (
-        llm_gym.TaskExample is TaskExample and llm_gym.EnvironmentMultiTurn is EnvironmentMultiTurn
-    )
 
 
 def test_reward_result_and_record_defaults() -> None:

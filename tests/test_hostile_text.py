@@ -1,4 +1,5 @@
-"""Hostile text between environments and policies (issue 15, findings 3 and 4).
+"""Hostile text between environments and policies (:mod:`llm_gym.core.text`, the action formats,
+the episode driver).
 
 Every string that reaches a policy or an environment encodes to UTF-8 (surrogates become
 U+FFFD; NUL and other control characters are kept), and an action longer than the limit is a

@@ -198,4 +198,4 @@ def test_task_file_that_is_a_directory_is_named(tmp_path) -> None:
     from trainers.train import load_tasks
 
     with pytest.raises(InvalidArgumentError, match="is a directory"):
-        load_tasks(tmp_path)  # IsADirectoryError before
+        load_tasks(tmp_path)

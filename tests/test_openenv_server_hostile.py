@@ -453,7 +453,7 @@ def test_serve_env_takes_only_a_json_integer_seed(env_server: Any, seed: Any) ->
 
     answer = httpx.post(env_server.url + "/reset", json={"seed": seed}, timeout=10)
     assert answer.status_code == 422 and "integer seed" in answer.text  # pydantic's lax mode
-    assert json.dumps(seed) in answer.json()["detail"]  # took true as 1 and "12" as 12
+    assert json.dumps(seed) in answer.json()["detail"]  # no lax coercion of true or "12"
 
     async def over_ws(url: str) -> list[Any]:
         async with connect(url.replace("http://", "ws://") + "/ws") as ws:

@@ -100,7 +100,7 @@ def test_an_output_dir_that_is_a_file_is_refused_before_any_other_check(tmp_path
 LAUGHS = "".join(
     f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 10) + "]\n" for i in range(9)
 )
-CONFIGS = {
+YAML_CONFIGS = {
     "a list": ("- 1\n- 2", "a config is a mapping"),
     "a string": ("hello", "a config is a mapping"),
     "sft as a list": ("sft: [1]", "sft must be a mapping"),
@@ -117,11 +117,11 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", list(YAML_CONFIGS))
 def test_hostile_configs_are_named_errors(name: str, tmp_path: Path) -> None:
     from trainers.pipeline_config import load_config
 
-    text, message = CONFIGS[name]
+    text, message = YAML_CONFIGS[name]
     path = tmp_path / "config.yaml"
     path.write_text(text)
     start = time.perf_counter()
@@ -141,7 +141,7 @@ def test_config_overrides_and_merge_keys(tmp_path: Path) -> None:
         load_config(path, {"env.x": 1})
 
 
-CONFIGS = {
+CONFIG_VALUES = {
     "sft batch 0": ("sft: {batch_size: 0}", "sft.batch_size must be an integer >= 1"),
     "sft episodes text": ("sft: {episodes: many}", "sft.episodes must be an integer"),
     "sft learning rate NaN": ("sft: {learning_rate: .nan}", "sft.learning_rate must be a"),
@@ -153,11 +153,11 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", list(CONFIG_VALUES))
 def test_config_values_are_checked_at_load(name: str, tmp_path: Path) -> None:
     from trainers.pipeline_config import load_config
 
-    text, message = CONFIGS[name]
+    text, message = CONFIG_VALUES[name]
     path = tmp_path / "config.yaml"
     path.write_text(text)
     with pytest.raises(InvalidArgumentError, match=message) as caught:

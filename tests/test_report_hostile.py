@@ -73,11 +73,11 @@ def test_more_episodes_than_tasks_plays_every_task_once() -> None:
         ({"k": True}, "k must be an int >= 1"),
     ],
 )
-def test_run_and_report_refuses_counts_it_used_to_rewrite(
+def test_run_and_report_refuses_counts_it_cannot_honour(
     options: dict[str, object], message: str
 ) -> None:
-    """``episodes=0`` or ``-5`` ran one task, ``max_turns=0`` the registered limit: a report for
-    settings nobody asked for. Now each is an error naming the value."""
+    """A count that is no count (``episodes=0`` or ``-5``, ``max_turns=0``, ``k=True``) is an error
+    naming the value, never a report for settings nobody asked for."""
     from llm_gym import InvalidArgumentError
     from llm_gym.eval import run_and_report
 
@@ -86,9 +86,9 @@ def test_run_and_report_refuses_counts_it_used_to_rewrite(
 
 
 def test_run_and_report_checks_its_output_before_the_first_episode(tmp_path, monkeypatch) -> None:
-    """``output`` naming a directory (or a path under a file) raised IsADirectoryError /
-    NotADirectoryError from ``save`` after the whole evaluation had run (hours with a model),
-    and the CLI printed a traceback instead of the table. Now it is refused before any episode."""
+    """``output`` naming a directory (or a path under a file) is refused before any episode, so
+    no evaluation (hours with a model) runs for a report it cannot write; the CLI says so in one
+    line (exit code 2)."""
     import llm_gym.eval.report as report_module
     from llm_gym import InvalidArgumentError
     from llm_gym.cli import main
@@ -118,9 +118,8 @@ def test_run_and_report_checks_its_output_before_the_first_episode(tmp_path, mon
 def test_an_output_that_is_no_regular_file_or_whose_folder_is_full_is_refused_up_front(
     tmp_path, monkeypatch
 ) -> None:
-    """``--output /dev/full`` passed every permission check and failed with ENOSPC after the
-    whole evaluation, as would any write into a full folder. A report is now a regular file
-    written as a new file renamed over the old one: a device or FIFO is refused, and the folder
+    """A report is a regular file written as a new file renamed over the old one: a device (such
+    as ``/dev/full``, which passes every permission check) or a FIFO is refused, and the folder
     must take a new file (a probe file), before the first episode runs."""
     import llm_gym.eval.report as report_module
     from llm_gym import InvalidArgumentError

@@ -56,7 +56,7 @@ def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(small_model: Any
 
     tokenizer = small_model[1]
     counting = _CountingTokenizer(tokenizer)
-    text = "The area of Vantis is 79. " * 100_000  # 2.6 M characters: seconds to tokenize whole
+    text = "The area of Vantis is 79. " * 100_000  # 2.6 M characters
     with pytest.raises(APIError) as refused:
         encode_within(counting, text, 4096, "messages")
     assert refused.value.status == 400 and refused.value.param == "messages"
@@ -65,7 +65,7 @@ def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(small_model: Any
     short = "The area of Vantis is 79."
     expected = tokenizer.encode(short, add_special_tokens=False)
     assert encode_within(counting, short, 4096, "messages") == expected
-    part = text[:20_000]  # no context known: read whole, as before
+    part = text[:20_000]  # no context known: read whole
     assert encode_within(tokenizer, part, None, "prompt") == tokenizer.encode(part)
 
 
@@ -103,7 +103,7 @@ def test_more_messages_than_the_context_has_tokens_are_refused_unrendered(
     assert answer.status_code == 400, answer.text[:300]
     error = answer.json()["error"]
     assert error["param"] == "messages" and f"context of {context} tokens" in error["message"]
-    assert rendered == []  # the template took 4 s to render them, before
+    assert rendered == []  # refused from the count alone
     body.update(messages=body["messages"][:3], max_tokens=1)
     assert httpx.post(served.url + "/chat/completions", json=body, timeout=60).is_success
     assert rendered == [3]
@@ -158,7 +158,7 @@ def _raw_request(
 def test_many_streams_whose_clients_leave_cost_a_few_tokens_each(served, monkeypatch) -> None:
     """Eight streaming clients at once that leave after their first event, and four whose
     request waits its turn (the engine answers one at a time) and who give up before it comes:
-    at 400 tokens of 5 ms each, generated for nobody they would hold the next client ~24 s."""
+    each generation stops at its next token, so the next client is served at once."""
     counts = _scripted(monkeypatch, served, delay=0.005)
     client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
     left: list[int] = []

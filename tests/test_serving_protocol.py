@@ -1,6 +1,6 @@
 """The server's request checks, without a model: every bad field is a 4xx that names it.
 
-One test per class of bad input (the hostile-input campaign's findings and their siblings):
+One test per class of bad input:
 out-of-range numbers, wrong types, client templates and template options, tools of a bad shape,
 bodies that are not UTF-8 / not JSON / too deep / hold lone surrogates / are not objects.
 """
@@ -467,8 +467,9 @@ COMPLETION = {"model": "m", "prompt": "hi"}
     ],
 )
 def test_serve_refuses_sampling_fields_it_would_ignore(field: str, value: object) -> None:
-    """Both endpoints took these and generated as if they were absent (200, a wrong answer for
-    a client that relied on them); now a 400 names the field and the values that are fine."""
+    """Both endpoints refuse a field they cannot honour (an answer generated as if it were absent
+    would be wrong for a client that relies on it): a 400 names the field and the values that
+    are fine."""
     from llm_gym.serving.chat_protocol import parse_chat_request
     from llm_gym.serving.protocol import APIError, parse_completion_request
 
@@ -510,6 +511,6 @@ def test_serve_refuses_continuous_usage_stats_it_would_ignore() -> None:
     stream = {**CHAT, "stream": True}
     with pytest.raises(APIError, match="continuous_usage_stats' is not supported") as info:
         parse_chat_request({**stream, "stream_options": {"continuous_usage_stats": True}}, "m")
-    assert info.value.param == "stream_options.continuous_usage_stats"  # was accepted, ignored
+    assert info.value.param == "stream_options.continuous_usage_stats"
     options = {"include_usage": True, "continuous_usage_stats": False}
     assert parse_chat_request({**stream, "stream_options": options}, "m").include_usage

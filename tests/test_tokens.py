@@ -411,7 +411,7 @@ def test_environment_text_cannot_forge_control_tokens(small_model_dir: Path) -> 
     assert tracker.context_ids.count(start_id) - before == 2
 
 
-# --- the campaign's leftovers, fixed later --------------------------------------------------------
+# --- an environment reply far past the context ----------------------------------------------------
 
 
 def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_model) -> None:
@@ -441,7 +441,7 @@ def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_m
     )  # fmt: skip
     assert episode.truncation_cause is TruncationCause.CONTEXT_OVERFLOW
     assert len(episode.turns) == 1 and episode.samples[0].num_policy_tokens == 2
-    assert read["characters"] < 1_000_000  # 17 s to tokenize the 10 MB whole, before
+    assert read["characters"] < 1_000_000  # a prefix, not the 10 MB
     assert time.perf_counter() - start < 10
     assert episode.overflow_tokens > 4096 - 64  # what the reply needed, at least: the soft
     trainers = pytest.importorskip("trainers.advantages")  # overlong penalty sees it in full
@@ -451,7 +451,7 @@ def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_m
         outcome, max_model_length=4096, max_turns=3, overlong_buffer=512,
         overlong_penalty_factor=1.0, max_new_tokens=64,
     ) == -1.0  # fmt: skip
-    [[fits]] = collect_groups(  # a reply that fits joins the stream as before
+    [[fits]] = collect_groups(  # a reply that fits joins the stream
         odd_env(reply={"role": "user", "content": "short"}), [Task("x")], Counting(),
         max_turns=2, tokenizer=tokenizer, max_model_length=4096, max_new_tokens=64,
     )  # fmt: skip
