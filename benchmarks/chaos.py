@@ -1,4 +1,4 @@
-"""Chaos run of collection (issue 15): faulty environments and an endpoint that drops connections.
+"""Chaos run of collection: faulty environments and an endpoint that drops connections.
 
 Episodes run through ``collect_groups_async`` with the real ``OpenAIPolicy`` against a small local
 HTTP server (loopback only) that answers like a model (a tool call, then the answer ``42``) and

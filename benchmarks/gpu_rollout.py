@@ -1,6 +1,6 @@
 """The rollout engine against its replay limit on a GPU, and the decode roofline.
 
-Part of :mod:`benchmarks.gpu_check` (issue 16, item 7): on one CUDA device, in bf16, our
+Part of :mod:`benchmarks.gpu_check`: on one CUDA device, in bf16, our
 ``collect_groups`` (``HFPolicy``, continuous batching) and the replay of its own token streams
 (:class:`benchmarks.rollout_replay.Replay`: the same forward passes and nothing else) run
 interleaved; reported are ours as a share of the replay's tokens/s with a paired bootstrap

@@ -2,7 +2,7 @@
 ``GRPOTrainer(environment_factory=...)`` generating one batch
 (``_generate_and_score_completions``) on the ToolUseGame tasks.
 
-What "its best settings" means here (issue 16, item 2), each the same as ours:
+What "its best settings" means here, each the same as ours:
 
 * the per-turn budget: ``generation_kwargs={"max_new_tokens": max_tokens_per_turn}`` (TRL's
   default gives every turn the whole ``max_completion_length``), the turn limit

@@ -11,7 +11,6 @@ in :mod:`llm_gym.environments`; rollouts in :mod:`llm_gym.rollout`, policies in
 """
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
-from llm_gym.compat import moved_names
 from llm_gym.core import (
     Env,
     FunctionTool,
@@ -40,16 +39,6 @@ from llm_gym.tools import CalculatorTool, safe_eval
 
 __version__ = "0.1.0"
 
-# Document 002's names moved to the compatibility layer (llm_gym.environments).
-__getattr__ = moved_names(
-    __name__,
-    dict.fromkeys(
-        ["EnvironmentMultiTurn", "EnvironmentStepResult", "EnvironmentEpisode",
-         "EnvironmentTurn", "RewardResult", "TaskExample", "MultiTurnEnvAdapter",
-         "MultiTurnEnvFactory", "register_multi_turn_env", "replay_state", "sampled_actions"],
-        "llm_gym.environments",
-    ),
-)  # fmt: skip
 
 __all__ = [
     # environment contract

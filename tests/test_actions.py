@@ -259,7 +259,7 @@ def test_hermes_lone_surrogates() -> None:
     parsed = HERMES.parse("x\udc00 " + raw)
     check_invariants(parsed)
     assert parsed.message["content"] == "x\udc00"
-    # Decoded names and arguments are valid text (issue 15): surrogates become U+FFFD.
+    # Decoded names and arguments are valid text: surrogates become U+FFFD.
     assert names_and_args(parsed) == [("f\ufffd", {"s": "\ufffd", "e": "\ufffd"})]
     rendered = HERMES.render_message(parsed.message)
     assert rendered.startswith("x\udc00\n<tool_call>")  # content is written as it is

@@ -339,7 +339,7 @@ def test_main_job_smoke(small_model_dir, tmp_path) -> None:
 
 
 def test_gpu_rollout_check_runs_on_cpu(small_model_dir) -> None:
-    """Issue 16 item 7's GPU check, its code path on CPU: ours and the replay interleaved, the
+    """The GPU rollout check, its code path on CPU: ours and the replay interleaved, the
     ratio with its interval and the roofline share."""
     from benchmarks.gpu_rollout import check_rollout_limit, copy_bandwidth_gbps
 

@@ -400,3 +400,46 @@ def test_random_text_raises_only_calculator_error(text: str) -> None:
     assert type(result) in (int, float)
     assert abs(result) <= MAX_RESULT_ABS
     assert math.isfinite(result)
+
+
+# --- the calculator -------------------------------------------------------------------------------
+
+CALCULATOR = {
+    "Arabic-Indic digits": ("\u0661\u0662\u0663 + \u0664", "invalid character"),
+    "full-width digits": ("\uff11\uff12\uff13+1", "invalid character"),
+    "superscript": ("2\u00b2", "invalid character"),
+    "tower": ("2**2**2**2**2", "exponent"),
+    "exponent of exponent": ("(2**10)**(2**10)", "exponent"),
+    "float floor division": ("1e100 // 1e-300", "too large"),
+    "infinity minus infinity": ("1e999 - 1e999", "too large"),
+    "negative base, odd power": ("(-10) ** 999", "too large"),
+    "zero to a negative fraction": ("0.0 ** -0.5", "division by zero"),
+    "cube root of -1": ("(-1) ** 0.3333", "complex"),
+    "leading zeros": ("00012", "leading zeros"),
+}
+
+
+@pytest.mark.parametrize("name", list(CALCULATOR))
+def test_calculator_refusals(name: str) -> None:
+    from llm_gym.tools.arithmetic import safe_eval
+
+    expression, message = CALCULATOR[name]
+    start = time.perf_counter()
+    with pytest.raises(CalculatorError, match=message):
+        safe_eval(expression)
+    assert time.perf_counter() - start < 0.05
+
+
+# --- tools ----------------------------------------------------------------------------------------
+
+
+def test_calculator_errors_stay_short() -> None:
+    from llm_gym.tools.calculator import CalculatorTool
+
+    tool = CalculatorTool()
+    many = json.dumps({f"k{i}": 1 for i in range(100_000)})
+    with pytest.raises(ToolArgumentError, match="and 99990 more") as caught:
+        asyncio.run(tool.execute(many))
+    assert len(str(caught.value)) < 400  # the first fields, then a count
+    with pytest.raises(ToolArgumentError, match="must be a string, got null. Call"):
+        asyncio.run(tool.execute('{"expression": null}'))

@@ -1,6 +1,7 @@
-"""Chaos test of collection (issue 15): environments that raise, hang past ``env_timeout_s`` or
-write invalid text, and a policy endpoint that drops connections (``benchmarks/chaos.py`` has
-the scenario; ``python -m benchmarks.chaos`` runs it larger and writes results/chaos.md).
+"""Chaos test of collection (:mod:`llm_gym.rollout`): environments that raise, hang past
+``env_timeout_s`` or write invalid text, and a policy endpoint that drops connections
+(``benchmarks/chaos.py`` has the scenario; ``python -m benchmarks.chaos`` runs it larger and writes
+results/chaos.md).
 
 Every episode that no fault touched completes, every faulted one ends with its own cause,
 nothing hangs (the run is bounded), and the counts are printed and checked.

@@ -137,3 +137,41 @@ def test_train_py_unexpected_errors_name_a_log_in_the_output_dir(
     err = _one_line(capsys, "train.py: unexpected error: ZeroDivisionError: a bug in the run")
     (log,) = (tmp_path / "run").glob("train-py-error-*.log")
     assert str(log) in err and "ZeroDivisionError" in log.read_text()
+
+
+# --- train.py: config files and --set values ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "sets", "message"),
+    [
+        # IsADirectoryError
+        ("<dir>", [], "is a directory, not a regular file; give a YAML or TOML file"),
+        ("/dev/zero", [], "is a device, not a regular file"),  # read until MemoryError
+        ("<latin1>", [], "not UTF-8 text (byte 10: b'\\xe9')"),  # UnicodeDecodeError traceback
+        ("<big>", [], "larger than 1,048,576 bytes"),
+        ("<ok>", ["seed=["], "--set seed: not valid YAML"),  # a YAML traceback
+        ("<ok>", ["grpo..num_steps=2"], "--set expects KEY=VALUE with KEY a dotted name"),
+        ("<ok>", ["env=Nope-v0"], "No llm_gym environment 'Nope-v0'"),  # traceback from the run
+        # the message named the accepted option among the refused ones
+        ("<ok>", ["task_options.foo=1"], "takes no option(s) ['foo']; it accepts: ['world_seed']"),
+    ],
+)
+def test_train_py_config_mistakes_are_one_line(tmp_path, capsys, config, sets, message) -> None:
+    from tests.conftest import ROOT
+
+    files = {
+        "<dir>": tmp_path,
+        "<latin1>": tmp_path / "latin1.yaml",
+        "<big>": tmp_path / "big.yaml",
+        "<ok>": ROOT / "configs" / "tool_use_game_tiny.yaml",
+    }
+    (tmp_path / "latin1.yaml").write_bytes("model: caf\xe9\n".encode("latin-1"))
+    (tmp_path / "big.yaml").write_text("# padding\n" * 110_000)
+    path = files.get(config, config)
+    with pytest.raises(SystemExit) as info:
+        _train_script().main(["--config", str(path), *[f"--set={s}" for s in sets]])
+    text = capsys.readouterr().err
+    assert info.value.code == 2
+    assert text.startswith("train.py: error: ") and message in text, text
+    assert len(text) < 1000 and text.count("\n") == 1

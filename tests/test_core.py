@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from typing import Literal
 
+import gymnasium as gym
 import pytest
 
 from llm_gym import (
@@ -205,3 +208,41 @@ def test_truncation_causes() -> None:
     penalised = {c for c in TruncationCause if c.gets_overlong_penalty}
     assert penalised == {TruncationCause.CONTEXT_OVERFLOW, TruncationCause.MAX_TURNS}
     assert TruncationCause("parse_failure") is TruncationCause.PARSE_FAILURE
+
+
+# --- scoring: numbers a float cannot hold ---------------------------------------------------------
+
+
+def test_answers_match_compares_big_integers_exactly() -> None:
+    assert not answers_match("5", 10**400)  # raised OverflowError
+    assert answers_match(str(10**60 + 1), 10**60 + 1, rel_tol=0.0)
+    assert not answers_match(str(10**60), 10**60 + 1, rel_tol=0.0)
+    assert not answers_match("2.5", -(10**400))
+    assert not answers_match(str(10**20), 10**20 + 1, rel_tol=0.0)  # ints compare exactly
+    assert not answers_match("9007199254740993", 2**53, rel_tol=0.0)
+    assert answers_match("1e20", 10**20, rel_tol=0.0)
+    assert answers_match("42.0000001", 42.0) and not answers_match("42.0000001", 42)
+    assert not answers_match("3", math.nan)
+
+
+@pytest.mark.parametrize("env_id", ["Math-v0", "ToolUseGame-v0"])
+def test_a_huge_target_scores_zero_instead_of_ending_as_env(env_id: str) -> None:
+    env = gym.make(env_id)
+    try:
+        env.reset(options={"task": Task("How many?", target=10**400)})
+        _, reward, terminated, truncated, info = env.step("5")
+        assert (reward, terminated, truncated) == (0.0, True, False), info
+    finally:
+        env.close()
+
+
+def test_an_integer_target_of_any_length_can_be_matched() -> None:
+    for target in (10**70, -(10**200) + 7, 10**4000):
+        assert answers_match(str(target), target)
+        assert not answers_match(str(target + 1), target, rel_tol=0.0, abs_tol=0.0)
+        assert answers_match(f"{target:,}", target)
+    assert answers_match("1" + "0" * 300, 1e300)
+    start = time.perf_counter()
+    assert not answers_match("9" * 1_000_000, 5)  # a long reply is still not converted
+    assert not answers_match("9" * 5_000, 10**4000)  # past the target's digits and 24
+    assert time.perf_counter() - start < 0.1

@@ -11,7 +11,6 @@ MODULES = [
     "llm_gym.errors",
     "llm_gym.serving.responses_protocol",
     "trainers.wandb_setup",
-    "llm_gym.compat",
     "benchmarks.before_after",
     "llm_gym.core.factories",
     "llm_gym.core.references",

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import doctest
-import warnings
 from collections.abc import Sequence
 
 import gymnasium as gym
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 from llm_gym import InvalidArgumentError, Task
 from llm_gym.envs.guess_number import (
@@ -33,7 +31,6 @@ from llm_gym.envs.guess_number.env import (
 )
 from llm_gym.policies import OraclePolicy, RandomPolicy
 from llm_gym.rollout import collect_groups
-from tests.conftest import play_text_episode
 
 
 def _drive(coro):  # the env is synchronous: its coroutines finish without an event loop
@@ -251,35 +248,8 @@ def test_oracle_reads_the_feedback_not_the_target() -> None:
     assert oracle_action(make_task(1, 100, 5), messages[:2])["content"] == "50"
 
 
-def test_check_env_and_same_seed_same_episode() -> None:
-    env = gym.make("GuessNumber-v0")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(env.unwrapped)
-    assert [str(w.message) for w in caught] == []
-    env_a, env_b = gym.make("GuessNumber-v0"), gym.make("GuessNumber-v0")
-    obs_a, info_a = env_a.reset(seed=11)
-    obs_b, info_b = env_b.reset(seed=11)
-    assert obs_a == obs_b and info_a["task"] == info_b["task"]
-    while True:
-        action = env_a.unwrapped.oracle_action()
-        step_a, step_b = env_a.step(action), env_b.step(action)
-        assert step_a[:4] == step_b[:4] and step_a[4]["messages"] == step_b[4]["messages"]
-        if step_a[2] or step_a[3]:
-            break
-
-
-def test_oracle_solves_every_val_task_and_random_is_far_below() -> None:
-    env = gym.make("GuessNumber-v0")
-    tasks = env.unwrapped.tasks("val")
-    oracle_wins = sum(
-        play_text_episode(
-            env, lambda e, o, i: e.unwrapped.oracle_action(), options={"split": "val", "index": i}
-        )[0]
-        == 1.0
-        for i in range(len(tasks))
-    )
-    assert oracle_wins == len(tasks)
+def test_random_policy_stays_under_five_percent() -> None:
+    tasks = gym.make("GuessNumber-v0").unwrapped.tasks("val")
     groups = collect_groups(
         GuessNumberEnv, list(tasks), RandomPolicy(seed=0), max_turns=12, action_format="hermes"
     )

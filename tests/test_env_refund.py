@@ -1,5 +1,6 @@
 """Refund-v0: the store API, the behaviour-blend reward on hand-made transcripts, stateless
-replay, hostile actions, splits, determinism, check_env and the oracle / random floors."""
+replay, hostile actions, splits and the random floor (tests/test_registry.py checks every
+registered env for check_env, determinism, pickling and the oracle)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import doctest
 import importlib
 import json
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 import llm_gym  # noqa: F401  (registers the environments)
 from llm_gym.core.task import Task
@@ -472,30 +471,13 @@ def test_parse_action_limits_and_think_blocks() -> None:
 # --- the environment through llm_gym --------------------------------------------------------------
 
 
-def test_check_env_and_registration() -> None:
+def test_registration() -> None:
     env = gym.make("Refund-v0")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(env.unwrapped)
-    assert [str(w.message) for w in caught] == []
     assert env.unwrapped.version == VERSION == RefundEnv.version == "0"
     observation, info = env.reset(seed=0)
     assert POLICY.splitlines()[0] in observation and '"name": "refund_order"' in observation
     assert info["tool_specs"] == TOOL_SPECS
     assert isinstance(env.unwrapped.inner_env, MultiTurnEnvAdapter)
-
-
-def test_same_seed_same_episode() -> None:
-    env_a, env_b = gym.make("Refund-v0"), gym.make("Refund-v0")
-    for seed in (0, 7):
-        assert env_a.reset(seed=seed)[0] == env_b.reset(seed=seed)[0]
-        while True:
-            action = env_a.unwrapped.oracle_action()
-            step_a, step_b = env_a.step(action), env_b.step(action)
-            assert step_a[:4] == step_b[:4] and step_a[4]["messages"] == step_b[4]["messages"]
-            if step_a[2] or step_a[3]:
-                assert step_a[1] == 1.0
-                break
 
 
 def test_turn_cap_ends_and_scores_the_episode() -> None:
@@ -510,12 +492,7 @@ def test_turn_cap_ends_and_scores_the_episode() -> None:
     assert reward == 0.5  # authenticated and safe, never resolved
 
 
-def test_oracle_solves_val_and_random_stays_far_below() -> None:
-    oracle = run_and_report(
-        "Refund-v0", "oracle", split="val", episodes=60, progress=False, print_report=False
-    )
-    assert oracle.metrics["success_rate"] >= 0.99
-    assert oracle.metrics["reward_mean"] == 1.0
+def test_random_stays_under_five_percent() -> None:
     floor = run_and_report(
         "Refund-v0", "random", split="val", episodes=60, progress=False, print_report=False
     )

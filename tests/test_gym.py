@@ -299,3 +299,25 @@ def test_sync_env_runs_without_coroutines_in_text_env_and_as_an_async_env() -> N
     assert result.messages[-1]["content"] == "seen 1" and not result.terminated
     asyncio.run(other.close())
     assert other.closed == 1
+
+
+# --- gym.make arguments ---------------------------------------------------------------------------
+
+
+def test_gym_make_names_an_unknown_argument_and_what_is_taken() -> None:
+    with pytest.raises(InvalidArgumentError, match="Did you mean 'max_turns'") as caught:
+        gym.make("ToolUseGame-v0", max_turn=3)
+    assert "env_kwargs" in str(caught.value) and "'split'" in str(caught.value)
+    with pytest.raises(InvalidArgumentError, match=r"'dataset'.*'max_turns'"):
+        gym.make("RG-ChainSum-v0", zzz=1)  # a subclass: its keywords and TextEnv's
+
+
+def test_tasks_that_are_not_tasks_are_named_when_the_env_is_made() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"tasks\[1\] must be a Task"):
+        gym.make("ToolUseGame-v0", tasks=[Task("a"), 5])
+    with pytest.raises(InvalidArgumentError, match=r"tasks\['train'\] must be a sequence"):
+        gym.make("ToolUseGame-v0", tasks={"train": 5})
+    env = gym.make("ToolUseGame-v0", tasks=lambda split: [5])  # a source is code too
+    with pytest.raises(InvalidArgumentError, match="task 0 of the 'train' split"):
+        env.reset(seed=0)
+    assert gym.make("ToolUseGame-v0", tasks=["What is 2 + 2?"]).reset(seed=0)[0]

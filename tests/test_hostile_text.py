@@ -1,4 +1,5 @@
-"""Hostile text between environments and policies (issue 15, findings 3 and 4).
+"""Hostile text between environments and policies (:mod:`llm_gym.core.text`, the action formats,
+the episode driver).
 
 Every string that reaches a policy or an environment encodes to UTF-8 (surrogates become
 U+FFFD; NUL and other control characters are kept), and an action longer than the limit is a
@@ -7,14 +8,18 @@ parse failure that the environment never sees."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import pytest
 
 from llm_gym import Env, StepResult, Task, ToolEnv, TruncationCause, tool
-from llm_gym.core import FrozenMessage, clean_json, clean_message, clean_text
+from llm_gym.actions import get_action_format
+from llm_gym.core import FrozenMessage, clean_json, clean_message, clean_text, freeze_message
 from llm_gym.core.text import clean_messages
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym import TextEnv
 from llm_gym.policies import Generation, Policy, PolicyRequest
 from llm_gym.rollout import collect_groups
@@ -30,7 +35,7 @@ def encodes(value: object) -> bool:
     return True
 
 
-# --- the helpers ----------------------------------------------------------------------------
+# --- the helpers ----------------------------------------------------------------------------------
 
 
 def test_clean_text_replaces_each_surrogate_and_keeps_everything_else() -> None:
@@ -66,7 +71,7 @@ def test_clean_messages_copies_only_when_needed() -> None:
     assert cleaned is not None and cleaned[1] is messages[1] and encodes(cleaned)
 
 
-# --- environments that write invalid text -------------------------------------------------
+# --- environments that write invalid text ---------------------------------------------------------
 
 
 class Dirty(Env):
@@ -201,7 +206,7 @@ def test_tool_results_and_tool_errors_are_valid_and_bounded() -> None:
     assert len(long) < MAX_TOOL_RESULT_CHARS + 100 and long.endswith("chars]")
 
 
-# --- the action length limit ----------------------------------------------------------------
+# --- the action length limit ----------------------------------------------------------------------
 
 
 class Counting(ToolEnv):
@@ -254,7 +259,7 @@ def test_max_action_chars_is_checked() -> None:
         EpisodeDriver(lambda task: Counting(), max_action_chars=0)
 
 
-# --- surrogates the model writes as JSON escapes --------------------------------------------
+# --- surrogates the model writes as JSON escapes --------------------------------------------------
 
 ESCAPED = '"\\ud800 x \\udfff"'  # valid ASCII text that decodes to lone surrogates
 
@@ -291,3 +296,74 @@ def test_parsed_actions_decode_escaped_surrogates_to_valid_text(
     for call in parsed.tool_calls:  # what a tool gets once it decodes its arguments
         decoded += [call["function"]["name"], decode_arguments(call["function"]["arguments"])]
     assert encodes(decoded) and "\ufffd" in json.dumps(decoded, ensure_ascii=False)
+
+
+# --- model output: deeply nested tool-call arguments ----------------------------------------------
+
+DEEP_SURROGATE = "[" * 900 + '"\\ud800"' + "]" * 900
+
+
+@pytest.mark.parametrize("format_name", ["hermes", "json"])
+def test_deep_arguments_with_an_escaped_surrogate_parse(format_name: str) -> None:
+    body = '{"name": "calculator", "arguments": {"expression": ' + DEEP_SURROGATE + "}}"
+    text = f"<tool_call>{body}</tool_call>" if format_name == "hermes" else body
+    parsed = get_action_format(format_name).parse(text)  # raised RecursionError
+    assert parsed.is_tool_calls or parsed.is_failure
+    json.dumps(parsed.message, ensure_ascii=False).encode("utf-8")
+    answer = get_action_format("json").parse('{"answer": ' + DEEP_SURROGATE + "}")
+    assert answer.is_final and "\ufffd" in answer.message["content"]
+
+
+def test_clean_json_walks_any_depth_copies_shared_values_and_refuses_cycles() -> None:
+    deep = json.loads(DEEP_SURROGATE)
+    cleaned = clean_json(deep)
+    for _ in range(900):
+        cleaned = cleaned[0]
+    assert cleaned == "\ufffd"
+    shared = ["x\ud800"]
+    assert clean_json({"a": shared, "b": (shared,)}) == {"a": ["x\ufffd"], "b": (["x\ufffd"],)}
+    ok = ["fine"]
+    assert clean_json([ok, ok]) == [ok, ok]  # shared and valid: an equal copy
+    cycle: list[Any] = ["\ud800"]
+    cycle.append(cycle)
+    with pytest.raises(InvalidArgumentError, match="contains itself"):
+        clean_json(cycle)
+    assert freeze_message({"role": "tool", "content": "x", "deep": json.loads(DEEP_SURROGATE)})
+
+
+def test_a_deep_surrogate_argument_is_an_episode_outcome() -> None:
+    env = gym.make("ToolUseGame-v0")
+    try:
+        env.reset(seed=0)
+        action = '{"name": "lookup", "arguments": {"key": ' + DEEP_SURROGATE + "}}"
+        observation, reward, _, _, info = env.step(f"<tool_call>{action}</tool_call>")
+        assert "tool_error" in observation or info.get("truncation_cause") == "parse_failure"
+        assert math.isfinite(reward)
+    finally:
+        env.close()
+
+
+def test_freeze_message_is_the_iterative_copy_at_any_depth() -> None:
+    from llm_gym.core.types import FrozenMessage, rebuild_nested
+
+    def build(container: Any, kids: list[Any]) -> Any:
+        if isinstance(container, dict):
+            return FrozenMessage(zip(kids[::2], kids[1::2], strict=True))
+        return tuple(kids)
+
+    def iterative(message: Any) -> Any:  # what freeze_message returned for every message
+        return rebuild_nested(message, lambda leaf: leaf, build)
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    shared = [1, 2]
+    for message in (
+        {"role": "assistant", "content": "x", "tool_calls": [call, call]},  # recursion's path
+        {"role": "tool", "content": "x", "a": shared, "b": (shared, {(1, 2): None})},
+        {"role": "tool", "content": "x", "deep": json.loads("[" * 500 + "]" * 500)},  # the loop's
+    ):
+        frozen = freeze_message(message)
+        assert frozen == iterative(message) and type(frozen) is FrozenMessage
+    looped: dict[str, Any] = {"role": "tool", "content": "x"}
+    looped["tool_calls"] = [{"again": looped}]
+    with pytest.raises(InvalidArgumentError, match="contains itself"):
+        freeze_message(looped)

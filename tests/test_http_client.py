@@ -1,5 +1,5 @@
-"""The HTTP client under OpenAIPolicy and EndpointTeacher (issue 15, finding 7) against a stub
-server: the response size cap, non-JSON and wrong-shaped answers (a table, and a seeded fuzz of
+"""The HTTP client under OpenAIPolicy and EndpointTeacher (:mod:`llm_gym.policies.http`) against a
+stub server: the response size cap, non-JSON and wrong-shaped answers (a table, and a seeded fuzz of
 the parser), per-request failure isolation in a collection, fatal refusals, keep-alive,
 cancellation, use from several event loops, and the request side (headers, proxies, text)."""
 

@@ -169,3 +169,33 @@ def test_a_cached_build_record_that_is_a_fifo_counts_as_missing(tmp_path: Path) 
     (tmp_path / "build_info.json").unlink()
     (tmp_path / "build_info.json").write_text("[" * 100_000)
     assert read_build_info(tmp_path) is None  # a parser's RecursionError is no ValueError
+
+
+TASK_FILES = {
+    "nested too deeply": (b'{"prompt": "x", "metadata": ' + b"[" * 100_000 + b"}", "deeply"),
+    "not UTF-8": (b'{"prompt": "\xff"}', "codec can't decode"),
+    "metadata as a list": (b'{"prompt": "x", "metadata": [1]}', "metadata must be a mapping"),
+    "an id as a dict": (b'{"prompt": "x", "id": {"a": 1}}', "Task.id must be"),
+    "5,000 digits": (b'{"prompt": "x", "target": ' + b"9" * 5000 + b"}", "digits"),
+    "no prompt": (b'{"target": 1}', "needs a 'prompt'"),
+}
+
+
+@pytest.mark.parametrize("name", list(TASK_FILES))
+def test_hostile_task_files_name_the_line(name: str, tmp_path: Path) -> None:
+    from trainers.train import load_tasks
+
+    row, message = TASK_FILES[name]
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "fine"}\n\n' + row + b"\n")  # a BOM is fine
+    with pytest.raises(InvalidArgumentError, match=message) as caught:
+        load_tasks(path)
+    assert f"{path}:3:" in str(caught.value)
+
+
+def test_task_file_that_is_a_directory_is_named(tmp_path) -> None:
+    from llm_gym import InvalidArgumentError
+    from trainers.train import load_tasks
+
+    with pytest.raises(InvalidArgumentError, match="is a directory"):
+        load_tasks(tmp_path)

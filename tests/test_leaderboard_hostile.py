@@ -230,3 +230,20 @@ def test_two_processes_adding_to_one_leaderboard_keep_every_record(tmp_path: Pat
         assert worker.exitcode == 0
     policies = {r.policy for r in lb.load_records(path)}
     assert policies == {f"{p}:{i}" for p in "ab" for i in range(25)}  # none lost to a race
+
+
+def test_leaderboard_refuses_a_turn_limit_of_zero(tmp_path) -> None:
+    """``--max-turns 0`` ran each env at its registered limit and filed the records under 0."""
+    from llm_gym import InvalidArgumentError
+    from llm_gym.eval import leaderboard_run
+
+    args = leaderboard_run.Args(
+        envs=["Math-v0"],
+        policies=["oracle"],
+        episodes=2,
+        out_dir=tmp_path,
+        progress=False,
+        max_turns=0,
+    )
+    with pytest.raises(InvalidArgumentError, match="max_turns must be None"):
+        leaderboard_run.main(args, runner=lambda *a, **k: pytest.fail("ran"))

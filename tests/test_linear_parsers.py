@@ -1,4 +1,4 @@
-"""Every parser of model (or environment) text is linear (issue 15, finding 4).
+"""Every parser of model (or environment) text is linear.
 
 Each parser runs on about 1 MB of adversarial text (repeated openers, unclosed tags, nested
 braces, long digit runs, surrogates...) and must return within a loose bound: a linear parser

@@ -1,4 +1,5 @@
-"""The OpenEnv integration's hostile-input campaign, both ways, on loopback only.
+"""The OpenEnv integration (:mod:`llm_gym.integrations`) under hostile input, both ways, on
+loopback only.
 
 A hostile client against ``serve-env`` (:mod:`llm_gym.integrations.openenv_server`): raw
 WebSocket frames (not JSON, not an object, binary, nested 100,000 deep, a 9 MB bomb of empty
@@ -18,39 +19,39 @@ rewards, lists for metrics, never answers, closes mid-frame or ignores the close
 a hostile task listing. ``RemoteEnv`` must raise ``RemoteEnvError`` (or return a clean
 ``StepResult``) within its deadline, and nothing non-finite or malformed may reach the loop.
 
-What broke before the fix (measured on the code as first written), and the fix (the protocol
-module's ``read_frame``/``FrameGuard``/``check_*``, the server's ``ServedEnv``, the client's
-``RemoteEnv``/``RemoteTasks``):
+What holds (the protocol module's ``read_frame``/``FrameGuard``/``check_*``, the server's
+``ServedEnv``, the client's ``RemoteEnv``/``RemoteTasks``; the measured cost of each attack
+without its check is in ``benchmarks/results/README.md``):
 
-=================================  ======================================  =====================
-attack                             before                                  now
-=================================  ======================================  =====================
-frame a list/null/string, binary,  session ended: ``'list' object has no   ``FrameGuard`` reads
-nested 30,000 deep, 5,000 digits   attribute 'get'``, KeyError, Recursion  each frame first: an
-                                   or ValueError in OpenEnv's handler      error, session lives
-16 MB of ``[],`` (WS frame)        1.9 s of the shared loop, 420 MB        values counted in the
-``/reset`` body of 9 MB of ``[],`` 13 s of the loop, 9 MB echoed back      text first (0.1 s);
-NaN anywhere (``/reset`` body)     ``NaN`` sent as JSON; a 500             refused, named
-lone surrogate in an action        step ran, reply failed, session ended   replaced (U+FFFD)
-``type: mcp``, ``POST /mcp``       MCP sessions nobody closes (a leak)     refused (404, 1008)
-idle connection                    reaped after >= 5 s, socket kept open,  closed at
-                                   the reaped session still playable       ``idle_timeout_s``
-``task_id: [1]``, ``episode_id``   ``unhashable type``; a reset half done  checked before the
-``[1]``                            (next step: AttributeError)             episode is touched
-env: NaN or text reward, bad       ``reward: NaN`` sent; raw errors; the   ``check_step``; the
-messages, a raising step           episode kept going                      episode closed
-HTTP ``/reset`` bad args, ``/step``  500 Internal Server Error               422 with the reason
-RemoteEnv: a list frame, deep      raw AttributeError, RecursionError,     every failure of an
-JSON, a huge int                   ValueError out of ``reset``/``step``    exchange: remote
-RemoteEnv: NaN/text reward, done   NaN reached the loop; ``"1.0"`` became  ``check_observation``
-``"yes"``, metrics a list, start   0.0, ``"yes"`` True, metrics {}; start  (models), before the
--1, bad messages or tool specs     -1 rewrote history; non-dicts dropped   conversation changes
-RemoteEnv: 17 MB frame             read (client limit 100 MB)              16 MiB, both sides
-RemoteEnv: close ignored           ~12 s (websockets' close_timeout)       bounded, then cut
-listing: not JSON, bad tasks,      raw JSONDecodeError; ids ``"None"``;    ``read_frame`` +
-drip-fed, oversized                ~10 s for 200 bytes dripped; no cap     ``check_listing``;
-                                                                           deadline, 64 MiB cap
-=================================  ======================================  =====================
+==================================  ========================================
+attack                              what holds
+==================================  ========================================
+frame a list/null/string, binary,   ``FrameGuard`` reads
+nested 30,000 deep, 5,000 digits    each frame first: an
+                                    error, session lives
+16 MB of ``[],`` (WS frame)         values counted in the
+``/reset`` body of 9 MB of ``[],``  text first
+NaN anywhere (``/reset`` body)      refused, named
+lone surrogate in an action         replaced (U+FFFD)
+``type: mcp``, ``POST /mcp``        refused (404, 1008)
+idle connection                     closed at
+                                    ``idle_timeout_s``
+``task_id: [1]``, ``episode_id``    checked before the
+``[1]``                             episode is touched
+env: NaN or text reward, bad        ``check_step``; the
+messages, a raising step            episode closed
+HTTP ``/reset`` bad args, ``/step``  422 with the reason
+RemoteEnv: a list frame, deep       every failure of an
+JSON, a huge int                    exchange: remote
+RemoteEnv: NaN/text reward, done    ``check_observation``
+``"yes"``, metrics a list, start    (models), before the
+-1, bad messages or tool specs      conversation changes
+RemoteEnv: 17 MB frame              16 MiB, both sides
+RemoteEnv: close ignored            bounded, then cut
+listing: not JSON, bad tasks,       ``read_frame`` +
+drip-fed, oversized                 ``check_listing``;
+                                    deadline, 64 MiB cap
+==================================  ========================================
 """
 
 from __future__ import annotations

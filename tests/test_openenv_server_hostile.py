@@ -408,3 +408,62 @@ def test_serve_env_checks_max_connections_and_the_cli_passes_it(monkeypatch) -> 
         with pytest.raises(KeyboardInterrupt):
             args.func(args, None)
         assert given.get("max_connections", DEFAULT_MAX_CONNECTIONS) == expected
+
+
+# --- serve-env: refused input is not echoed -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env_server() -> Any:
+    pytest.importorskip("openenv")
+    from llm_gym.integrations.openenv_server import serve_env
+
+    with serve_env("ToolUseGame-v0", port=0, max_sessions=2) as running:
+        yield running
+
+
+def test_serve_env_validation_errors_do_not_echo_the_input(env_server: Any) -> None:
+    import httpx
+    from websockets.asyncio.client import connect
+
+    huge = "x" * 2_000_000
+    step = {"type": "step", "data": {"message": {"content": huge}}}
+
+    async def over_ws(url: str) -> list[str]:
+        async with connect(url.replace("http://", "ws://") + "/ws", max_size=None) as ws:
+            answers = []
+            for frame in ({"type": "reset", "data": {"seed": 0}}, step):
+                await ws.send(json.dumps(frame))
+                answers.append(await asyncio.wait_for(ws.recv(), 10))
+            return answers
+
+    _, refused = asyncio.run(over_ws(env_server.url))
+    assert len(refused) < 600 and "string_too_long" in refused
+    for path, body in (("/step", {"action": {"message": {"content": huge}}}),
+                       ("/reset", {"episode_id": "e" * 100_000})):  # fmt: skip
+        answer = httpx.post(env_server.url + path, json=body, timeout=10)
+        assert answer.status_code == 422 and len(answer.text) < 600, answer.text[:200]
+        assert answer.json()["detail"][0]["type"] == "string_too_long"
+
+
+@pytest.mark.parametrize("seed", [True, "12", 1.0])
+def test_serve_env_takes_only_a_json_integer_seed(env_server: Any, seed: Any) -> None:
+    import httpx
+    from websockets.asyncio.client import connect
+
+    answer = httpx.post(env_server.url + "/reset", json={"seed": seed}, timeout=10)
+    assert answer.status_code == 422 and "integer seed" in answer.text  # pydantic's lax mode
+    assert json.dumps(seed) in answer.json()["detail"]  # no lax coercion of true or "12"
+
+    async def over_ws(url: str) -> list[Any]:
+        async with connect(url.replace("http://", "ws://") + "/ws") as ws:
+            answers = []
+            for data in ({"seed": seed}, {"seed": 3}):
+                await ws.send(json.dumps({"type": "reset", "data": data}))
+                answers.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+            return answers
+
+    refused, opened = asyncio.run(over_ws(env_server.url))
+    assert refused["type"] == "error" and "integer seed" in refused["data"]["message"]
+    assert opened["type"] == "observation"  # the session goes on
+    assert httpx.post(env_server.url + "/reset", json={"seed": 3}, timeout=10).is_success

@@ -309,3 +309,18 @@ def test_train_py_keeps_every_set_override() -> None:
         ["--config", "c.yaml", "--set", "output_dir=/x", "--set", "a=1", "b=2"]
     )
     assert args.set == ["output_dir=/x", "a=1", "b=2"]
+
+
+def test_the_pipeline_names_a_grpo_typo_before_any_model_work(tmp_path) -> None:
+    pytest.importorskip("trl")
+    from trainers.pipeline import build_grpo_config
+
+    config = PipelineConfig(output_dir=str(tmp_path), grpo={"max_turnz": 3})
+    with pytest.raises(InvalidArgumentError, match="Did you mean 'max_turns'"):
+        build_grpo_config(config, "tiny", max_turns=3, use_cpu=True)
+    config = PipelineConfig(output_dir=str(tmp_path), grpo={"output_dir": "x"})
+    with pytest.raises(InvalidArgumentError, match="grpo may not set"):
+        build_grpo_config(config, "tiny", max_turns=3, use_cpu=True)
+    source = (Path(__file__).parents[1] / "trainers" / "pipeline.py").read_text()
+    early = source.index("build_grpo_config(config, config.model")
+    assert early < source.index("build_tiny_model(")  # checked before the model is built

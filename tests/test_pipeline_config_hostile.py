@@ -15,6 +15,7 @@ file                       FileExistsError as an unexpected error      the path
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,73 @@ def test_an_output_dir_that_is_a_file_is_refused_before_any_other_check(tmp_path
     config = PipelineConfig(env="NoSuchEnv-v0", output_dir=str(taken))  # the env comes later
     with pytest.raises(InvalidArgumentError, match="exists and is not a folder"):
         check_pipeline(config)
+
+
+# --- train.py configs and task files --------------------------------------------------------------
+
+LAUGHS = "".join(
+    f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}" if i else "x"] * 10) + "]\n" for i in range(9)
+)
+YAML_CONFIGS = {
+    "a list": ("- 1\n- 2", "a config is a mapping"),
+    "a string": ("hello", "a config is a mapping"),
+    "sft as a list": ("sft: [1]", "sft must be a mapping"),
+    "evaluation as a number": ("evaluation: 3", "evaluation must be a mapping"),
+    "grpo as a list": ("grpo: [1]", "grpo must be a mapping"),
+    "seed as text": ("seed: abc", "seed must be an integer"),
+    "a duplicate key": ("seed: 1\nseed: 2", "duplicate key 'seed'"),
+    "a duplicate nested key": ("grpo: {a: 1, a: 2}", "duplicate key 'a'"),
+    "billion laughs": (LAUGHS, "expands to more than 100,000 values"),
+    "a value containing itself": ("grpo: &a {x: *a}", "contains itself"),
+    "a python tag": ('grpo: !!python/object/apply:os.system ["echo pwned"]', "python/object"),
+    "a tab": ("seed:\t1", "not valid YAML"),
+    "a NUL": ("seed: 1\x00", "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("name", list(YAML_CONFIGS))
+def test_hostile_configs_are_named_errors(name: str, tmp_path: Path) -> None:
+    from trainers.pipeline_config import load_config
+
+    text, message = YAML_CONFIGS[name]
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    start = time.perf_counter()
+    with pytest.raises(InvalidArgumentError, match=message) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_config_overrides_and_merge_keys(tmp_path: Path) -> None:
+    from trainers.pipeline_config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("env: ToolUseGame-v0\ngrpo: {<<: {a: 1, b: 1}, b: 2}\n")
+    assert load_config(path).grpo == {"a": 1, "b": 2}  # a merge key, then an override
+    with pytest.raises(InvalidArgumentError, match="env is 'ToolUseGame-v0', not a mapping"):
+        load_config(path, {"env.x": 1})
+
+
+CONFIG_VALUES = {
+    "sft batch 0": ("sft: {batch_size: 0}", "sft.batch_size must be an integer >= 1"),
+    "sft episodes text": ("sft: {episodes: many}", "sft.episodes must be an integer"),
+    "sft learning rate NaN": ("sft: {learning_rate: .nan}", "sft.learning_rate must be a"),
+    "sft scheduler typo": ("sft: {lr_scheduler_type: cosin}", "'cosine', 'linear' or"),
+    "sft options a list": ("sft: {oracle_options: [1]}", "sft.oracle_options must be a"),
+    "evaluation episodes true": ("evaluation: {episodes: true}", "evaluation.episodes"),
+    "evaluation split a number": ("evaluation: {split: 3}", "evaluation.split must be a str"),
+    "seed past numpy": ("seed: 1099511627776", r"seed must be an integer in \[0, 4294967295\]"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIG_VALUES))
+def test_config_values_are_checked_at_load(name: str, tmp_path: Path) -> None:
+    from trainers.pipeline_config import load_config
+
+    text, message = CONFIG_VALUES[name]
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgumentError, match=message) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}: ")

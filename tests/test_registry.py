@@ -6,13 +6,18 @@ A new environment is covered by registering it.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import pickle
+import time
 import warnings
+from typing import Any
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym import env_entry
 from llm_gym.policies import PolicyRequest, RandomPolicy
 from tests.conftest import ENV_IDS, play_text_episode
@@ -143,3 +148,74 @@ def test_token_budget_comes_from_registration_then_env_then_default() -> None:
     assert as_env_entry(Undeclared).token_budget() == (DEFAULT_MAX_TOKENS_PER_TURN, "default")
     with pytest.raises(InvalidArgumentError, match=r"Broken\.max_tokens_per_turn must be"):
         as_env_entry(Broken).token_budget()
+
+
+# --- every environment, reset and step ------------------------------------------------------------
+
+
+def _call(name: str, arguments: Any) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def hostile_actions(tool_specs: list[dict[str, Any]]) -> dict[str, str]:
+    actions = {
+        "empty": "",
+        "whitespace": " \n\t ",
+        "NaN": "NaN",
+        "-inf": "-inf",
+        "huge number": "9" * 5000,
+        "1e999": "Answer: 1e999",
+        "control characters": "\x00\x01\x1b[2J\x7f\u202e321\u202c",
+        "full-width answer": "\uff21\uff2e\uff33\uff37\uff25\uff32: \uff11\uff12\uff13",
+        "Arabic-Indic digits": "\u0663\u0664\u0665",
+        "1 MB": "a" * 1_000_000,
+        "deep JSON tool call": "<tool_call>" + "[" * 100_000 + "</tool_call>",
+        "unknown tool": _call("__init__", {}),
+        "huge tool name": _call("x" * 100_000, {}),
+    }
+    deep = json.loads("[" * 400 + "]" * 400)
+    for spec in tool_specs:
+        name = spec["function"]["name"]
+        keys = list((spec["function"].get("parameters") or {}).get("properties") or {}) or ["x"]
+        values = {"nan": math.nan, "inf": math.inf, "huge int": 10**300, "nested": deep,
+                  "null": None, "long str": "x" * 100_000}  # fmt: skip
+        for label, value in values.items():
+            actions[f"{name}({label})"] = _call(name, dict.fromkeys(keys, value))
+        actions[f"{name} x40"] = _call(name, dict.fromkeys(keys, "1")) * 40  # over the 32 cap
+        actions[f"{name} look-alike"] = _call(
+            name.replace("a", "\u0430").replace("o", "\u043e"), {}
+        )
+        actions[f"{name} arguments list"] = _call(name, [1, 2])
+    return actions
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_every_env_survives_hostile_actions(env_id: str) -> None:
+    env = gym.make(env_id)
+    try:
+        _, info = env.reset(seed=2**70)
+        for label, action in hostile_actions(info["tool_specs"]).items():
+            env.reset(seed=0)
+            start = time.perf_counter()
+            observation, reward, terminated, truncated, info = env.step(action)
+            took = time.perf_counter() - start
+            assert took < 3.0, f"{label}: {took:.1f} s"
+            assert isinstance(reward, float) and math.isfinite(reward), label
+            assert isinstance(observation, str), label
+            json.dumps(info.get("messages", []), ensure_ascii=False).encode("utf-8")
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_hostile_reset_arguments_are_named_errors(env_id: str) -> None:
+    env = gym.make(env_id)
+    try:
+        env.reset(seed=2**70)  # a seed past 64 bits is fine
+        for options in ({"index": 2**70}, {"index": 1.0}, {"split": "train\x00"}, {"zzz": 1}, [1]):
+            with pytest.raises(InvalidArgumentError):
+                env.reset(options=options)  # type: ignore[arg-type]
+        with pytest.raises(gym.error.Error):
+            env.reset(seed=-1)
+    finally:
+        env.close()

@@ -1,6 +1,6 @@
 """The server's request checks, without a model: every bad field is a 4xx that names it.
 
-One test per class of bad input (the hostile-input campaign's findings and their siblings):
+One test per class of bad input:
 out-of-range numbers, wrong types, client templates and template options, tools of a bad shape,
 bodies that are not UTF-8 / not JSON / too deep / hold lone surrogates / are not objects.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +254,7 @@ def test_a_bad_completion_field_is_a_400_naming_it(fields: dict[str, Any], param
     assert info.value.status == 400 and info.value.param == param
 
 
-# --- bodies ----------------------------------------------------------------------------------
+# --- bodies ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -301,7 +302,7 @@ def test_a_body_just_within_the_limits_is_accepted() -> None:
     assert body["b"] == "\U0001f600"
 
 
-# --- the text of a generation --------------------------------------------------------------
+# --- the text of a generation ---------------------------------------------------------------------
 
 
 class CharTokenizer:
@@ -404,3 +405,112 @@ def test_the_serving_guide_lists_every_openai_chat_field() -> None:
     openai_fields = set(params.CompletionCreateParamsStreaming.__annotations__)
     assert openai_fields - listed == set()
     assert (set(UNHONOURED_FIELDS) | set(CHAT_UNHONOURED_FIELDS)) - listed == set()
+
+
+# --- serving: bodies and the JSON inside them -----------------------------------------------------
+
+
+def test_a_body_of_a_million_empty_lists_is_refused_before_decoding() -> None:
+    from llm_gym.serving.body import MAX_JSON_VALUES, decode_json_body
+    from llm_gym.serving.protocol import APIError
+
+    raw = b'{"model": "m", "messages": [' + b"[]," * 1_100_000 + b"[]]}"
+    start = time.perf_counter()
+    with pytest.raises(APIError, match="too many JSON values") as caught:
+        decode_json_body(raw)
+    assert caught.value.status == 400 and time.perf_counter() - start < 0.5
+    ids = b'{"model": "m", "prompt": [' + b"1," * 200_000 + b"1]}"  # a long prompt of ids
+    assert len(decode_json_body(ids)["prompt"]) == 200_001 < MAX_JSON_VALUES
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"x": "\\ud800"}', '{"x": NaN}', '{"x": ' + "[" * 900 + "]" * 900 + "}", "not json"],
+)
+def test_tool_call_arguments_that_break_the_body_rules_stay_text(arguments: str) -> None:
+    from llm_gym.serving.chat_protocol import parse_chat_request
+
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    request = parse_chat_request({"model": "m", "messages": [message]}, "m")
+    assert request.messages[0]["tool_calls"][0]["function"]["arguments"] == arguments
+    ok = {**call, "function": {"name": "f", "arguments": '{"x": [1]}'}}
+    request = parse_chat_request({"model": "m", "messages": [{**message, "tool_calls": [ok]}]}, "m")
+    assert request.messages[0]["tool_calls"][0]["function"]["arguments"] == {"x": [1]}
+
+
+# --- llm-gym serve: known fields it cannot honour -------------------------------------------------
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "m", "prompt": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", {"50256": -100}),  # a banned token came back
+        ("logit_bias", {str(i): 1 for i in range(10_000)}),
+        ("logit_bias", []),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", float("nan")),
+        ("best_of", 4),
+        ("top_k", 40),
+        ("top_k", True),
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.3),
+        ("min_tokens", 50),
+        ("ignore_eos", True),
+        ("skip_special_tokens", False),
+        ("stop_token_ids", [2]),
+        ("guided_json", {"type": "object"}),
+        ("guided_choice", ["yes", "no"]),
+    ],
+)
+def test_serve_refuses_sampling_fields_it_would_ignore(field: str, value: object) -> None:
+    """Both endpoints refuse a field they cannot honour (an answer generated as if it were absent
+    would be wrong for a client that relies on it): a 400 names the field and the values that
+    are fine."""
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.protocol import APIError, parse_completion_request
+
+    for parse, body in ((parse_chat_request, CHAT), (parse_completion_request, COMPLETION)):
+        with pytest.raises(APIError) as info:
+            parse({**body, field: value}, "m")
+        assert info.value.status == 400 and info.value.param == field
+        assert f"'{field}' is not supported by this server" in info.value.message
+        assert len(info.value.message) < 300
+
+
+def test_serve_accepts_the_neutral_values_of_those_fields() -> None:
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.protocol import APIError, parse_completion_request
+
+    neutral = {
+        "logit_bias": {},
+        "parallel_tool_calls": True,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0,
+        "best_of": 1,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "ignore_eos": False,
+        "guided_json": None,
+    }
+    parse_chat_request({**CHAT, **neutral}, "m")
+    parse_completion_request({**COMPLETION, **neutral, "suffix": ""}, "m")
+    parse_completion_request({**COMPLETION, "prompt_logprobs": 1}, "m")  # honoured there
+    with pytest.raises(APIError, match="'prompt_logprobs' is not supported"):
+        parse_chat_request({**CHAT, "prompt_logprobs": 1}, "m")  # not on chat
+
+
+def test_serve_refuses_continuous_usage_stats_it_would_ignore() -> None:
+    from llm_gym.serving.chat_protocol import parse_chat_request
+    from llm_gym.serving.protocol import APIError
+
+    stream = {**CHAT, "stream": True}
+    with pytest.raises(APIError, match="continuous_usage_stats' is not supported") as info:
+        parse_chat_request({**stream, "stream_options": {"continuous_usage_stats": True}}, "m")
+    assert info.value.param == "stream_options.continuous_usage_stats"
+    options = {"include_usage": True, "continuous_usage_stats": False}
+    assert parse_chat_request({**stream, "stream_options": options}, "m").include_usage

@@ -1,5 +1,5 @@
-"""Issue 15's small findings and their siblings: hostile values are outcomes or clear errors,
-never a raw OverflowError/RecursionError, and reset options are checked whole."""
+"""Hostile values to the calculator, Code-v0's comparison and reset options: outcomes or clear
+errors, never a raw OverflowError/RecursionError, and reset options are checked whole."""
 
 from __future__ import annotations
 

@@ -185,3 +185,28 @@ def test_the_hasty_demonstrator_guesses_skips_the_calculator_or_acts_as_the_orac
     assert [hasty_oracle_action(t, []) for t in tasks[:30]] == [
         hasty_oracle_action(t, []) for t in tasks[:30]
     ]
+
+
+# --- task options: world_seed ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ([1], "[1]"),  # TypeError: unhashable type: 'list' (a traceback from llm-gym eval)
+        ({"a": 1}, "{'a': 1}"),
+        ("x" * 1_000_000, "'xxx"),  # the message shows a prefix
+        (10**5000, "an int of 16610 bits"),  # ValueError from the registry's cache key
+        (2**64, "18446744073709551616"),
+        (-1, "-1"),
+    ],
+    ids=["list", "dict", "1 MB text", "5,000 digits", "2**64", "negative"],
+)
+def test_world_seed_is_checked_before_any_cache(value: object, shown: str) -> None:
+    from llm_gym import InvalidArgumentError
+    from llm_gym.core.registry import env_entry
+
+    with pytest.raises(InvalidArgumentError, match="world_seed must be an int in") as info:
+        env_entry("ToolUseGame-v0").tasks("val", world_seed=value)
+    assert shown in str(info.value) and len(str(info.value)) < 200
+    assert len(env_entry("ToolUseGame-v0").tasks("val", world_seed=2**64 - 1)) == 200

@@ -610,3 +610,15 @@ def test_episodes_the_infrastructure_ended_neither_train_nor_enter_the_baseline(
     assert groups == [[ok, wrong]] and rewards == [[1.0, 0.0]]  # the all-void group is gone
     # the baseline is the mean of the two real episodes (0.5), not of three (0.33)
     assert per_episode_credit(rewards, [[None, None]], "none").episode == [[0.5, -0.5]]
+
+
+def test_advantages_refuse_what_is_not_finite() -> None:
+    from trainers.advantages import group_advantages, per_turn_group_advantages
+
+    with pytest.raises(InvalidArgumentError, match=r"rewards\[0\]\[1\] is nan"):
+        group_advantages([[1.0, math.nan]])
+    with pytest.raises(InvalidArgumentError, match=r"advantages\[0\]\[0\] is nan"):
+        group_advantages([[1e308, 1e308, -1e308]], "batch")  # finite rewards, overflowing sums
+    with pytest.raises(InvalidArgumentError, match="turn rewards"):
+        per_turn_group_advantages([[[1.0, math.inf], [0.0]]])
+    assert group_advantages([[1.0, 0.0]], "none") == [[0.5, -0.5]]

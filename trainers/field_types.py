@@ -1,10 +1,9 @@
 """One check for every config dataclass: each field holds a value of its annotated type.
 
-A config is read from YAML or written by hand, and a dataclass takes any value for any field: a
-``learning_rate: "x"`` or ``beta: "0.1"`` was accepted and failed deep in training (after the
-model was built and warm-started), ``per_device_train_batch_size: 0`` was a ZeroDivisionError
-and ``max_turns: true`` ran one turn. :func:`check_field_types` refuses such a value at once, with
-the field, the value and the type the field takes.
+A config is read from YAML or written by hand, and a dataclass takes any value for any field,
+so a ``learning_rate: "x"``, a ``beta: "0.1"`` or a ``max_turns: true`` would otherwise reach
+training after the model is built. :func:`check_field_types` refuses such a value when the config
+is built, with the field, the value and the type the field takes.
 
 Only what an annotation states plainly is checked: a field annotated with ``bool``, ``int``,
 ``float``, ``str``, a ``Literal``, or a union of these and ``None``. A field whose annotation

@@ -4,9 +4,9 @@ TRL's ``SFTTrainer`` calls the model with ``fused_lm_head=True`` (``trl.trainer.
 add_fused_lm_head``): the backbone, then the LM head in tiles that are recomputed in the backward,
 so the ``(rows, length, vocab)`` logits never exist. On Triton devices it projects only the
 positions whose next token is trained; elsewhere every position (fixed tile shapes for compilers
-such as Neuron's). On CPU that costs a tenth of a step of the tiny model, of whose SFT positions
-about 40% carry a label: interleaved over 6 rounds of 24 batches on a 2-core Xeon, a phase-1 step
-of the main job took 0.45 s instead of 0.50 s, a phase-2 step 0.55 s instead of 0.59 s.
+such as Neuron's). Off Triton, projecting only the labelled positions saves the head's work on
+every unlabelled one (most of an SFT row's prompt); the measured step times are in
+``benchmarks/results/README.md``.
 
 :func:`labelled_head_forward` computes the same :class:`~trl.trainer.utils.FusedCausalLMOutput`
 (``loss``, ``log_probs``, ``entropy``, ``is_top1``, ``label_mask``: the fields ``SFTTrainer``

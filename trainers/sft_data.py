@@ -210,7 +210,7 @@ def oracle_sft_dataset(
     """The oracle's transcripts as a conversational SFT dataset.
 
     Runs the oracle through :func:`llm_gym.rollout.collect_groups` (an
-    :class:`~llm_gym.rollout.OraclePolicy`; the action format renders its messages to text) and
+    :class:`~llm_gym.policies.OraclePolicy`; the action format renders its messages to text) and
     converts each episode with :func:`episode_to_messages`.
 
     Args:

@@ -1,6 +1,5 @@
 """The gymnasium face of llm_gym: ``TextEnv``, text spaces and registration."""
 
-from llm_gym.compat import moved_names
 from llm_gym.core.registry import EnvEntry, env_entry, registered_envs
 from llm_gym.gym.registration import register_env, unregister_env
 from llm_gym.gym.spaces import UnicodeText
@@ -18,8 +17,3 @@ __all__ = [
     "env_entry",
     "registered_envs",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {"SPLITS": "llm_gym.core.factories", "register_builtin_envs": "llm_gym.envs.builtin"},
-)

@@ -19,7 +19,6 @@ import gymnasium
 
 from llm_gym.actions import ActionFormat
 from llm_gym.aio import LoopRunner
-from llm_gym.compat import moved_names
 from llm_gym.core.env import Env
 from llm_gym.core.factories import (
     SPLITS,
@@ -45,16 +44,6 @@ from llm_gym.rollout.driver import (
 
 __all__ = ["TextEnv", "render_transcript"]
 
-__getattr__ = moved_names(
-    __name__,
-    {
-        "SPLITS": "llm_gym.core.factories",
-        "EnvFactory": "llm_gym.core.factories",
-        "TaskSource": "llm_gym.core.factories",
-        "resolve": "llm_gym.core.factories",
-        "DEFAULT_FAILED_PARSE_REWARD": "llm_gym.rollout.driver",
-    },
-)
 
 MAX_OBSERVATION_CHARS = 1_000_000
 

@@ -150,7 +150,7 @@ def default_corpus(max_tasks_per_env: int = 400, envs: Sequence[str] | None = No
 
     For each environment of :func:`llm_gym.gym.registered_envs` (or of ``envs``), the oracle plays
     up to ``max_tasks_per_env`` training tasks (through :func:`llm_gym.rollout.collect_groups` with
-    an :class:`~llm_gym.rollout.OraclePolicy`); each episode is rendered in the Qwen2.5 chat layout
+    an :class:`~llm_gym.policies.OraclePolicy`); each episode is rendered in the Qwen2.5 chat layout
     (system prompt, the ``# Tools`` section with the tool specs as JSON, the user prompt, the
     assistant's raw text in the environment's action format, the tool results). An environment
     without an oracle contributes its opening prompts. A small fixed English/ASCII/digits text comes

@@ -12,18 +12,15 @@ The logprobs a policy records are those of the masked distribution it sampled fr
 ``tool_choice`` / ``response_format`` and compiles it.
 
 Library: **llguidance** (``pip install llm-gym[grammar]``; the ``serve`` extra has it too).
-Both libraries vLLM uses were measured on CPU with SmolLM2's 49,152-token vocabulary
-(``benchmarks/constrained_decoding.py``, results in ``benchmarks/results/``): xgrammar takes
-~0.17 s per tokenizer, compiles a typical tool schema in ~6 ms and computes a mask in ~2 us;
-llguidance takes ~0.45 s per tokenizer, builds a matcher in <1 ms and computes a mask in
-~20 us. Both costs are far below one decode step of the smallest real model (SmolLM2-135M:
-~65 ms a token on two CPU cores; under a grammar the step took the same time). llguidance is
-chosen because (1) it has no heavy dependency (xgrammar pulls ``triton`` on Linux, a wheel of
-hundreds of megabytes, and its own torch requirement), (2) its lark grammars embed a JSON schema
-anywhere (``%json``), intersect and negate terminals and name special tokens, so each action
-format's call syntax, the tool's schema and "text without a call" are one grammar, and
-(3) its work is bounded per step (lexer fuel, Earley items), so a hostile grammar costs an
-error, not the model's thread.
+Both libraries vLLM uses cost, per tokenizer, per schema and per mask, far below one decode step of
+the smallest real model, so a grammar does not slow decoding
+(``benchmarks/constrained_decoding.py``; the numbers in
+``benchmarks/results/constrained_decoding.md``). llguidance is chosen because (1) it has no heavy
+dependency (xgrammar pulls ``triton`` on Linux, a wheel of hundreds of megabytes, and its own torch
+requirement), (2) its lark grammars embed a JSON schema anywhere (``%json``), intersect and negate
+terminals and name special tokens, so each action format's call syntax, the tool's schema and "text
+without a call" are one grammar, and (3) its work is bounded per step (lexer fuel, Earley items), so
+a hostile grammar costs an error, not the model's thread.
 """
 
 from __future__ import annotations
@@ -79,7 +76,7 @@ class LogitsConstraint(Protocol):
 def _limits() -> Any:
     from llguidance import LLParserLimits
 
-    # Below llguidance's defaults: a request's grammar gets ~20 ms of lexer work per step.
+    # Below llguidance's defaults, so one request's grammar cannot hold up a decode step.
     return LLParserLimits(
         initial_lexer_fuel=500_000,
         step_lexer_fuel=200_000,

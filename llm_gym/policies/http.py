@@ -3,8 +3,8 @@
 Why httpx (a base dependency): pooled connections with HTTP/1.1 keep-alive (one TCP and TLS
 handshake per connection, not per request), timeouts at every stage, and request and response
 parsing by a well-kept stack (the ``openai`` package is built on it) instead of a hand-driven
-``http.client`` exchange in a worker thread. It is imported on first use (it costs ~50 ms), so
-``import llm_gym`` does not pay for it.
+``http.client`` exchange in a worker thread. It is imported on first use, so ``import llm_gym``
+does not pay for it.
 
 :class:`JsonClient` POSTs JSON bodies to one URL and returns the decoded JSON answer:
 

@@ -50,7 +50,8 @@ T = TypeVar("T")
 
 DEFAULT_RENDER_DEADLINE_S = 10.0
 """Seconds one render of a chat template may take. A real template renders a conversation of
-the longest context in well under a second (SmolLM2's renders 1,000 messages in ~30 ms)."""
+the longest context in well under a second, so the deadline only stops a template that loops
+or recurses."""
 
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(

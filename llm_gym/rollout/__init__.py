@@ -3,7 +3,6 @@
 Policies (what writes the assistant's turns) live in :mod:`llm_gym.policies`.
 """
 
-from llm_gym.compat import moved_names
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.loop import RolloutSettings, RolloutStats, collect_groups, collect_groups_async
@@ -27,12 +26,3 @@ __all__ = [
     "TokenTracker",
     "episode_to_samples",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    dict.fromkeys(
-        ["Policy", "PolicyRequest", "Generation", "PolicyError", "PolicyStream", "RandomPolicy",
-         "OraclePolicy", "OpenAIPolicy", "HFPolicy"],
-        "llm_gym.policies",
-    ),
-)  # fmt: skip

@@ -29,7 +29,6 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat
 from llm_gym.aio import run_sync
-from llm_gym.compat import moved_names
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
@@ -63,8 +62,6 @@ __all__ = [
     "RolloutSettings",
     "RolloutStats",
 ]
-
-__getattr__ = moved_names(__name__, {"PolicyError": "llm_gym.policies"})
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ a tool-using history only with structured calls (gpt-oss, Mistral v0.3) gets pas
 sample at such a turn. Either way the ids trained are the sampled ones, as sampled.
 
 An opening (the messages an episode starts from) is rendered and tokenized once per tokenizer
-and content (:class:`OpeningCache`): a group's episodes open alike, and on a short episode the
-opening's render and encode of a ~400-token prompt cost as much as a third of its model time.
+and content (:class:`OpeningCache`): a group's episodes open alike, so each distinct opening is
+rendered and encoded once (its cost: ``benchmarks/results/README.md``).
 """
 
 from __future__ import annotations
@@ -274,8 +274,8 @@ class TokenTracker:
 
         With a ``limit`` (tokens of context), a reply that a prefix of its text already shows
         too long for it is not tokenized further: :attr:`overflow_tokens` is set and the stream
-        stays as it was (10 MB from an env took 17 s of the rollout's event loop to tokenize
-        before the context check cut the episode)."""
+        stays as it was. The tokenizer reads a bounded prefix, so a reply of any size costs the
+        event loop at most the encoding of that prefix."""
         self._raw.extend(messages)
         full = self._render(self._raw)
         if full.startswith(self._text):

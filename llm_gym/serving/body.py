@@ -6,8 +6,8 @@
 * bytes that are not UTF-8, and text that is not JSON (``NaN``, ``Infinity`` and numbers of more
   than Python's 4,300 digits included: they are not JSON numbers a client can mean);
 * JSON of more than about :data:`MAX_JSON_VALUES` values, counted in the text before it is
-  decoded (``[],`` is 3 bytes of text and 56 of memory: a 30 MB body of them took 2.3 GB and
-  37 s to decode and walk);
+  decoded (``[],`` is 3 bytes of text and 56 of memory, so memory and decoding time follow the
+  count of values, not the body's bytes);
 * JSON nested deeper than :data:`MAX_JSON_DEPTH` (a chat template or a tokenizer would recurse
   into it);
 * strings, keys included, that hold a lone UTF-16 surrogate (``"\\ud800"``): JSON allows the

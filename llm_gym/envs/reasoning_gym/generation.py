@@ -13,7 +13,7 @@ the dataset or generating one entry takes longer than ``timeout_s``
 :class:`~llm_gym.errors.InvalidArgumentError` that names the dataset, the config and the limit.
 
 The task source calls this once per split (the tasks are cached) and once per new config (a
-check that it builds), so a process pays a fork (about 10 ms) per split, not one per reset.
+check that it builds), so a process pays one fork per split, not one per reset.
 """
 
 from __future__ import annotations

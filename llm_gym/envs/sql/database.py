@@ -69,7 +69,7 @@ PROGRESS_INTERVAL = 1_000
 MEMORY_CHECK_EVERY = 10
 """Deadline checks between two memory checks."""
 WARM_UP_SQL = " UNION ALL ".join(f"SELECT NULL FROM {f}" for f in TABLE_VALUED_FUNCTIONS)
-"""Uses each of :data:`~llm_gym.envs.sql.guard.TABLE_VALUED_FUNCTIONS` once (0.2 ms)."""
+"""Uses each of :data:`~llm_gym.envs.sql.guard.TABLE_VALUED_FUNCTIONS` once."""
 MAX_FETCH_CHARS = 1_000_000
 """Characters of text and blob values fetched per query before the rest is cut (the output shows
 4,000): 51 rows of 199 values of 20,000 bytes took 240 MB and 1.3 s to fetch."""

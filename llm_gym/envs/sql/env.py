@@ -1,7 +1,7 @@
 """SQL-v0: answer a question about a per-task SQLite database through read-only SQL tools.
 
 Every task names a schema and a database seed (``task.metadata``); ``reset`` builds that database
-in memory (a few hundred rows, about a millisecond) and locks it read-only. The model explores it
+in memory (a few hundred rows) and locks it read-only. The model explores it
 with ``list_tables``, ``describe`` and ``query`` and then replies with only the answer. The
 module reads top to bottom: constants, scoring, the environment and its tools, the oracle.
 """

@@ -19,9 +19,9 @@ from llm_gym.errors import ToolArgumentError
 __all__ = ["MAX_EXPANDED_TOKENS", "check_expansion", "expanded_size", "fold_name"]
 
 MAX_EXPANDED_TOKENS = 50_000
-"""Tokens a query may grow to when each reference to a CTE is replaced by its body (about 20 ms of
-compilation). The task's reference queries have at most 64 tokens, and a legitimate query that
-names a CTE a few times stays far below."""
+"""Tokens a query may grow to when each reference to a CTE is replaced by its body (a bound on the
+query's compilation time). The task's reference queries have at most 64 tokens, and a legitimate
+query that names a CTE a few times stays far below."""
 
 
 _TOKEN = re.compile(

@@ -13,9 +13,9 @@ instruction). So:
   Every linear function then takes microseconds.
 * **Quadratic built-ins are checked per call** (:class:`CheckedFunctions`): ``LIKE``, ``GLOB``,
   ``instr``, ``replace`` and ``trim`` with a set of characters cost the product of two lengths
-  (up to ~60 ms at the limits); each call first checks the deadline. ``json_patch`` (quadratic in
-  keys) is not allowed. ``printf``/``format`` are checked too: ``%c`` with a repeat count loops
-  past the length limit (28 s for one call), so counts above it are lowered first
+  (tens of milliseconds at the limits); each call first checks the deadline. ``json_patch``
+  (quadratic in keys) is not allowed. ``printf``/``format`` are checked too: ``%c`` with a repeat
+  count loops past the length limit inside one instruction, so counts above it are lowered first
   (:mod:`llm_gym.envs.sql.printf`).
 * **Compilation** is bounded by the limits and, for common table expressions, by
   :mod:`llm_gym.envs.sql.expansion`.
@@ -25,7 +25,7 @@ instruction). So:
   ``fts3_tokenizer``, which returns a pointer and, with two arguments, installs one) and the
   read-only pragmas of :data:`READ_ONLY_PRAGMAS`.
 
-``tests/test_sql_hardening.py`` has one test per class of attack, with timings before and after.
+``tests/test_env_sql_hostile.py`` has one timed test per class of attack.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ SQLITE_LIMITS: dict[int, int] = {
 }
 """``Connection.setlimit`` values. The task databases' reference queries need far less (at most 72
 instructions, an expression depth under 10, no compound ``SELECT``); so do the queries a model
-writes to explore them (tested in ``tests/test_sql_hardening.py``)."""
+writes to explore them (tested in ``tests/test_env_sql_hostile.py``)."""
 
 _LIMIT_HINTS = (
     ("too big", f"values are limited to {MAX_VALUE_BYTES:,} bytes"),
@@ -174,8 +174,7 @@ ALLOWED_FUNCTIONS = frozenset(_FUNCTION_NAMES.split())
 """SQL functions a query may call: the core scalar, aggregate, window, date, math and JSON
 functions (some only in newer SQLite versions). Not: ``load_extension``, ``fts3_tokenizer``,
 ``fts5`` and the FTS and R*Tree helpers, ``sqlite_log``, ``sqlite_compileoption_*``,
-``changes``, and ``json_patch`` (quadratic in the number of keys: 36 ms per call at the length
-limit)."""
+``changes``, and ``json_patch`` (quadratic in the number of keys)."""
 READ_ONLY_PRAGMAS = frozenset(
     {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "foreign_key_list"}
 )
@@ -270,9 +269,9 @@ CHECKED_FUNCTIONS: dict[str, tuple[int, ...]] = {
     "unhex": (2,),
 }
 """Built-in functions (name: argument counts) whose one call costs the product of two arguments'
-lengths: up to 14 ms for ``GLOB`` and 63 ms for ``ltrim(x, characters)`` at the limits. SQLite
-checks its progress handler only at jumps between instructions, so a row of 150 such calls ran
-8 to 16 s at a 1 s limit. :class:`CheckedFunctions` puts a deadline check in front of each call."""
+lengths (tens of milliseconds at the limits). SQLite checks its progress handler only at jumps
+between instructions, so a row of many such calls would run far past the query's time limit:
+:class:`CheckedFunctions` puts a deadline check in front of each call."""
 FORMAT_FUNCTIONS = ("printf", "format")
 """``printf`` and its newer name: checked like :data:`CHECKED_FUNCTIONS`, and each call's ``%c``
 repeat counts bounded (:func:`~llm_gym.envs.sql.printf.bound_printf_arguments`)."""

@@ -1,27 +1,8 @@
-"""The fourth hostile-input campaign: what the third did not reach, and a new output path.
-
-``llm-gym serve`` under many streaming clients at once that leave mid-answer, and a client that
-never reads its stream; model loading given a dtype name that is not a dtype; result files
-written through another user's link. (Eval reports to ``/dev/full``, a FIFO or a full folder
-are in the third campaign's file, beside the other output paths.)
-
-=========================  ==========================================  ========================
-class                      before                                      now
-=========================  ==========================================  ========================
-many streams, most leave   (contained, now tested) each stream that    its generation stops at
-                           loses its client, mid-answer or while it    the next token
-                           waits its turn
-a client that never reads  (contained, now tested) a stream's events   another client is served
-its stream                 queue for it alone                          at once
-``serve --dtype`` and      any torch attribute: ``manual_seed`` got    refused before any file
-``hf:PATH?dtype=``         as far as transformers; ``hf:`` had no      is read, naming the three
-                           check at all                                dtypes (argparse choices)
-result files through a     an eval report followed another user's      refused (a rename skips
-link in a shared folder    link as a write would not                   the kernel's link rule);
-                           (``protected_symlinks``), and came out      a rewrite keeps the old
-                           0644 whatever the file's mode or umask      file's mode, a new file
-                                                                       the umask's
-=========================  ==========================================  ========================
+"""``llm-gym serve`` (:mod:`llm_gym.serving`) against hostile clients and prompts: a prompt far
+past the context is refused after reading a prefix of it, more messages than the context has
+tokens are refused before the chat template renders them, streaming clients that leave stop
+their generation at the next token (queued or mid-answer), and a client that never reads its
+stream blocks nobody.
 """
 
 from __future__ import annotations
@@ -30,6 +11,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,7 +20,6 @@ pytest.importorskip("torch")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from llm_gym import InvalidArgumentError  # noqa: E402
 from llm_gym.serving.generation import TokenOut  # noqa: E402
 from llm_gym.serving.openai_server import ChatCompletionServer, serve  # noqa: E402
 
@@ -46,9 +27,89 @@ USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def served(small_model_dir):
+def served(small_model_dir) -> Iterator[ChatCompletionServer]:
     with serve(small_model_dir, model_name="tiny", device="cpu") as server:
         yield server
+
+
+# --- llm-gym serve: a prompt far past the context is refused after reading a prefix ---------------
+
+
+class _CountingTokenizer:
+    """A tokenizer that counts the characters it is asked to encode."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.read = tokenizer, 0
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        self.read += len(text)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(small_model: Any) -> None:
+    from llm_gym.policies.chat import longest_token
+    from llm_gym.serving.completions import encode_within
+    from llm_gym.serving.protocol import APIError
+
+    tokenizer = small_model[1]
+    counting = _CountingTokenizer(tokenizer)
+    text = "The area of Vantis is 79. " * 100_000  # 2.6 M characters
+    with pytest.raises(APIError) as refused:
+        encode_within(counting, text, 4096, "messages")
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    assert "context of 4096 tokens" in refused.value.message
+    assert counting.read == 2 * longest_token(tokenizer) * 4097 < len(text) / 10
+    short = "The area of Vantis is 79."
+    expected = tokenizer.encode(short, add_special_tokens=False)
+    assert encode_within(counting, short, 4096, "messages") == expected
+    part = text[:20_000]  # no context known: read whole
+    assert encode_within(tokenizer, part, None, "prompt") == tokenizer.encode(part)
+
+
+def test_a_tokenizer_that_shrinks_text_still_gets_its_long_prompt_read_whole() -> None:
+    from llm_gym.serving.completions import encode_within
+
+    class Shrinking:  # 100 characters a token: the prefix fits, so the whole text is read
+        def get_vocab(self) -> dict[str, int]:
+            return {"a": 0}
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [0] * (len(text) // 100 + 1)
+
+    assert len(encode_within(Shrinking(), "a" * 10_000, 20, "messages")) == 101
+
+
+# --- more messages than the context has tokens ----------------------------------------------------
+
+
+def test_more_messages_than_the_context_has_tokens_are_refused_unrendered(
+    served, monkeypatch
+) -> None:
+    import httpx
+
+    context = served.engine.context
+    rendered = []
+    render = served.engine.tokenizer.apply_chat_template
+    monkeypatch.setattr(
+        served.engine.tokenizer,
+        "apply_chat_template",
+        lambda messages, **kw: rendered.append(len(messages)) or render(messages, **kw),
+    )
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "a"}] * 200_000}
+    answer = httpx.post(served.url + "/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["param"] == "messages" and f"context of {context} tokens" in error["message"]
+    assert rendered == []  # refused from the count alone
+    body.update(messages=body["messages"][:3], max_tokens=1)
+    assert httpx.post(served.url + "/chat/completions", json=body, timeout=60).is_success
+    assert rendered == [3]
+
+
+# --- many streaming clients: those that leave, and one that never reads ---------------------------
 
 
 def _scripted(
@@ -97,7 +158,7 @@ def _raw_request(
 def test_many_streams_whose_clients_leave_cost_a_few_tokens_each(served, monkeypatch) -> None:
     """Eight streaming clients at once that leave after their first event, and four whose
     request waits its turn (the engine answers one at a time) and who give up before it comes:
-    at 400 tokens of 5 ms each, generated for nobody they would hold the next client ~24 s."""
+    each generation stops at its next token, so the next client is served at once."""
     counts = _scripted(monkeypatch, served, delay=0.005)
     client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=60)
     left: list[int] = []
@@ -145,58 +206,3 @@ def test_a_client_that_never_reads_its_stream_blocks_nobody(served, monkeypatch)
         assert time.monotonic() - start < 10
         sleeper.settimeout(5)
         assert sleeper.recv(64).startswith(b"HTTP/1.1 200")  # its answer waited for it
-
-
-@pytest.mark.parametrize("dtype", ["manual_seed", "Tensor", "float64", "", 16, None])
-def test_a_dtype_that_is_not_a_model_dtype_is_refused_before_loading(dtype, monkeypatch) -> None:
-    import transformers
-
-    from llm_gym.policies.hf import HFPolicy
-    from llm_gym.policies.loading import load_for_generation
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", pytest.fail)
-    for load in (load_for_generation, HFPolicy.from_pretrained):
-        with pytest.raises(InvalidArgumentError, match=r"dtype must be one of \['float32'"):
-            load("/nonexistent-model", dtype=dtype)
-    with pytest.raises(InvalidArgumentError, match="dtype must be one of"):
-        serve("/nonexistent-model", dtype=dtype)
-
-
-def test_cli_serve_lists_the_dtypes(capsys) -> None:
-    from llm_gym.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "/nonexistent-model", "--dtype", "manual_seed"])
-    assert exit_info.value.code == 2
-    assert "choose from 'float32', 'bfloat16', 'float16'" in capsys.readouterr().err
-
-
-def test_result_files_keep_their_mode_and_never_follow_another_users_link(tmp_path) -> None:
-    import os
-
-    from llm_gym.eval import run_and_report
-    from llm_gym.eval.files import write_atomic
-
-    private = tmp_path / "private.json"
-    private.write_text("old")
-    private.chmod(0o600)
-    run_and_report("Math-v0", "oracle", episodes=1, progress=False, print_report=False,
-                   output=private)  # fmt: skip
-    assert private.stat().st_mode & 0o777 == 0o600 and json.loads(private.read_text())
-    old_umask = os.umask(0o077)
-    try:
-        assert write_atomic(tmp_path / "new.md", "x").stat().st_mode & 0o777 == 0o600
-    finally:
-        os.umask(old_umask)
-    if os.geteuid() != 0:
-        pytest.skip("making a link another user owns needs root")
-    victim = tmp_path / "victim"
-    victim.write_text("keep")
-    link = tmp_path / "planted.json"
-    link.symlink_to(victim)
-    os.lchown(link, 12345, -1)
-    with pytest.raises(InvalidArgumentError, match="symbolic link that another user owns"):
-        run_and_report("Math-v0", "oracle", print_report=False, output=link)
-    with pytest.raises(PermissionError, match="another user owns"):
-        write_atomic(link, "overwritten")
-    assert victim.read_text() == "keep"

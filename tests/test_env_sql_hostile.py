@@ -1,20 +1,14 @@
-"""SQL-v0 under hostile queries: one test per class of attack, each fast, each an outcome.
+"""SQL-v0 (:mod:`llm_gym.envs.sql`) under hostile queries: one test per class of attack, each
+fast, each an outcome.
 
-Every hostile query must end quickly in a result or a ``tool_error`` naming the limit, never a
-crash or a hang, and queries run off the event loop. Timings (seconds, 2 shared cores under a
-load average of 3 to 6, so noisy) before the hardening -> after:
-
-=====================================================  ==============  ===============
-attack                                                 before          after
-=====================================================  ==============  ===============
-issue 15's ``LIKE`` (99,990 x 49,000 bytes)              2.8 - 7.1      < 0.001 (NULL)
-``LIKE ... ESCAPE`` / ``GLOB '*[a][a]...'`` (same)       5.3 / 8.3      < 0.001
-190 ``GLOB`` calls in one row (limits: 20 kB, 200 B)     4.8            1.0 (time limit)
-150 ``ltrim(x, 1,600 characters)`` in one row            15.7           1.0 (time limit)
-``ltrim`` with a set of 8,000 characters, once           1.4            0.07 (1,600 max)
-20 CTEs each naming the previous twice                   25.0, 3 GB     < 0.001 (refused)
-``fts3_tokenizer('simple')``                             a pointer      refused
-=====================================================  ==============  ===============
+Every hostile query ends quickly in a result or a ``tool_error`` naming the limit, never a crash,
+a hang or a change to the database, and queries run off the event loop. The classes: pattern
+matching (``LIKE``, ``GLOB``, ``ESCAPE``) over long strings, per-row work of many expensive calls,
+``ltrim`` with large sets, CTEs that expand exponentially, ``fts3_tokenizer``, ``ATTACH`` and
+``VACUUM INTO``, pragmas and their look-alikes, hidden tables and views, JSON and window
+functions, parser depth, joins past the time limit, and ``printf``'s ``%c`` repeat count (lowered
+to one past the length limit before SQLite sees it, with SQLite's own results otherwise). The
+measured cost of each class without its bound is in ``benchmarks/results/README.md``.
 """
 
 from __future__ import annotations
@@ -23,6 +17,8 @@ import asyncio
 import functools
 import itertools
 import json
+import os
+import random
 import sqlite3
 import threading
 import time
@@ -35,7 +31,7 @@ import llm_gym.envs.sql.env as env_module
 from llm_gym import ToolArgumentError
 from llm_gym.envs.sql import ReadOnlyDatabase, SQLEnv, build_tables, get_tasks, oracle_action
 from llm_gym.envs.sql.expansion import MAX_EXPANDED_TOKENS, check_expansion, expanded_size
-from llm_gym.envs.sql.guard import CHECKED_FUNCTIONS, SQLITE_LIMITS
+from llm_gym.envs.sql.guard import CHECKED_FUNCTIONS, SQLITE_LIMITS, apply_limits
 
 FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 SLACK_S = 1.0
@@ -168,7 +164,7 @@ def test_checked_functions_give_the_built_ins_results(db: ReadOnlyDatabase) -> N
         db.execute("SELECT 'a' LIKE 'a' ESCAPE 'xy'")
 
 
-# --- compilation ---------------------------------------------------------------------------------
+# --- compilation ----------------------------------------------------------------------------------
 
 
 NAMES = ["".join(letters) for letters in itertools.product("éÉ", repeat=5)]
@@ -254,7 +250,7 @@ def test_compilation_limits(db: ReadOnlyDatabase, sql: str, expected: str) -> No
     assert elapsed < 0.5
 
 
-# --- reach: functions, pragmas, virtual tables ---------------------------------------------------
+# --- reach: functions, pragmas, virtual tables ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -316,7 +312,7 @@ def test_every_reference_query_runs_under_the_limits() -> None:
             db.close()
 
 
-# --- off the event loop --------------------------------------------------------------------------
+# --- off the event loop ---------------------------------------------------------------------------
 
 
 def _call(*sqls: str) -> dict[str, Any]:
@@ -447,3 +443,104 @@ def test_one_query_at_a_time_per_database(monkeypatch: pytest.MonkeyPatch) -> No
     worker.join(5)
     assert db.query("SELECT 1").endswith("(1 row)")
     db.close()
+
+
+# --- attach, pragmas, hidden tables, JSON, windows, parser depth, joins ---------------------------
+
+R = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT {n}) "
+SQL_CASES = {
+    # name: (query, what the result or the tool_error must contain)
+    "attach by URI": ("ATTACH 'file:/etc/passwd?mode=ro' AS x", "refused: ATTACH"),
+    "vacuum into": ("VACUUM INTO '/tmp/llm_gym_hostile.db'", "refused: ATTACH"),
+    "writable_schema": ("PRAGMA writable_schema=1", "refused: PRAGMA writable_schema"),
+    "database_list": ("PRAGMA database_list", "refused: PRAGMA database_list"),
+    "pragma look-alike": ("PRAGMA table_\u0131nfo(orders)", "refused: PRAGMA"),  # dotless i
+    "function look-alike": ("SELECT load_extens\u0131on('x')", "no such function"),
+    "kelvin sign": ("SELECT \u212aoalesce(1)", "no such function"),
+    "pragma function_list": ("SELECT * FROM pragma_function_list", "read-only"),
+    "dbstat": ("SELECT * FROM dbstat", "read-only"),
+    "CTE named dbstat": ("WITH dbstat(x) AS (SELECT 1) SELECT * FROM dbstat", "(1 row)"),
+    "temp view": ("CREATE TEMP VIEW v AS SELECT 1", "read-only"),
+    "temp trigger": (
+        "CREATE TEMP TRIGGER t AFTER INSERT ON orders BEGIN SELECT 1; END",
+        "read-only",
+    ),
+    "returning": ("INSERT INTO orders DEFAULT VALUES RETURNING *", "refused: INSERT"),
+    "savepoint": ("SAVEPOINT a", "read-only"),
+    "json deep": ("SELECT json(printf('%.*c', 9990, '[') || printf('%.*c', 9990, ']'))", "JSON"),
+    "json path": ("SELECT json_extract('{}', '$' || printf('%.*c', 19000, '.'))", "JSON path"),
+    "window": (
+        R.format(n=20000) + "SELECT max(s) FROM (SELECT sum(x) OVER (ORDER BY x ROWS BETWEEN "
+        "UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) s FROM c)",
+        "(1 row)",
+    ),
+    "huge IN": ("SELECT 1 WHERE 1 IN (" + ",".join(map(str, range(900))) + ")", "(1 row)"),
+    "deep subquery": ("SELECT " + "(SELECT " * 120 + "1" + ")" * 120, "parser stack overflow"),
+    "deep parentheses": ("SELECT " + "(" * 1900 + "1" + ")" * 1900, "parser stack overflow"),
+    "cross join": ("SELECT count(*) FROM orders a, orders b, orders c, orders d, orders e", "time"),
+    "60 joins": ("SELECT count(*) FROM " + ", ".join(["orders"] * 60), "time limit"),
+    "printf float": ("SELECT length(printf('%.1000f', 1e308))", "(1 row)"),
+    "integer overflow": ("SELECT abs(-9223372036854775808)", "integer overflow"),
+    "recursive doubling": (
+        "WITH RECURSIVE c(s) AS (SELECT 'a' UNION ALL SELECT s || s FROM c "
+        "WHERE length(s) < 100000) SELECT max(length(s)) FROM c",
+        "limited to 20,000 bytes",
+    ),
+    "distinct of long rows": (R.format(n=3000) + f"SELECT count(DISTINCT x || {A}) FROM c", ""),
+    "explain": ("EXPLAIN SELECT 1", "opcode"),
+}
+
+
+@pytest.mark.parametrize("name", list(SQL_CASES))
+def test_hostile_queries_are_results_or_tool_errors(db: ReadOnlyDatabase, name: str) -> None:
+    sql, expected = SQL_CASES[name]
+    start = time.perf_counter()
+    try:
+        text = db.query(sql)
+    except ToolArgumentError as exc:
+        text = f"tool_error: {exc}"
+    assert time.perf_counter() - start < 1.5
+    assert expected in text, text[:300]
+    assert db.summary()["orders"] > 0  # nothing changed
+    assert not os.path.exists("/tmp/llm_gym_hostile.db")
+
+
+# --- printf's %c repeat count ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "printf('%.*c', 268435456, 'x')",
+        "format('%.*c', -268435456, 'x')",  # a negative count counts by its size
+        "printf('%.268435456c', 'x')",  # a literal count
+        "printf('%.4563402752c', 'x')",  # wraps to 268,435,456 in C's unsigned arithmetic
+        "printf('%5.*c', '268435456', 'é')",  # read from text, a width in front
+        "printf('%d%%%n%.*c', 1, 268435456.5, 'x')",  # after conversions that take 1 or 0 args
+    ],
+)
+def test_sql_printf_repeat_count_is_bounded(db: ReadOnlyDatabase, call: str) -> None:
+    """``%c`` with a precision repeats the character inside one SQLite instruction, where no
+    deadline check runs: the count is lowered to one past the length limit first, so the call
+    gives SQLite's NULL at once."""
+    start = time.perf_counter()
+    _columns, rows, _cut = db.execute(f"SELECT {call}, {call}")
+    assert rows == [(None, None)]
+    assert time.perf_counter() - start < 1.0
+
+
+def test_sql_printf_gives_sqlites_results(db: ReadOnlyDatabase) -> None:
+    """Random formats (flags, widths, ``*``, precisions over and under the limit, ``%n``, ``%%``,
+    unknown conversions) give what SQLite's own ``printf`` gives under the same limits: the
+    bound reads the format as SQLite does, so no other argument is touched."""
+    plain = sqlite3.connect(":memory:")
+    apply_limits(plain)
+    rng = random.Random(3)
+    parts = [*"%-+#!0,*.", "l", "ll", "5", "25000", "12", *"cdsqnTyxfgé", " "]
+    values = ["25000", "-25000", "3", "'x'", "'é'", "NULL", "2.5", "'25000'", "x'41'", "''"]
+    for _ in range(400):
+        fmt = "".join(rng.choice(parts) for _ in range(rng.randint(1, 12)))
+        args = "".join(f", {rng.choice(values)}" for _ in range(rng.randint(0, 5)))
+        sql = f"SELECT printf('{fmt}'{args}), format('{fmt}'{args})"
+        assert db.execute(sql)[1] == plain.execute(sql).fetchall(), sql
+    plain.close()
