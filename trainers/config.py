@@ -25,6 +25,7 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
 from trainers.config_checks import (
+    check_agent_fields,
     check_async,
     check_backend,
     check_counts,
@@ -317,6 +318,23 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "resized) or a .jinja file. None: the model's own; a model with none is refused."
         },
     )
+    agent: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train your own agent: a 'module:function' reference to "
+            "agent(base_url, task) -> reward or final answer, run episodes_per_task times per "
+            "task against the policy served as a recording OpenAI-compatible endpoint "
+            "(trainers.agent_rollouts; train_multi_turn(agent=...) takes the callable). Its "
+            "module must be trusted (train.py --trust-module). None: the episode loop."
+        },
+    )
+    agent_timeout_s: float | None = field(
+        default=600.0,
+        metadata={
+            "help": "Seconds one agent episode may run before it is cancelled and ends as "
+            "DEADLINE (None: no limit)."
+        },
+    )
     save_episodes: str | None = field(
         default=None,
         metadata={"help": "A folder: each step's episodes as JSONL (step-000001.jsonl, ...)."},
@@ -383,7 +401,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             refuse("episodes_per_task", self.episodes_per_task, "an int >= 1 (the group size)")
         self.distillation = check_distillation(self.distillation, refuse)
         checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-        for check in (*checks, check_templates, check_outputs):
+        for check in (*checks, check_templates, check_outputs, check_agent_fields):
             check(self, refuse)
         if self.val_temperature < 0:
             refuse("val_temperature", self.val_temperature, ">= 0")

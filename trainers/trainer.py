@@ -36,6 +36,7 @@ from trainers.advantages import (
     warn_per_turn_fallback,
     without_void_episodes,
 )
+from trainers.agent_rollouts import AgentCollector, resolve_agent
 from trainers.async_collect import AsyncCollector
 from trainers.chat_template import grpo_start
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
@@ -115,6 +116,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         callbacks: Extra ``TrainerCallback`` s.
         reward_funcs: TRL-style reward functions added to the environment's reward, weighted by
             ``args.reward_weights`` (see :mod:`trainers.reward_funcs`).
+        agent, agent_scorer: Your agent instead of the episode loop, and what grades its final
+            answers (:mod:`trainers.agent_rollouts`; None: the config's ``agent``, the env).
     """
 
     def __init__(
@@ -130,6 +133,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         oracle: Oracle | None = None,
         callbacks: list[Any] | None = None,
         reward_funcs: Any = None,
+        agent: Any = None,
+        agent_scorer: Any = None,
     ) -> None:
         from datasets import Dataset
 
@@ -172,6 +177,10 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
         self._last_collection_end: float | None = None
         self._async: AsyncCollector | None = None
         self._publish_seconds = 0.0
+        agent = resolve_agent(agent, args)
+        self._agents = agent and AgentCollector(
+            agent, self.env_factory, args, self._episode_tokenizer, agent_scorer
+        )
 
     # --- generation --------------------------------------------------------------------------
 
@@ -211,6 +220,9 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
     ) -> list[list[Episode]]:
         """Run groups of episodes with the current weights."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        if self._agents is not None:  # the agent plays against the served generation model
+            return self._agents.collect(self, tasks, episodes_per_task, temperature, max_turns,
+                                        sequential)  # fmt: skip
         if self.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
             if self._async is not None:  # the async publisher keeps vLLM current
                 self._async.join()
@@ -388,6 +400,8 @@ class MultiTurnGRPOTrainer(ScoringMixin, RewardsMixin, GRPOTrainer):
             return super().train(*args, **kwargs)
         finally:
             self._stop_async()
+            if self._agents is not None:
+                self._agents.close()
 
     # --- validation --------------------------------------------------------------------------
 
