@@ -38,7 +38,7 @@ from typing import Any
 
 from llm_gym.actions import ActionFormat, ParseKind
 from llm_gym.core.env import TruncationCause, step_outcome
-from llm_gym.core.factories import EnvFactory
+from llm_gym.core.factories import EnvFactory, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_text
 from llm_gym.errors import InvalidArgumentError
@@ -85,11 +85,12 @@ async def _call(function: Callable[..., Any], *args: Any) -> Any:
 
 
 async def grade_answer(
-    env_factory: EnvFactory, task: Task, answer: str
+    env_factory: EnvFactory | Any, task: Task, answer: str
 ) -> tuple[float, dict[str, Any]]:
-    """The reward of ``answer`` to ``task`` by a fresh environment: reset, then the answer as
+    """The reward of ``answer`` to ``task`` by a fresh environment (``env_factory``: a
+    ``task -> Env`` factory, an ``Env`` class or a registered id): reset, then the answer as
     the assistant's reply; the step must end the episode (a final answer ends it)."""
-    env = env_factory(task)
+    env = as_env_factory(env_factory)(task)
     try:
         await env.reset(task)
         result = await env.step({"role": "assistant", "content": answer})

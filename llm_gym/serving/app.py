@@ -202,9 +202,15 @@ def build_app(
 
         return await recorder.serve(key, chat, run)
 
+    def any_model(body: dict[str, Any]) -> dict[str, Any]:
+        """The training endpoint serves whatever model name an agent sends."""
+        if recorder is not None and isinstance(body, dict):
+            body["model"] = engine.model_name
+        return body
+
     @endpoint
     async def chat_completions(request: Request) -> Response:
-        body = await read_json(request)
+        body = any_model(await read_json(request))
         parsed = parse_chat_request(body, engine.model_name, engine.chat_template_kwargs)
         if recorder is not None:
             return await recorded(request, body, parsed, lambda chat: chat)
@@ -221,7 +227,7 @@ def build_app(
 
     @endpoint
     async def responses(request: Request) -> Response:
-        body = await read_json(request)
+        body = any_model(await read_json(request))
         parsed = parse_responses_request(body, engine.model_name, engine.chat_template_kwargs)
         try:  # the chat path's errors, with the Responses field names
             if recorder is not None:
