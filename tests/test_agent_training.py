@@ -94,7 +94,8 @@ async def agents_sdk_agent(base_url: str, task: Task) -> str:
 
 
 async def langgraph_agent(base_url: str, task: Task) -> str:
-    """``create_react_agent`` on ``ChatOpenAI``, the env's tools as ``StructuredTool`` s."""
+    """``create_react_agent`` on ``ChatOpenAI``, the env's tools as ``StructuredTool`` s: the
+    model must call one (``tool_choice="any"``), whose result is the answer (``return_direct``)."""
     from langchain_core.tools import StructuredTool
     from langchain_openai import ChatOpenAI
 
@@ -117,13 +118,19 @@ async def langgraph_agent(base_url: str, task: Task) -> str:
             name=name,
             description=spec["function"]["description"],
             args_schema=spec["function"]["parameters"],
+            return_direct=True,
         )
 
     model = ChatOpenAI(
         model="my-agent-model", base_url=base_url, api_key="unused", max_tokens=MAX_TOKENS,
         max_retries=0,
     )  # fmt: skip
-    graph = create_react_agent(model, [tool(s) for s in env.tool_specs], prompt=system["content"])
+    tools = [tool(s) for s in env.tool_specs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = create_react_agent(
+            model.bind_tools(tools, tool_choice="any"), tools, prompt=system["content"]
+        )
     state = await graph.ainvoke({"messages": [("user", user["content"])]}, {"recursion_limit": 6})
     return str(state["messages"][-1].content)
 

@@ -75,6 +75,10 @@ COVERED_ELSEWHERE = {
     "llm-gym sft --from-episodes": (
         "tests/test_episode_files.py::test_rejection_sampling_fine_tuning_closes_the_loop"
     ),
+    "env_factory=ToolUseGameEnv, agent=my_agent": (
+        "tests/test_agent_training.py::"
+        "test_an_agent_trains_and_its_samples_are_what_the_engine_sampled"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"

@@ -128,9 +128,7 @@ def test_a_rewritten_history_starts_a_new_sample(served, replies) -> None:
     assert record.samples[1].prompt_ids == record.calls[1].prompt_ids
 
 
-def test_episode_ids_come_from_the_header_the_body_the_url_or_the_api_key(
-    served, replies
-) -> None:
+def test_episode_ids_come_from_the_header_the_body_the_url_or_the_api_key(served, replies) -> None:
     replies[:] = ["ok"]
     question = [{"role": "user", "content": "hi"}]
     chat(client(served, default_headers={"X-Episode-Id": "by-header"}), question)
@@ -141,9 +139,7 @@ def test_episode_ids_come_from_the_header_the_body_the_url_or_the_api_key(
         assert len(served.recorder.close(name).calls) == 1, name
 
 
-@pytest.mark.parametrize(
-    "bad", ["", "x" * 129, "a b", "ép", "../x", 7, None, ["list"]], ids=repr
-)
+@pytest.mark.parametrize("bad", ["", "x" * 129, "a b", "ép", "../x", 7, None, ["list"]], ids=repr)
 def test_a_bad_episode_id_is_a_400_naming_it(served, replies, bad) -> None:
     replies[:] = ["ok"]
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "episode_id": bad}
@@ -233,9 +229,7 @@ def test_agent_outcomes_become_episode_records(small_model, replies) -> None:
         for kind in ("reward", "answer", "raise", "hang", "bad")
     ]
     with server_for(small_model, open_only=True) as server:
-        run = AgentRun(
-            scripted_agent, ToolUseGameEnv, server.engine.action_format, timeout_s=3.0
-        )
+        run = AgentRun(scripted_agent, ToolUseGameEnv, server.engine.action_format, timeout_s=3.0)
         base = server.url.removesuffix("/v1")
         start = time.perf_counter()
         groups = asyncio.run(

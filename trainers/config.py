@@ -24,8 +24,8 @@ from trl import GRPOConfig as _TRLGRPOConfig
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
+from trainers.agent_config import AgentFields, check_agent_fields
 from trainers.config_checks import (
-    check_agent_fields,
     check_async,
     check_backend,
     check_counts,
@@ -54,7 +54,7 @@ def _world_size() -> int:
 
 
 @dataclass
-class MultiTurnGRPOConfig(_TRLGRPOConfig):
+class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields):
     """TRL's ``GRPOConfig`` with the multi-turn fields of the post-training cookbook."""
 
     per_device_train_batch_size: int | None = field(
@@ -316,23 +316,6 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig):
             "help": "The chat template for a model without one (a base model): a named "
             "template (chatml, gemma; its turn tokens added where missing, the embeddings "
             "resized) or a .jinja file. None: the model's own; a model with none is refused."
-        },
-    )
-    agent: str | None = field(
-        default=None,
-        metadata={
-            "help": "Train your own agent: a 'module:function' reference to "
-            "agent(base_url, task) -> reward or final answer, run episodes_per_task times per "
-            "task against the policy served as a recording OpenAI-compatible endpoint "
-            "(trainers.agent_rollouts; train_multi_turn(agent=...) takes the callable). Its "
-            "module must be trusted (train.py --trust-module). None: the episode loop."
-        },
-    )
-    agent_timeout_s: float | None = field(
-        default=600.0,
-        metadata={
-            "help": "Seconds one agent episode may run before it is cancelled and ends as "
-            "DEADLINE (None: no limit)."
         },
     )
     save_episodes: str | None = field(

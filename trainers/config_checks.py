@@ -22,7 +22,6 @@ from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
 __all__ = [
-    "check_agent_fields",
     "check_async",
     "check_counts",
     "check_backend",
@@ -32,33 +31,6 @@ __all__ = [
     "check_outputs",
     "check_sampling",
 ]
-
-
-def check_agent_fields(config: Any, refuse: Any) -> None:
-    """``agent`` (a ``"module:function"`` reference or None, resolved when training starts)
-    and ``agent_timeout_s``, and what an agent run excludes (async collection and vLLM: the
-    agent talks to the trainer's own model, served in lockstep)."""
-    agent = config.agent
-    if agent is not None and (
-        not isinstance(agent, str) or agent.count(":") != 1 or not all(agent.split(":"))
-    ):
-        refuse("agent", agent, "None or a 'module:function' reference ('my_pkg.agents:play')")
-    timeout = config.agent_timeout_s
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        refuse("agent_timeout_s", timeout, "None (no limit) or a finite number of seconds > 0")
-    if agent is not None and config.max_steps_off_policy is not None:
-        refuse(
-            "max_steps_off_policy",
-            config.max_steps_off_policy,
-            "None with an agent (agent episodes run in lockstep, on the trainer's own model)",
-        )
-    if agent is not None and config.use_vllm:
-        refuse("use_vllm", True, "False with an agent (the endpoint serves the trainer's model)")
 
 
 def check_async(config: Any, refuse: Any) -> None:
