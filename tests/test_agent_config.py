@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("trl")
 
-from llm_gym.errors import InvalidArgumentError  # noqa: E402
-from trainers import GRPOConfig  # noqa: E402
-from trainers.agent_rollouts import resolve_agent  # noqa: E402
+from llm_gym.errors import InvalidArgumentError
+from trainers import GRPOConfig
+from trainers.agent_rollouts import resolve_agent
 
 
 def config(**fields) -> GRPOConfig:

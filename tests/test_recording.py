@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 from llm_gym.core.env import TruncationCause  # noqa: E402
 from llm_gym.core.task import Task  # noqa: E402
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks  # noqa: E402
-from llm_gym.serving.agent_episodes import AgentRun, run_agent_groups  # noqa: E402
+from llm_gym.serving.agent_episodes import AgentLoop, AgentRun, run_agent_groups  # noqa: E402
 from llm_gym.serving.generation import TokenOut  # noqa: E402
 from llm_gym.serving.openai_server import ChatCompletionServer  # noqa: E402
 
@@ -253,3 +253,46 @@ def test_agent_outcomes_become_episode_records(small_model, replies) -> None:
     assert {e.reward for e in by_kind["raise"] + by_kind["hang"] + by_kind["bad"]} == {0.0}
     assert not server.recorder._episodes  # every episode was closed
     assert json.dumps(reward.metrics) and reward.metrics["agent_calls"] == 1
+
+
+def test_a_plain_agent_that_never_returns_and_one_that_ignores_cancel_end_at_the_time_limit(
+    small_model, replies
+) -> None:
+    replies[:] = ["ok"]
+
+    def stuck(base_url: str, task: Task) -> float:  # a plain function: runs in a thread
+        time.sleep(30)
+        return 1.0
+
+    async def stubborn(base_url: str, task: Task) -> float:
+        for _ in range(30):
+            try:
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                continue  # ignores its cancellation
+        return 1.0
+
+    loop = AgentLoop()
+    with server_for(small_model, open_only=True) as server:
+        base = server.url.removesuffix("/v1")
+        for agent in (stuck, stubborn):
+            run = AgentRun(agent, ToolUseGameEnv, server.engine.action_format, timeout_s=1.0)
+            start = time.perf_counter()
+            (group,) = loop.run(
+                run_agent_groups(run, server.recorder, base, [Task("q")], episodes_per_task=1,
+                                 key=agent.__name__)
+            )  # fmt: skip
+            assert time.perf_counter() - start < 10, agent.__name__
+            assert group[0].truncation_cause is TruncationCause.DEADLINE
+    loop.close()
+
+
+def test_responses_api_calls_are_recorded_in_their_episode(served, replies) -> None:
+    replies[:] = ["a reply"]
+    url = served.url.replace("/v1", "/episodes/resp/v1")
+    body = {"model": "any-name", "input": "hello", "max_output_tokens": 20}
+    answer = httpx.post(f"{url}/responses", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    (call,) = served.recorder.close("resp").calls
+    assert call.message["content"] == "a reply"
+    assert call.completion_ids[-1] in served.engine.eos_ids

@@ -20,12 +20,17 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from llm_gym.aio import run_sync
 from llm_gym.core.factories import EnvFactory, resolve
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.episode import Episode
-from llm_gym.serving.agent_episodes import AgentRun, Scorer, check_agent, run_agent_groups
+from llm_gym.serving.agent_episodes import (
+    AgentLoop,
+    AgentRun,
+    Scorer,
+    check_agent,
+    run_agent_groups,
+)
 from trainers.config import MultiTurnGRPOConfig
 
 __all__ = ["AgentCollector", "resolve_agent"]
@@ -73,6 +78,7 @@ class AgentCollector:
         self.tokenizer = tokenizer
         self.scorer = scorer
         self.server: Any = None
+        self.loop: AgentLoop | None = None
         self._keys = itertools.count()
 
     def _start(self, model: Any) -> Any:
@@ -150,7 +156,8 @@ class AgentCollector:
         )
         base_url = server.url.removesuffix("/v1")
         key = f"c{next(self._keys)}"
-        return run_sync(
+        self.loop = self.loop or AgentLoop()
+        return self.loop.run(
             run_agent_groups(
                 run,
                 recorder,
@@ -164,6 +171,9 @@ class AgentCollector:
 
     def close(self) -> None:
         """Stop the endpoint (idempotent)."""
+        if self.loop is not None:
+            loop, self.loop = self.loop, None
+            loop.close()
         if self.server is not None:
             server, self.server = self.server, None
             server.close()

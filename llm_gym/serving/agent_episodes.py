@@ -16,7 +16,9 @@ against its own base URL on a :class:`~llm_gym.serving.recording.Recorder`'s ser
 call, the recorder's token samples (``env_mask``, logprobs) stamped with the reward, so the
 trainer treats it as any other episode (group advantages, overlong shaping, masking).
 
-Whatever the agent does is an episode outcome, never a failure of the collection:
+Whatever the agent does is an episode outcome, never a failure of the collection (run it on
+an :class:`AgentLoop`, so that an agent that ignores its cancellation cannot hold the
+collection's end either):
 
 * the endpoint refused a call by the episode's rules: truncated as ``MAX_TURNS`` or
   ``CONTEXT_OVERFLOW`` (reward 0; the soft overlong penalty applies), however the agent ended;
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.actions import ActionFormat, ParseKind
+from llm_gym.aio import within
 from llm_gym.core.env import TruncationCause, step_outcome
 from llm_gym.core.factories import EnvFactory, as_env_factory
 from llm_gym.core.task import Task
@@ -45,7 +49,15 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.serving.recording import RecordedEpisode, Recorder
 
-__all__ = ["Agent", "AgentRun", "Scorer", "check_agent", "grade_answer", "run_agent_groups"]
+__all__ = [
+    "Agent",
+    "AgentLoop",
+    "AgentRun",
+    "Scorer",
+    "check_agent",
+    "grade_answer",
+    "run_agent_groups",
+]
 
 Agent = Callable[[str, Task], Any]
 """``agent(base_url, task) -> reward | final answer`` (``async def`` or plain)."""
@@ -75,12 +87,29 @@ def check_agent(agent: object, where: str = "agent") -> Agent:
 
 
 async def _call(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)``, awaited when it is async, in a thread when it is plain."""
+    """``function(*args)``, awaited when it is async; a plain one runs in a daemon thread of
+    its own (one that never returns holds that thread, never the collection's end)."""
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004  (an object with async __call__)
     ):
         return await function(*args)
-    result = await asyncio.to_thread(function, *args)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, failed: bool) -> None:
+        if not done.done():
+            (done.set_exception if failed else done.set_result)(value)
+
+    def work() -> None:
+        try:
+            value, failed = function(*args), False
+        except BaseException as exc:  # the agent's failure, reported on the loop
+            value, failed = exc, True
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, value, failed)
+
+    threading.Thread(target=work, name="llm_gym-agent", daemon=True).start()
+    result = await done
     return await result if inspect.isawaitable(result) else result
 
 
@@ -183,8 +212,8 @@ async def _episode(
     result: object = None
     try:
         agent_call = _call(run.agent, f"{base_url}/episodes/{episode_id}/v1", task)
-        result = await asyncio.wait_for(agent_call, run.timeout_s)
-    except TimeoutError:
+        result = await within(agent_call, run.timeout_s, TimeoutError)  # also if it ignores
+    except TimeoutError:  # its cancellation
         cause, error = TruncationCause.DEADLINE, f"the agent ran past {run.timeout_s:g} s"
     except asyncio.CancelledError:
         recorder.close(episode_id)
@@ -257,3 +286,24 @@ async def run_agent_groups(
         )
 
     return list(await asyncio.gather(*(group(g, t) for g, t in enumerate(tasks))))
+
+
+class AgentLoop:
+    """An event loop on a daemon thread of its own, where agent episodes run: an agent that
+    ignores its cancellation past its time limit is left running there, and the collection
+    returns (``asyncio.run`` would wait for it as it closes its loop)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="llm_gym-agents", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        """``coro``'s result, run on the loop (call it from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        """Stop the loop (what still runs on it is dropped with the thread)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
