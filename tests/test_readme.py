@@ -85,6 +85,10 @@ COVERED_ELSEWHERE = {
         "tests/test_mixture.py::"
         "test_a_mixture_of_five_envs_trains_logs_per_env_and_resumes_the_same_draw"
     ),
+    "env_factory=ToolUseGameEnv, agent=my_agent": (
+        "tests/test_agent_training.py::"
+        "test_an_agent_trains_and_its_samples_are_what_the_engine_sampled"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"

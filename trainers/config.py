@@ -24,6 +24,7 @@ from trl import GRPOConfig as _TRLGRPOConfig
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
 from llm_gym.rollout.loop import RolloutSettings
+from trainers.agent_config import AgentFields
 from trainers.config_checks import check_config
 from trainers.distillation import DistillationConfig
 from trainers.field_types import check_field_types
@@ -44,7 +45,7 @@ def _world_size() -> int:
 
 
 @dataclass
-class MultiTurnGRPOConfig(_TRLGRPOConfig):
+class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields):
     """TRL's ``GRPOConfig`` with the multi-turn fields of the post-training cookbook."""
 
     per_device_train_batch_size: int | None = field(

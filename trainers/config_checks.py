@@ -19,6 +19,7 @@ from typing import Any
 from llm_gym.actions import ACTION_FORMATS
 from llm_gym.policies.registry import registered_policies
 from trainers.advantages import ADVANTAGE_ESTIMATORS
+from trainers.agent_config import check_agent_fields
 from trainers.distillation import DistillationConfig
 from trainers.weight_sync import WeightSyncType
 
@@ -330,6 +331,7 @@ def check_config(config: Any) -> None:
         refuse("episodes_per_task", config.episodes_per_task, "an int >= 1 (the group size)")
     config.distillation = check_distillation(config.distillation, refuse)
     checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
-    for check in (*checks, check_templates, check_rewards, check_outputs, check_health):
+    for check in (*checks, check_templates, check_rewards, check_outputs, check_health,
+                  check_agent_fields):  # fmt: skip
         check(config, refuse)
     check_field_types(config)  # last: the checks above say more about their own fields

@@ -169,11 +169,13 @@ class DifficultySampler:
         """Zero-variance groups saved over the run (expected; the module docstring)."""
 
     @classmethod
-    def of(cls, settings: Any, num_tasks: int, group_size: int) -> DifficultySampler | None:
-        """The sampler of a config's ``difficulty_sampling`` value (None: off, so None)."""
-        if settings is None:
+    def of(cls, config: Any, num_tasks: int) -> DifficultySampler | None:
+        """The sampler of a trainer config's ``difficulty_sampling`` over ``num_tasks`` tasks
+        in groups of its ``episodes_per_task`` (None when it is off)."""
+        if config.difficulty_sampling is None:
             return None
-        return cls(num_tasks, group_size, DifficultySettings.of(settings))
+        settings = DifficultySettings.of(config.difficulty_sampling)
+        return cls(num_tasks, config.episodes_per_task, settings)
 
     def estimate(self, index: int) -> float | None:
         """The task's pass-rate estimate (None: never run)."""

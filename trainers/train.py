@@ -78,6 +78,8 @@ def train_multi_turn(
     callbacks: list[Any] | None = None,
     resume_from_checkpoint: str | bool | None = None,
     reward_funcs: Any = None,
+    agent: Any = None,
+    agent_scorer: Any = None,
 ) -> Any:
     """Train ``config.model`` with multi-turn GRPO on ``tasks``; returns the trainer.
 
@@ -97,6 +99,13 @@ def train_multi_turn(
         reward_funcs: TRL-style reward functions added to the environment's reward,
             ``env_reward + sum_k reward_weights[k] * f_k(prompts, completions, **kwargs)``
             (:mod:`trainers.reward_funcs`).
+        agent: Your agent instead of the episode loop: ``async def agent(base_url, task)``
+            returning a reward or a final answer (graded by ``agent_scorer(task, answer)``,
+            else by the environment); it runs ``episodes_per_task`` times per task against the
+            policy served as a recording OpenAI-compatible endpoint at ``base_url``
+            (:mod:`trainers.agent_rollouts`). None: the config's ``agent`` reference, else the
+            loop.
+        agent_scorer: Grades an agent's final answer (None: the environment).
     """
     from trainers.trainer import MultiTurnGRPOTrainer
 
@@ -119,6 +128,8 @@ def train_multi_turn(
         oracle=oracle,
         callbacks=callbacks,
         reward_funcs=reward_funcs,
+        agent=agent,
+        agent_scorer=agent_scorer,
     )
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     return trainer

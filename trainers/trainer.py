@@ -37,6 +37,7 @@ from trainers.advantages import (
     warn_per_turn_fallback,
     without_void_episodes,
 )
+from trainers.agent_rollouts import AgentCollector, resolve_agent
 from trainers.async_collect import AsyncCollector
 from trainers.chat_template import grpo_start
 from trainers.checkpoints import promote_staged_checkpoint, staging_dir
@@ -108,6 +109,8 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         callbacks: Extra ``TrainerCallback`` s.
         reward_funcs: TRL-style reward functions added to the environment's reward, weighted by
             ``args.reward_weights`` (see :mod:`trainers.reward_funcs`).
+        agent, agent_scorer: Your agent instead of the episode loop, and what grades its final
+            answers (:mod:`trainers.agent_rollouts`; None: the config's ``agent``, the env).
     """
 
     def __init__(
@@ -124,6 +127,8 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         oracle: Oracle | None = None,
         callbacks: list[Any] | None = None,
         reward_funcs: Any = None,
+        agent: Any = None,
+        agent_scorer: Any = None,
     ) -> None:
         from datasets import Dataset
 
@@ -175,8 +180,11 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         self._last_collection_end: float | None = None
         self._async: AsyncCollector | None = None
         self._publish_seconds = 0.0
-        size = args.episodes_per_task
-        self._difficulty = DifficultySampler.of(args.difficulty_sampling, len(tasks), size)
+        self._difficulty = DifficultySampler.of(args, len(tasks))
+        agent = resolve_agent(agent, args, mixture)
+        self._agents = agent and AgentCollector(
+            agent, self.env_factory, args, self._episode_tokenizer, agent_scorer
+        )
 
     # --- generation --------------------------------------------------------------------------
 
@@ -232,6 +240,9 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         task's environment (each runs with its own turn limit, in ``validation`` its
         validation one, and action format)."""
         args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        if self._agents is not None:  # the agent plays against the served generation model
+            return self._agents.collect(self, tasks, episodes_per_task, temperature, max_turns,
+                                        sequential)  # fmt: skip
         if self.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
             if self._async is not None:  # the async publisher keeps vLLM current
                 self._async.join()
@@ -412,6 +423,8 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
             return super().train(*args, **kwargs)
         finally:
             self._stop_async()
+            if self._agents is not None:
+                self._agents.close()
 
     # --- checkpoints -------------------------------------------------------------------------
 

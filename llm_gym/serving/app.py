@@ -33,7 +33,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.serving.access import AccessGuard, AccessPolicy, Refusal
 from llm_gym.serving.body import decode_json_body
@@ -44,6 +44,9 @@ from llm_gym.serving.responses import dumps
 from llm_gym.serving.responses_api import response_events, response_from_chat
 from llm_gym.serving.responses_protocol import parse_responses_request, responses_error
 from llm_gym.serving.streaming import chat_stream, completion_stream
+
+if TYPE_CHECKING:
+    from llm_gym.serving.recording import Recorder
 
 __all__ = ["ENDPOINTS", "LOG", "MAX_BODY_BYTES", "build_app", "log_error", "refusal_body"]
 
@@ -87,9 +90,13 @@ def build_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     body_timeout_s: float = 30.0,
     access: AccessPolicy | None = None,
+    recorder: Recorder | None = None,
 ) -> Any:
     """The ASGI application serving ``engine`` (see the module docstring); ``access`` says
-    which hosts and web origins it answers (default: loopback only)."""
+    which hosts and web origins it answers (default: loopback only). With a ``recorder`` (the
+    training endpoint, :mod:`llm_gym.serving.recording`) every chat and Responses call is
+    recorded in its episode, and ``/episodes/{id}/v1/...`` serves the same endpoints for
+    episode ``id``."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
@@ -183,10 +190,30 @@ def build_app(
         finally:
             watcher.cancel()
 
+    async def recorded(
+        request: Request, body: dict[str, Any], chat: Any, finish: Callable[[Any], Any]
+    ) -> Response:
+        """A call of the training endpoint: recorded in its episode, then ``finish`` ed."""
+        assert recorder is not None
+        key = recorder.episode_key(request.headers, body, request.path_params.get("episode"))
+
+        async def run(work: Callable[[Callable[[], bool]], Any]) -> Response:
+            return await answer(request, lambda cancelled: finish(work(cancelled)))
+
+        return await recorder.serve(key, chat, run)
+
+    def any_model(body: dict[str, Any]) -> dict[str, Any]:
+        """The training endpoint serves whatever model name an agent sends."""
+        if recorder is not None and isinstance(body, dict):
+            body["model"] = engine.model_name
+        return body
+
     @endpoint
     async def chat_completions(request: Request) -> Response:
-        body = await read_json(request)
+        body = any_model(await read_json(request))
         parsed = parse_chat_request(body, engine.model_name, engine.chat_template_kwargs)
+        if recorder is not None:
+            return await recorded(request, body, parsed, lambda chat: chat)
         prompt_ids = await engine.render(parsed)  # in the render pool, never the model's thread
         if parsed.stream:
             return stream_response(await chat_stream(engine, parsed, prompt_ids))
@@ -200,9 +227,12 @@ def build_app(
 
     @endpoint
     async def responses(request: Request) -> Response:
-        body = await read_json(request)
+        body = any_model(await read_json(request))
         parsed = parse_responses_request(body, engine.model_name, engine.chat_template_kwargs)
         try:  # the chat path's errors, with the Responses field names
+            if recorder is not None:
+                finish = functools.partial(response_from_chat, parsed)
+                return await recorded(request, body, parsed.chat, finish)
             prompt_ids = await engine.render(parsed.chat)
             if parsed.stream:
                 chat_events = await chat_stream(engine, parsed.chat, prompt_ids)
@@ -266,6 +296,12 @@ def build_app(
         Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
+    if recorder is not None:  # each episode's own base URL
+        routes += [
+            Route(f"/episodes/{{episode}}{route.path}", route.endpoint, methods=route.methods)
+            for route in routes
+            if route.path.startswith("/v1/")
+        ]
     guard = Middleware(AccessGuard, policy=access or AccessPolicy(), body=refusal_body)
     return Starlette(
         routes=routes, middleware=[guard], exception_handlers={HTTPException: http_error}

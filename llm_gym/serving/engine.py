@@ -186,6 +186,11 @@ class Engine:
         await asyncio.get_running_loop().run_in_executor(self._renderer, self.chat_grammar, request)
         return prompt
 
+    async def in_render_pool(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in the render pool (call it from the event loop): prompt work
+        that must not hold the model's thread (:mod:`llm_gym.serving.recording`'s)."""
+        return await asyncio.get_running_loop().run_in_executor(self._renderer, function, *args)
+
     def close(self) -> None:
         """Drop the queued work and stop the worker once the running generation ends."""
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -271,11 +276,15 @@ class Engine:
         assembler: TextAssembler,
         on_piece: Callable[[Piece], None],
         cancelled: Callable[[], bool] = lambda: False,
+        seen: list[TokenOut] | None = None,
     ) -> None:
         """Sample, feeding each token to ``assembler`` and each non-empty piece to ``on_piece``
-        (the last one after the generation); stops early on a stop string or ``cancelled()``."""
+        (the last one after the generation); stops early on a stop string or ``cancelled()``.
+        ``seen``, when given, gets every sampled token in order (the end-of-sequence one too)."""
 
         def on_token(token: TokenOut) -> bool:
+            if seen is not None:
+                seen.append(token)
             piece = assembler.feed(token)
             if piece is not None and (piece.text or piece.tokens):
                 on_piece(piece)
@@ -374,10 +383,12 @@ class Engine:
         request: ChatRequest,
         cancelled: Callable[[], bool] = lambda: False,
         prompt_ids: list[int] | None = None,
+        seen: list[TokenOut] | None = None,
     ) -> dict[str, Any]:
         """Answer a checked, non-streamed chat request (in the worker thread) from its
         ``prompt_ids`` (:meth:`render`; None: rendered here); ``cancelled()`` true (the client
-        left) skips or stops the generation."""
+        left) skips or stops the generation; ``seen`` gets every sampled token
+        (:meth:`run`)."""
         _check_cancelled(cancelled)
         if prompt_ids is None:
             prompt_ids = self.chat_prompt(request)
@@ -386,7 +397,7 @@ class Engine:
             self.tokenizer, self.eos_ids, request.stops, keep_special=request.parse_tool_calls
         )
         pieces: list[Piece] = []
-        self.run(prompt_ids, sampling, assembler, pieces.append, cancelled)
+        self.run(prompt_ids, sampling, assembler, pieces.append, cancelled, seen)
         _check_cancelled(cancelled)
         text = assembler.text
         tools = self.action_format if request.parse_tool_calls else None

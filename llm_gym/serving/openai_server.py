@@ -55,7 +55,7 @@ import contextlib
 import copy
 import os
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from llm_gym.policies.template_render import DEFAULT_RENDER_DEADLINE_S
@@ -65,6 +65,7 @@ from llm_gym.serving.body import decode_json_body
 from llm_gym.serving.chat_protocol import DEFAULT_CHAT_TEMPLATE_KWARGS, parse_chat_request
 from llm_gym.serving.engine import DEFAULT_MAX_TOKENS, Engine
 from llm_gym.serving.protocol import parse_completion_request
+from llm_gym.serving.recording import Recorder
 from llm_gym.serving.responses import dumps
 from llm_gym.serving.threaded import (
     ThreadedServer,
@@ -158,6 +159,10 @@ class ChatCompletionServer:
             per request (:mod:`llm_gym.policies.template_render`): a template that loops
             stops the start with an error that names it, or answers its request 400 while
             the others are served.
+        record: Serve as a training endpoint: True, or a mapping of
+            :class:`~llm_gym.serving.recording.Recorder` options (``open_only``,
+            ``max_calls``, ...), records every chat and Responses call per episode
+            (:attr:`recorder`). False: nothing is kept.
     """
 
     def __init__(
@@ -179,6 +184,7 @@ class ChatCompletionServer:
         request_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S,
         access: AccessPolicy | None = None,
         render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
+        record: bool | Mapping[str, Any] = False,
     ) -> None:
         try:
             import uvicorn
@@ -197,6 +203,11 @@ class ChatCompletionServer:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.recorder: Recorder | None = None
+        """The training endpoint's recorder (``record``), else None."""
+        if record:
+            options = dict(record) if isinstance(record, Mapping) else {}
+            self.recorder = Recorder(self.engine, **options)
         self._closed = False
         self._access = access or AccessPolicy.local(host)
         self._socket = _listen(host, port, backlog)
@@ -221,6 +232,7 @@ class ChatCompletionServer:
                 max_body_bytes=max_body_bytes,
                 body_timeout_s=timeout_s,
                 access=self._access,
+                recorder=self.recorder,
             ),
             loop="asyncio",
             http=head_timeout_protocol(timeout_s),
