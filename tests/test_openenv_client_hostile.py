@@ -210,7 +210,11 @@ async def endless_head(writer) -> None:
 
 HANDSHAKES = {
     "never answered": (lambda head, server: None, "connect did not answer within"),
-    "endless headers": (lambda head, server: endless_head, "connect did not answer within"),
+    # The client's header limit or its deadline, whichever comes first, refuses it.
+    "endless headers": (
+        lambda head, server: endless_head,
+        ("connect did not answer within", "did not receive a valid HTTP response"),
+    ),
     "a 503 with 1 MB": (
         lambda head, server: b"HTTP/1.1 503 X\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 10**6,
         "rejected WebSocket connection: HTTP 503",
@@ -233,7 +237,7 @@ def test_a_hostile_handshake_is_a_remote_env_error_within_connect_timeout(name) 
         env = RemoteEnv(server.url, call_timeout_s=CALL_S, connect_timeout_s=CALL_S)
         started = time.monotonic()
         error = asyncio.run(refused(env, step=False))
-        assert expected in error, error
+        assert any(e in error for e in ([expected] if isinstance(expected, str) else expected))
         assert len(error) < 2100 and time.monotonic() - started < CALL_S + 2.0
     finally:
         server.stop()
