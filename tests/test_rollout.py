@@ -10,8 +10,9 @@ import pytest
 
 from llm_gym import Env, StepResult, Task, TruncationCause
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action
+from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies import Generation, OraclePolicy, Policy, PolicyError, PolicyRequest
-from llm_gym.rollout import RolloutStats, collect_groups
+from llm_gym.rollout import RolloutSettings, RolloutStats, collect_groups
 
 
 class EchoEnv(Env):
@@ -75,7 +76,6 @@ def test_groups_shape_and_same_task_per_group() -> None:
 
 
 def test_waves_batch_every_waiting_episode() -> None:
-    stats: list[RolloutStats] = []
     EchoEnv.closed = 0
     groups = collect_groups(
         EchoEnv,
@@ -83,9 +83,9 @@ def test_waves_batch_every_waiting_episode() -> None:
         Scripted(["hi"]),
         episodes_per_task=4,
         max_turns=3,
-        stats=stats,
     )
-    assert stats[0].policy_calls == 3 and stats[0].batch_sizes == [32, 32, 32]
+    assert isinstance(groups.stats, RolloutStats)
+    assert groups.stats.policy_calls == 3 and groups.stats.batch_sizes == [32, 32, 32]
     episodes = [e for g in groups for e in g]
     assert all(
         e.truncation_cause is TruncationCause.MAX_TURNS and e.num_turns == 3 for e in episodes
@@ -191,3 +191,16 @@ def test_tool_calls_and_errors_are_counted_per_turn() -> None:
     )[0]
     assert episode.turns[0].tool_calls == 1 and episode.turns[0].tool_errors == 1
     assert episode.tool_calls == 1 and episode.num_turns == 2 and episode.terminated
+
+
+def test_settings_are_one_record_and_fields_by_keyword_set_over_it() -> None:
+    settings = RolloutSettings(max_turns=1, failed_parse_reward=-0.5)
+    garbled = Scripted(['<tool_call>{"name": </tool_call>'])
+    [[episode]] = collect_groups(EchoEnv, [Task("x")], garbled, settings)
+    assert episode.reward == -0.5 and episode.num_turns == 1
+    [[episode]] = collect_groups(EchoEnv, [Task("x")], garbled, settings, failed_parse_reward=-1.0)
+    assert episode.reward == -1.0
+    with pytest.raises(InvalidArgumentError, match="max_turn'.*Did you mean 'max_turns'"):
+        collect_groups(EchoEnv, [Task("x")], garbled, max_turn=3)
+    with pytest.raises(InvalidArgumentError, match="needs max_turns"):
+        collect_groups(EchoEnv, [Task("x")], garbled)

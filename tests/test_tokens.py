@@ -145,16 +145,14 @@ def chatty_groups(
     policy: Any, *, tasks: int, episodes_per_task: int, max_turns: int
 ) -> tuple[list[list[Any]], list[RolloutStats]]:
     """Groups of ``Chatty`` episodes on tasks ``task 0`` ... and the run's rollout stats."""
-    stats: list[RolloutStats] = []
     groups = collect_groups(
         Chatty,
         [Task(f"task {i}") for i in range(tasks)],
         policy,
         episodes_per_task=episodes_per_task,
         max_turns=max_turns,
-        stats=stats,
     )
-    return groups, stats
+    return groups, [groups.stats]
 
 
 def test_hf_policy_generates_one_batch_per_wave(small_model) -> None:

@@ -140,27 +140,12 @@ class AsyncCollector:
                 env, task = mixture.locate(index)
                 (part,) = mixture.parts([(env, task)], validation=False)
             else:
-                part = MixturePart("", env_factory, [trainer.tasks[index]], settings,
-                                   args.action_format, oracle)  # fmt: skip
+                part = MixturePart("", env_factory, [trainer.tasks[index]], settings, oracle)
             groups = await collect_groups_async(
-                part.env_factory,
-                part.tasks,
-                policy,
-                episodes_per_task=args.episodes_per_task,
-                max_turns=part.settings.max_turns,
-                max_model_length=settings.max_model_length,
-                max_new_tokens=settings.max_new_tokens,
-                action_format=part.action_format,
-                failed_parse_reward=settings.failed_parse_reward,
-                oracle=part.oracle or oracle,
-                tokenizer=tokenizer,
-                chat_template_kwargs=settings.chat_template_kwargs,
-                template_tools=settings.template_tools,
-                generation_deadline_s=settings.generation_deadline_s,
-                env_timeout_s=settings.env_timeout_s,
-                stream=stream,
-                key_space=key,
-            )
+                part.env_factory, part.tasks, policy, part.settings,
+                episodes_per_task=args.episodes_per_task, oracle=part.oracle or oracle,
+                tokenizer=tokenizer, stream=stream, key_space=key,
+            )  # fmt: skip
             for episode in groups[0]:
                 episode.env_id = part.name or None
             return groups[0]

@@ -23,7 +23,7 @@ from trl import GRPOConfig as _TRLGRPOConfig
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD
-from llm_gym.rollout.loop import RolloutSettings
+from llm_gym.rollout.settings import RolloutSettings
 from trainers.agent_config import AgentFields
 from trainers.config_checks import check_config
 from trainers.distillation import DistillationConfig
@@ -400,10 +400,12 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields):
         """``groups_in_flight``, None resolved to ``batch_size``."""
         return self.groups_in_flight or self.batch_size
 
-    def rollout_settings(self, max_turns: int) -> RolloutSettings:
+    def rollout_settings(self, max_turns: int, action_format: str | None = None) -> RolloutSettings:
         """How a collection with ``max_turns`` turns per episode runs its episodes (the chat
-        template's ``chat_template_kwargs``, ``enable_thinking`` for example, included)."""
+        template's ``chat_template_kwargs``, ``enable_thinking`` for example, included), in
+        ``action_format`` (None: the config's)."""
         return RolloutSettings(
+            action_format=action_format or self.action_format,
             max_turns=max_turns,
             max_model_length=self.max_model_length,
             max_new_tokens=self.max_tokens_per_turn,

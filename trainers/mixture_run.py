@@ -159,10 +159,10 @@ class MixtureRun:
             tasks = [task for env, task in picks if env == index]
             if not tasks:
                 continue
-            settings = args.rollout_settings(self.max_turns(index, validation))
-            action_format = spec.action_format or args.action_format
+            turns = self.max_turns(index, validation)
+            settings = args.rollout_settings(turns, spec.action_format)
             factory = self.factories[spec.name]
-            out.append(MixturePart(spec.name, factory, tasks, settings, action_format, spec.oracle))
+            out.append(MixturePart(spec.name, factory, tasks, settings, spec.oracle))
         return out
 
     # --- validation ----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from llm_gym.core.task import Task
 from llm_gym.eval.episode_files import episode_record, write_episodes
 from llm_gym.policies import Policy
 from llm_gym.rollout.episode import Episode
-from llm_gym.rollout.loop import RolloutSettings, collect_groups_async
+from llm_gym.rollout.loop import collect_groups_async
+from llm_gym.rollout.settings import RolloutSettings
 
 __all__ = [
     "MixturePart",
@@ -47,9 +48,7 @@ class MixturePart:
     tasks: Sequence[Task]
     """Its tasks, one group each."""
     settings: RolloutSettings
-    """How its episodes run (its turn limit)."""
-    action_format: str
-    """How its replies are parsed."""
+    """How its episodes run (its turn limit, how its replies are parsed)."""
     oracle: Oracle | None = None
     """Its scripted expert (scripted policies only)."""
 
@@ -81,7 +80,6 @@ def collect_episode_groups(
     settings: RolloutSettings,
     *,
     episodes_per_task: int,
-    action_format: str,
     oracle: Oracle | None,
     tokenizer: Any,
     sequential: bool = False,
@@ -94,22 +92,9 @@ def collect_episode_groups(
 
     async def collect(chunk: Sequence[Task], per_task: int) -> list[list[Episode]]:
         return await collect_groups_async(
-            env_factory,
-            chunk,
-            policy,
-            episodes_per_task=per_task,
-            max_turns=settings.max_turns,
-            max_model_length=settings.max_model_length,
-            max_new_tokens=settings.max_new_tokens,
-            action_format=action_format,
-            failed_parse_reward=settings.failed_parse_reward,
-            oracle=oracle,
-            tokenizer=tokenizer,
-            chat_template_kwargs=settings.chat_template_kwargs,
-            template_tools=settings.template_tools,
-            generation_deadline_s=settings.generation_deadline_s,
-            env_timeout_s=settings.env_timeout_s,
-        )
+            env_factory, chunk, policy, settings,
+            episodes_per_task=per_task, oracle=oracle, tokenizer=tokenizer,
+        )  # fmt: skip
 
     if not sequential:
         return run_sync(collect(tasks, episodes_per_task))
@@ -137,26 +122,11 @@ def collect_mixture_groups(
     """
 
     async def one(part: MixturePart, stream: Any, key: Any) -> list[list[Episode]]:
-        settings = part.settings
         groups = await collect_groups_async(
-            part.env_factory,
-            part.tasks,
-            policy,
-            episodes_per_task=episodes_per_task,
-            max_turns=settings.max_turns,
-            max_model_length=settings.max_model_length,
-            max_new_tokens=settings.max_new_tokens,
-            action_format=part.action_format,
-            failed_parse_reward=settings.failed_parse_reward,
-            oracle=part.oracle or oracle,
-            tokenizer=tokenizer,
-            chat_template_kwargs=settings.chat_template_kwargs,
-            template_tools=settings.template_tools,
-            generation_deadline_s=settings.generation_deadline_s,
-            env_timeout_s=settings.env_timeout_s,
-            stream=stream,
-            key_space=key,
-        )
+            part.env_factory, part.tasks, policy, part.settings,
+            episodes_per_task=episodes_per_task, oracle=part.oracle or oracle,
+            tokenizer=tokenizer, stream=stream, key_space=key,
+        )  # fmt: skip
         for group in groups:
             for episode in group:
                 episode.env_id = part.name

@@ -219,7 +219,6 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
             policy,
             args.rollout_settings(max_turns),
             episodes_per_task=episodes_per_task,
-            action_format=args.action_format,
             oracle=self.oracle,
             tokenizer=self._episode_tokenizer,
             sequential=sequential,

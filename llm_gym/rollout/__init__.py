@@ -5,7 +5,8 @@ Policies (what writes the assistant's turns) live in :mod:`llm_gym.policies`.
 
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, EpisodeEnd
 from llm_gym.rollout.episode import Episode, Turn
-from llm_gym.rollout.loop import RolloutSettings, RolloutStats, collect_groups, collect_groups_async
+from llm_gym.rollout.loop import collect_groups, collect_groups_async
+from llm_gym.rollout.settings import EpisodeGroups, RolloutSettings, RolloutStats
 from llm_gym.rollout.tokens import TokenSample, TokenTracker, episode_to_samples
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "collect_groups_async",
     "RolloutSettings",
     "RolloutStats",
+    "EpisodeGroups",
     # records
     "Episode",
     "Turn",

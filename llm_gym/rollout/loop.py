@@ -24,10 +24,8 @@ import asyncio
 import time
 import traceback
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.actions import ActionFormat
 from llm_gym.aio import run_sync
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
@@ -37,12 +35,9 @@ from llm_gym.core.types import Message
 from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 from llm_gym.policies.template_format import episode_format
-from llm_gym.policies.template_tools import check_template_tools
 from llm_gym.rollout.batching import Streamed, Waves
 from llm_gym.rollout.driver import (
-    DEFAULT_FAILED_PARSE_REWARD,
     EpisodeDriver,
-    require_turn_limit,
 )
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.records import (
@@ -54,57 +49,13 @@ from llm_gym.rollout.records import (
     turn_record,
     unsent_turn,
 )
+from llm_gym.rollout.settings import EpisodeGroups, RolloutSettings, RolloutStats, rollout_settings
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
     "collect_groups",
     "collect_groups_async",
-    "RolloutSettings",
-    "RolloutStats",
 ]
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """How episodes are run (one object, so the trainer and the evaluator share it)."""
-
-    max_turns: int
-    """Assistant turns per episode before ``MAX_TURNS`` truncation."""
-    max_model_length: int | None = None
-    """Context budget in tokens, prompt and every turn (checked when the policy has a
-    tokenizer). A turn generates at most what still fits (``max_new_tokens`` or fewer, at least
-    one token); ``CONTEXT_OVERFLOW`` when the conversation fills it before the episode ends: no
-    token left for the next turn, or a turn cut short by the context rather than by
-    ``max_new_tokens`` (that reply never reaches the environment; its tokens are kept)."""
-    max_new_tokens: int | None = None
-    """Generation budget of one assistant turn (``None``: the policy's default)."""
-    failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD
-    """Reward of an episode that ends on an unparseable action."""
-    chat_template_kwargs: dict[str, Any] | None = None
-    """Extra arguments for the chat template (``enable_thinking``, ...)."""
-    template_tools: str = "fallback"
-    """A chat template that cannot render tools: ``"fallback"`` writes them as text into the
-    system message (:mod:`llm_gym.policies.template_tools`), ``"require"`` refuses it."""
-    generation_deadline_s: tuple[float, float] | None = None
-    """``(shortest, longest)`` seconds a policy may take for one turn, growing with the
-    context (:func:`generation_deadline`); a missed deadline aborts the turn and retries it once,
-    a second miss ends the episode as ``DEADLINE``. None: no deadline."""
-    env_timeout_s: float | None = None
-    """Seconds an environment's async ``reset``/``step``/``close`` may take before it is
-    cancelled and its episode ends as ``ENV`` (the episode driver's ``env_timeout_s``).
-    None: no limit (document 002: deadlines do not cover environment calls)."""
-
-    def __post_init__(self) -> None:
-        require_turn_limit(self.max_turns)
-        check_template_tools(self.template_tools)
-        if self.max_model_length is not None and self.max_model_length < 1:
-            raise InvalidArgumentError(
-                f"max_model_length must be None or >= 1, actual value: {self.max_model_length!r}."
-            )
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise InvalidArgumentError(
-                f"max_new_tokens must be None or >= 1, actual value: {self.max_new_tokens!r}."
-            )
 
 
 def generation_deadline(
@@ -267,41 +218,20 @@ async def _run_episode(
     return Ended(episode, ending, tracker, env, start, failure)
 
 
-@dataclass
-class RolloutStats:
-    """How a collection went (for tests, benchmarks and logs)."""
-
-    policy_calls: int
-    """Batched ``policy.act`` calls (one per wave), or a streaming policy's batched model calls
-    (one forward pass per step of continuous batching)."""
-    batch_sizes: list[int]
-    """Episodes served by each call."""
-    wall_time_s: float
-    """Seconds for the whole collection."""
-
-
 async def collect_groups_async(
     env_factory: EnvFactory | Any,
     tasks: Sequence[Task],
     policy: Policy,
+    settings: RolloutSettings | None = None,
     *,
     episodes_per_task: int = 1,
-    max_turns: int,
-    max_model_length: int | None = None,
-    max_new_tokens: int | None = None,
-    action_format: str | ActionFormat = "auto",
-    failed_parse_reward: float = DEFAULT_FAILED_PARSE_REWARD,
     oracle: Oracle | None = None,
     tokenizer: Any = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    template_tools: str = "fallback",
     progress: bool | str = False,
-    stats: list[RolloutStats] | None = None,
     stream: PolicyStream | None = None,
     key_space: Hashable = None,
-    generation_deadline_s: tuple[float, float] | None = None,
-    env_timeout_s: float | None = None,
-) -> list[list[Episode]]:
+    **fields: Any,
+) -> EpisodeGroups:
     """Run ``episodes_per_task`` episodes of every task, all concurrently; one group per task.
 
     Args:
@@ -310,30 +240,20 @@ async def collect_groups_async(
         tasks: The tasks; every episode of a group starts from the same task.
         policy: Produces the actions: through its stream when it opens one (continuous
             batching), else one batched call per wave of waiting episodes.
+        settings: How the episodes run (:class:`RolloutSettings`: the turn limit, the context
+            and token budgets, the action format, deadlines, ...).
         episodes_per_task: Episodes per task (the group size).
-        max_turns: Assistant turns before ``MAX_TURNS`` truncation.
-        max_model_length: Context budget in tokens (needs a tokenizer: the policy's by default).
-        max_new_tokens: Tokens per assistant turn (passed to the policy).
-        action_format: How tool calls are written and parsed: ``"auto"`` (the format the
-            chat template teaches, else hermes: ``template_format.episode_format``) or a
-            registered name (pinned; a warning when the template differs).
-        failed_parse_reward: Reward of an episode ending on an unparseable action.
         oracle: The environment's scripted expert, for ``OraclePolicy``.
-        tokenizer: Builds token samples (token-in/token-out); defaults to ``policy.tokenizer``.
-        chat_template_kwargs: Extra chat template arguments.
-        template_tools: A chat template that cannot render tools: ``"fallback"`` (the tools as
-            text in the system message) or ``"require"`` (refused).
+        tokenizer: Builds token samples (token-in/token-out); defaults to ``policy.tokenizer``
+            (the context budget needs one).
         progress: Show a progress bar (a string sets its description).
-        stats: When given, a :class:`RolloutStats` is appended to it.
         stream: A stream of ``policy`` that outlives this collection (async training's rollout
             worker runs many collections on one engine); it is left open. None: the policy
             opens one for this collection, when it streams.
         key_space: Tells this collection's episodes apart from others on a shared ``stream``
             (episode keys become ``(key_space, group, index)``).
-        generation_deadline_s: ``(shortest, longest)`` seconds per turn, by context size (see
-            :func:`generation_deadline`); None: no deadline.
-        env_timeout_s: Seconds an environment's async ``reset``/``step``/``close`` may take
-            before its episode ends as ``ENV``; None: no limit.
+        **fields: :class:`RolloutSettings` fields by keyword (``max_turns=6``), set over
+            ``settings`` (or making the whole record without it).
 
     Raises:
         PolicyError: The policy failed every episode, or answered no turn and failed some, or
@@ -343,27 +263,19 @@ async def collect_groups_async(
             kind names the error when both failed).
 
     Returns:
-        ``groups[i][j]``: episode ``j`` of ``tasks[i]``.
+        ``groups[i][j]``: episode ``j`` of ``tasks[i]``, with the collection's
+        :attr:`~EpisodeGroups.stats`.
     """
     if not isinstance(episodes_per_task, int) or episodes_per_task < 1:
         raise InvalidArgumentError(
             f"episodes_per_task must be an int >= 1, actual value: {episodes_per_task!r}."
         )
-    settings = RolloutSettings(
-        max_turns=max_turns,
-        max_model_length=max_model_length,
-        max_new_tokens=max_new_tokens,
-        failed_parse_reward=failed_parse_reward,
-        chat_template_kwargs=chat_template_kwargs,
-        template_tools=template_tools,
-        generation_deadline_s=generation_deadline_s,
-        env_timeout_s=env_timeout_s,
-    )
+    settings = rollout_settings(settings, fields)
     factory = as_env_factory(env_factory)
     if tokenizer is None:
         tokenizer = getattr(policy, "tokenizer", None)
-    fmt = episode_format(action_format, tokenizer, template_tools=template_tools,
-                         chat_template_kwargs=chat_template_kwargs)  # fmt: skip
+    fmt = episode_format(settings.action_format, tokenizer, template_tools=settings.template_tools,
+                         chat_template_kwargs=settings.chat_template_kwargs)  # fmt: skip
     task_list = list(tasks)
     total = len(task_list) * episodes_per_task
     own_stream = stream is None
@@ -432,11 +344,11 @@ async def collect_groups_async(
         ) from failures[0]
     if model_failures and len(model_failures) == total:
         raise every_episode_failed(model_failures, total)
-    if stats is not None:
-        stats.append(RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start))
-    return list(groups)
+    out = EpisodeGroups(groups)
+    out.stats = RolloutStats(waves.calls, waves.batch_sizes, time.perf_counter() - start)
+    return out
 
 
-def collect_groups(*args: Any, **kwargs: Any) -> list[list[Episode]]:
+def collect_groups(*args: Any, **kwargs: Any) -> EpisodeGroups:
     """Synchronous :func:`collect_groups_async` (same arguments)."""
     return run_sync(collect_groups_async(*args, **kwargs))
