@@ -670,7 +670,7 @@ FUZZ_TEXT = st.one_of(
         lambda t: t[1].format(json.dumps(t[0], ensure_ascii=False))
     ),
 )
-FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ

@@ -202,7 +202,7 @@ def scripted_trainer(small_model_dir, tmp_path_factory):
     tasks = [Task(f"task {i}", id=str(i)) for i in range(2)]
     trainer = MultiTurnGRPOTrainer(args=args, env_factory=ToolUseGameEnv, tasks=tasks)
 
-    def collect(tasks, *, episodes_per_task, temperature, max_turns, sequential=False):
+    def collect(tasks, *, episodes_per_task, temperature, max_turns, sequential=False, **mixture):
         trainer.collected.extend(int(task.id) for task in tasks)
         return [
             [_episode(r, task=task, index=e) for e, r in enumerate(trainer.outcomes[int(task.id)])]

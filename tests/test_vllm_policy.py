@@ -164,6 +164,7 @@ def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> No
             vllm_generation=generation,
             use_vllm=True,
             tasks=list(get_tasks("train")[:4]),
+            mixture=None,
         )
         collector = AsyncCollector(trainer, ToolUseGameEnv, oracle=None)
         try:
