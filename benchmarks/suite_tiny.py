@@ -227,12 +227,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.estimate:
         return estimate(args.config, threads)
     result = run(args.config, threads)
-    text = report(result)
-    print(text)
     out = output_dir(False, args.out_dir, args.write)
     if out is not None:
-        write_markdown(NAME, text, out)
         write_json(NAME, result, out)
+    text = report(result)
+    print(text)
+    if out is not None:
+        write_markdown(NAME, text, out)
         plot(result, out / f"{NAME}.png")
     return result
 

@@ -156,7 +156,7 @@ def _evaluate_env(
         episodes=settings.episodes,
         seed=config.seed,
         max_turns=turns,
-        sampling={"max_new_tokens": settings.max_new_tokens},
+        sampling={"temperature": 0.0, "max_new_tokens": settings.max_new_tokens},
         spec=f"hf:{path}",
         env_version=entry.version,
         model_path=path,
@@ -219,7 +219,9 @@ def _write_leaderboard(
         model_hashes={r.model_path: r.model_hash for r in records if r.model_path},
     )
     view = View(settings.split, 1, settings.episodes, config.seed, None)
-    sampling = {stage: {"max_new_tokens": settings.max_new_tokens} for stage in labels}
+    sampling = {
+        stage: {"temperature": 0.0, "max_new_tokens": settings.max_new_tokens} for stage in labels
+    }
     stages = [s for s in labels if any(r.policy == s for r in records)]
     table = build_table(records, names, stages, view, now, sampling)
     write_atomic(out / "leaderboard.md", render_markdown(table, stages, view))
