@@ -230,3 +230,34 @@ def test_train_py_runs_the_mixture_config_for_two_steps(tmp_path) -> None:
     }
     table = (out / "leaderboard.md").read_text()
     assert "Maze-v0" in table and "after-grpo" in table
+
+
+def test_train_py_runs_a_shrunk_suite_config_with_its_warm_start(tmp_path) -> None:
+    """configs/suite_tiny.yaml through train.py, shrunk (a few SFT steps of each phase, one
+    GRPO step, two evaluation tasks): the warm start reads every env's demonstrations by
+    weight, and the leaderboard holds each env after SFT and after GRPO."""
+    import json
+
+    out = tmp_path / "run"
+    sets = [
+        f"output_dir={out}", "sft.episodes=16", "sft.batch_size=4", "sft.short_context_steps=2",
+        "sft.max_steps=2", "grpo.num_steps=1", "grpo.episodes_per_task=2",
+        "grpo.max_tokens_per_turn=16", "evaluation.episodes=2", "evaluation.max_new_tokens=16",
+    ]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config",
+         str(ROOT / "configs" / "suite_tiny.yaml"), "--set", *sets],
+        capture_output=True, text=True, timeout=1500, env=subprocess_env(tmp_path), cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    weights = {name: env["weight"] for name, env in summary["envs"].items()}
+    assert len(weights) >= 5
+    # 16 demonstrations by the weights 3 2 1 1 1 (of 8): 6 4 2 2 2, every oracle succeeds
+    assert summary["sft_rows"] == {name: 2 * w for name, w in weights.items()}
+    assert (out / "sft_short_context" / "sft_info.json").is_file()
+    records = json.loads((out / "leaderboard.json").read_text())["records"]
+    assert {(r["env_id"], r["policy"]) for r in records} == {
+        (env, stage) for env in weights for stage in ("after-sft", "after-grpo")
+    }
+    assert "after-sft" in (out / "leaderboard.md").read_text()

@@ -1,10 +1,12 @@
-"""``train.py`` on a mixture of environments (a config with ``envs:``): model, GRPO on the
-mixture, and each environment evaluated before and after GRPO in the leaderboard's format.
+"""``train.py`` on a mixture of environments (a config with ``envs:``): model, an optional SFT
+warm start on every environment's demonstrations by weight (:mod:`trainers.mixture_sft`), GRPO
+on the mixture, and each environment evaluated before and after GRPO in the leaderboard's format.
 
 The run writes into ``output_dir``: ``leaderboard.json`` (one
 :class:`~llm_gym.eval.leaderboard.Record` per environment and stage, policies ``before-grpo``
-and ``after-grpo``), ``leaderboard.md`` (the table, environments as rows),
-``eval_<stage>_<env>.json`` (each report) and ``summary.json``.
+and ``after-grpo``; ``after-sft`` and ``after-grpo`` with a warm start), ``leaderboard.md``
+(the table, environments as rows), ``eval_<stage>_<env>.json`` (each report), ``summary.json``
+and ``step_log.jsonl`` (every logged record of GRPO).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.pretrained import resolve_model_path
 from trainers.mixture import MixtureEnv
 from trainers.mixture_config import mixture_envs
+from trainers.mixture_sft import check_mixture_sft, mixture_sft_dataset
 from trainers.pipeline_config import PipelineConfig, build_grpo_config, has_gpu
 from trainers.pipeline_eval import evaluate_model
 
-__all__ = ["STAGES", "check_mixture_pipeline", "run_mixture_pipeline"]
+__all__ = ["SFT_STAGES", "STAGES", "check_mixture_pipeline", "run_mixture_pipeline"]
 
 STAGES = ("before-grpo", "after-grpo")
 """The leaderboard's policy labels of the two evaluations."""
+SFT_STAGES = ("after-sft", "after-grpo")
+"""The labels with an SFT warm start: the first evaluation is the warm-started model's."""
 
 
 def check_mixture_pipeline(config: PipelineConfig) -> list[MixtureEnv]:
@@ -43,11 +48,7 @@ def check_mixture_pipeline(config: PipelineConfig) -> list[MixtureEnv]:
             "(envs: [{id: ToolUseGame-v0, task_options: {world_seed: varied}}])."
         )
     if config.sft is not None:
-        raise InvalidArgumentError(
-            "sft with envs: the warm start reads one environment's demonstrations. Warm-start "
-            "in a run of its own (env: ..., grpo.num_steps: 0) and name its final model as "
-            "model:, or set sft: null."
-        )
+        check_mixture_sft(config.sft)
     envs = mixture_envs(config.mixture, config.val_tasks, config.grpo.get("max_turns"))
     turns = config.grpo.get("max_turns") or max(env.max_turns or 1 for env in envs)
     build_grpo_config(config, config.model, max_turns=turns, use_cpu=not has_gpu())
@@ -71,11 +72,18 @@ def run_mixture_pipeline(config: PipelineConfig, command: str = "train.py") -> d
     if config.model == "tiny":
         from llm_gym.models import build_tiny_model
 
-        print("== 1/4 building the tiny model (tokenizer on every env's text)", flush=True)
+        print("== building the tiny model (tokenizer on every env's text)", flush=True)
         tiny_args = {"envs": sorted(set(ids.values())), **config.tiny_model}
         model_path = str(build_tiny_model(seed=config.seed, **tiny_args))
+        summary["build_seconds"] = time.perf_counter() - started
     else:
         model_path = resolve_model_path(config.model)
+    stages = STAGES
+    if config.sft is not None:
+        stages = SFT_STAGES
+        t = time.perf_counter()
+        model_path, summary["sft_rows"] = _warm_start(config, envs, model_path, out)
+        summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
     records: list[Any] = []
 
@@ -88,7 +96,9 @@ def run_mixture_pipeline(config: PipelineConfig, command: str = "train.py") -> d
             rate = records[-1].success_rate
             print(f"   {env.name}: success {rate:.3f}", flush=True)
 
-    evaluate(model_path, STAGES[0])
+    t = time.perf_counter()
+    evaluate(model_path, stages[0])
+    summary["evaluation_seconds"] = {stages[0]: time.perf_counter() - t}
     weights = ", ".join(f"{env.name} x{env.weight:g}" for env in envs)
     print(f"== multi-turn GRPO on a mixture ({weights})", flush=True)
     turns = config.grpo.get("max_turns") or max(env.max_turns or 1 for env in envs)
@@ -102,9 +112,13 @@ def run_mixture_pipeline(config: PipelineConfig, command: str = "train.py") -> d
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
     summary["train_log"] = [r for r in trainer.state.log_history if "reward" in r]
-    evaluate(str(final_path), STAGES[1])
+    step_log = (json.dumps(record, default=str) + "\n" for record in trainer.state.log_history)
+    (out / "step_log.jsonl").write_text("".join(step_log))
+    t = time.perf_counter()
+    evaluate(str(final_path), stages[1])
+    summary["evaluation_seconds"][stages[1]] = time.perf_counter() - t
     if records:
-        summary["evaluation"] = _write_leaderboard(config, records, envs, out)
+        summary["evaluation"] = _write_leaderboard(config, records, envs, out, stages)
     summary["total_seconds"] = time.perf_counter() - started
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"Total time: {summary['total_seconds'] / 60:.1f} min. Wrote {out / 'summary.json'}.")
@@ -142,7 +156,7 @@ def _evaluate_env(
         episodes=settings.episodes,
         seed=config.seed,
         max_turns=turns,
-        sampling={"max_new_tokens": settings.max_new_tokens},
+        sampling={"temperature": 0.0, "max_new_tokens": settings.max_new_tokens},
         spec=f"hf:{path}",
         env_version=entry.version,
         model_path=path,
@@ -152,8 +166,41 @@ def _evaluate_env(
     return record_from_report(report, job)
 
 
+def _warm_start(
+    config: PipelineConfig, envs: list[MixtureEnv], model_path: str, out: Path
+) -> tuple[str, dict[str, int]]:
+    """The SFT warm start on every environment's demonstrations by weight: the warm-started
+    model's path and the rows each environment gave."""
+    from transformers import AutoTokenizer
+
+    from llm_gym.policies.chat_templates import resolve_chat_template
+    from trainers.pipeline_sft import sft_stage
+
+    sft, grpo = config.sft, config.grpo
+    assert sft is not None and config.mixture is not None
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if grpo.get("chat_template") is not None:  # the template the run gives the model
+        given = resolve_chat_template(grpo["chat_template"])
+        tokenizer.chat_template = given if isinstance(given, str) else given.template
+    print(f"== SFT warm start on {sft.episodes} demonstrations by weight", flush=True)
+    dataset, made = mixture_sft_dataset(
+        envs, config.mixture, sft, config.seed, grpo.get("action_format"), tokenizer
+    )
+    print("   rows: " + ", ".join(f"{name} {rows}" for name, rows in made.items()), flush=True)
+    path = sft_stage(
+        model_path, out, dataset, sft, config.seed,
+        action_format=grpo.get("action_format") or "auto",
+        chat_template=grpo.get("chat_template"), health_action=grpo.get("health_action", "warn"),
+    )  # fmt: skip
+    return path, made
+
+
 def _write_leaderboard(
-    config: PipelineConfig, records: list[Any], envs: list[MixtureEnv], out: Path
+    config: PipelineConfig,
+    records: list[Any],
+    envs: list[MixtureEnv],
+    out: Path,
+    labels: tuple[str, str] = STAGES,
 ) -> dict[str, Any]:
     """``leaderboard.json`` and ``leaderboard.md`` of the run; each env's success before and
     after (with its 95% interval) for the summary."""
@@ -172,8 +219,10 @@ def _write_leaderboard(
         model_hashes={r.model_path: r.model_hash for r in records if r.model_path},
     )
     view = View(settings.split, 1, settings.episodes, config.seed, None)
-    sampling = {stage: {"max_new_tokens": settings.max_new_tokens} for stage in STAGES}
-    stages = [s for s in STAGES if any(r.policy == s for r in records)]
+    sampling = {
+        stage: {"temperature": 0.0, "max_new_tokens": settings.max_new_tokens} for stage in labels
+    }
+    stages = [s for s in labels if any(r.policy == s for r in records)]
     table = build_table(records, names, stages, view, now, sampling)
     write_atomic(out / "leaderboard.md", render_markdown(table, stages, view))
     return {

@@ -173,7 +173,9 @@ def sft_tasks(
     reading the tool results, and reinforcing that does not carry over to held-out tasks (we
     measured GRPO on SFT-seen tasks lowering held-out success). The tasks come from the env's
     seeded generator (``generate_tasks(seed, n)`` beside its task source); an env without one
-    uses its train split (cycled). ``options`` go to both (``{"world_seed": "varied"}``),
+    uses its train split (cycled), and so does the rest of a count the generator cannot reach
+    outside the splits (GuessNumber's and Wordle's prompts are all in its splits: their tasks
+    differ only in the hidden secret). ``options`` go to both (``{"world_seed": "varied"}``),
     ``generator_options`` to the generator alone (``{"worlds_per_question": 8}``)."""
     import importlib
 
@@ -198,4 +200,5 @@ def sft_tasks(
     if options or generator_options:
         generate = functools.partial(generate, **options, **(generator_options or {}))
     held_out = [*train, *entry.tasks("val"), *entry.tasks("test")]
-    return disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
+    fresh = disjoint_tasks(generate, episodes, seed=10_000 + seed, exclude=held_out)
+    return [*fresh, *(train[i % len(train)] for i in range(episodes - len(fresh)))]

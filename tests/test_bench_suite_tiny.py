@@ -1,0 +1,54 @@
+"""benchmarks.suite_tiny without a model: the unit costs read from a probe run's files and the
+report's rows at zero, on hand-made outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.common import Conditions
+from benchmarks.suite_tiny import estimate_seconds, report, unit_costs
+
+
+def test_unit_costs_come_from_the_probes_files_by_hand(tmp_path) -> None:
+    for phase, seconds, steps in (("sft_short_context", 12.0, 24), ("sft", 6.0, 4)):
+        (tmp_path / phase).mkdir()
+        info = {"train_seconds": seconds, "steps": steps}
+        (tmp_path / phase / "sft_info.json").write_text(json.dumps(info))
+    summary = {
+        "envs": {"a": {}, "b": {}},
+        "sft_seconds": 20.0,  # 18 s of training: 2 s for 100 demonstrations
+        "grpo_seconds": 30.0,
+        "evaluation_seconds": {"after-sft": 4.0, "after-grpo": 4.0},
+        "build_seconds": 1.5,
+    }
+    recipe = {"episodes": 100, "short_steps": 24, "full_steps": 4, "grpo_steps": 2,
+              "eval_episodes": 4}  # fmt: skip
+    costs = unit_costs(summary, tmp_path, recipe)
+    assert costs == pytest.approx({
+        "demonstration": 0.02, "short_step": 0.5, "full_step": 1.5, "grpo_step": 15.0,
+        "eval_episode": 0.5,  # 8 s over 2 evaluations x 2 envs x 4 episodes
+        "build": 1.5,
+    })  # fmt: skip
+    # the probe's own recipe is estimated back to its measured seconds (build aside)
+    assert estimate_seconds(costs, recipe, envs=2)["total"] == pytest.approx(20 + 30 + 8)
+
+
+def test_the_report_names_the_rows_that_stay_at_zero() -> None:
+    conditions = Conditions.start("suite_tiny", threads={"torch_threads": 1}).finish()
+    rate = {"a/after-sft": 0.5, "a/after-grpo": 0.0, "b/after-sft": 0.0, "b/after-grpo": 0.0}
+    summary = {
+        "envs": {"a": {"weight": 2}, "b": {"weight": 1}},
+        "sft_rows": {"a": 4, "b": 2},
+        "sft_seconds": 10.0,
+        "grpo_seconds": 5.0,
+        "evaluation_seconds": {"after-sft": 1.0, "after-grpo": 1.0},
+        "total_seconds": 120.0,
+        "evaluation": {k: {"success_rate": v, "success_ci": [0, 1]} for k, v in rate.items()},
+    }
+    result = {"conditions": conditions.as_json(), "config": "configs/suite_tiny.yaml",
+              "summary": summary, "table": "# title\n\n| environment |\n"}  # fmt: skip
+    text = report(result)
+    assert "Stays at 0.000 after SFT and after GRPO: b." in text
+    assert "**2.0 min** in all" in text and "SFT rows by environment: a 4, b 2" in text
