@@ -582,7 +582,7 @@ def raise_limit():
     resource.setrlimit(resource.RLIMIT_CPU, (100, 100))
 def shared_memory():
     import _posixshmem
-    return _posixshmem.shm_open('/llm_gym_campaign', os.O_CREAT | os.O_RDWR, 0o600)
+    return _posixshmem.shm_open('/llm_gym_sandbox_probe', os.O_CREAT | os.O_RDWR, 0o600)
 def shared_memory_module():
     from multiprocessing import shared_memory
     return shared_memory.SharedMemory(create=True, size=16)
