@@ -1,7 +1,7 @@
 """Train an agent on an llm_gym environment: ``accelerate launch train.py --config CONFIG``.
 
 Thin on purpose: read the config (YAML, or TOML for a ``.toml`` path), run
-:func:`trainers.pipeline.run_pipeline`. Override single keys with ``--set grpo.num_steps=2
+:func:`trainers.pipeline.run.run_pipeline`. Override single keys with ``--set grpo.num_steps=2
 sft.time_budget_s=60`` (document 002's ``[train]`` names too: ``train.group_size=8``). A
 ``"module:attr"`` reference in the config (``sft.oracle``) may name llm_gym's and trainers'
 modules; ``--trust-module my_pkg`` lets it name ``my_pkg``'s too (see
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         trust(args.trust_module)
         config = _checked_config(args)
-        from trainers.pipeline import run_pipeline
+        from trainers.pipeline.run import run_pipeline
 
         return run_pipeline(config)
     except KeyboardInterrupt:
@@ -78,8 +78,8 @@ def _checked_config(args: argparse.Namespace) -> Any:
     """The config of ``args`` with its --set values, checked as far as it can be before any
     model work (the env, its tasks, the GRPO fields)."""
     from llm_gym.errors import InvalidArgumentError, LlmGymError
-    from trainers.pipeline import check_pipeline
-    from trainers.pipeline_config import load_config, yaml_load
+    from trainers.pipeline.config import load_config, yaml_load
+    from trainers.pipeline.run import check_pipeline
 
     overrides = {}
     for item in args.set:

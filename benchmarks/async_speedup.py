@@ -114,7 +114,7 @@ def train_one(model: str, name: str, latency: float, args: Args, out: Path) -> t
 
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     run = Run(contender=name, latency=latency, round=0)
     stamps: list[float] = []

@@ -2,7 +2,7 @@
 
 One short SFT warm start of the tiny model (the main job's recipe, fewer steps, so the start is
 weak and many groups are all failures), then GRPO from it twice per seed: TRL's uniform task
-order, and ``difficulty_sampling: {}`` (:mod:`trainers.difficulty`). Equal compute: the same
+order, and ``difficulty_sampling: {}`` (:mod:`trainers.grpo.difficulty`). Equal compute: the same
 steps, tasks per step and group size (the filter changes which tasks, not how many episodes).
 The arms alternate per seed (ABBA). Every ``--val-every`` steps each run validates greedily on
 the val split; the report gives, per arm and seed, the first step whose held-out success reaches
@@ -75,7 +75,7 @@ def grpo_overrides(args: argparse.Namespace, arm: str, seed: int) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from trainers.pipeline import load_config, run_pipeline
+    from trainers.pipeline.run import load_config, run_pipeline
 
     conditions = Conditions.start(
         NAME,

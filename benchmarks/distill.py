@@ -96,7 +96,7 @@ def distill(student: str, teacher: str, args: Args, out: Path) -> tuple[Any, lis
 
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     torch.manual_seed(args.seed)
     config = GRPOConfig(

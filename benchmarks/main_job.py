@@ -1,7 +1,7 @@
 """The main job, measured: the README's training run, then its GRPO phase again with other seeds.
 
 1. The job exactly as a newcomer runs it (``train.py --config configs/tool_use_game_tiny.yaml``,
-   here through :func:`trainers.pipeline.run_pipeline`): the tiny model, the SFT warm start, the
+   here through :func:`trainers.pipeline.run.run_pipeline`): the tiny model, the SFT warm start, the
    held-out evaluations before GRPO, GRPO with seed 0, the evaluations after. Its wall time is the
    job's time.
 2. The GRPO phase again from the same SFT model with GRPO seeds 1, 2, ... (the evaluation seed
@@ -61,7 +61,7 @@ QUICK = {
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from trainers.pipeline import load_config, run_pipeline
+    from trainers.pipeline.run import load_config, run_pipeline
 
     conditions = Conditions.start(
         NAME,

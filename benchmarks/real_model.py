@@ -4,11 +4,11 @@ sampling fine-tuning (RFT) from the same start at the same compute.
 For each recipe (a ``train.py`` config: ``configs/tool_use_game_smollm2.yaml``, SFT warm start
 then GRPO; ``configs/guess_number_smollm2.yaml``, GRPO straight from the instruct model):
 
-1. the recipe as ``train.py`` runs it (:func:`trainers.pipeline.run_pipeline`): held-out success
+1. the recipe as ``train.py`` runs it (:func:`trainers.pipeline.run.run_pipeline`): held-out success
    at the start (after SFT where there is one), then after GRPO, greedy and sampled, each gain
    paired by task with its 95% interval;
 2. RFT from the same start model (the first run's SFT folder, or the base model): the same run
-   with ``credit_assignment: rejection_sampling`` (:mod:`trainers.rejection_sampling`: the SFT
+   with ``credit_assignment: rejection_sampling`` (:mod:`trainers.grpo.rejection_sampling`: the SFT
    loss on the model's own successful episodes), so the same tasks, rollouts per step, steps,
    optimizer and learning rate: the same compute (both runs' wall times are reported);
 3. GRPO minus RFT after training, paired by task, with its 95% interval.
@@ -70,8 +70,8 @@ def paired(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
 
 
 def run_recipe(name: str, config_path: str, out: Path, quick: bool) -> dict[str, Any]:
-    from trainers.pipeline import run_pipeline
-    from trainers.pipeline_config import load_config
+    from trainers.pipeline.config import load_config
+    from trainers.pipeline.run import run_pipeline
 
     base = dict(QUICK) if quick else {}
     if load_config(ROOT / config_path).sft is None:  # no SFT stage to shrink

@@ -297,7 +297,7 @@ def time_generate(
     row (the prompts' own suffixes are left-padded between the prefix and them)."""
     from transformers import DynamicCache
 
-    from trainers.shared_prefix import cache_keyword
+    from trainers.grpo.shared_prefix import cache_keyword
 
     keyword = cache_keyword(model.forward)  # ``cache`` in transformers 5.2x, else the old name
     device = next(model.parameters()).device

@@ -104,8 +104,8 @@ def warm_model(args: Args) -> str:
     if args.model:
         return args.model
     from llm_gym.models import build_tiny_model
-    from trainers.sft import sft_warm_start
-    from trainers.sft_data import oracle_sft_dataset
+    from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.train import sft_warm_start
 
     out = cache_dir() / "bench-sft"
     if (out / "config.json").exists():

@@ -5,7 +5,7 @@
    episodes per environment) and print the estimate of the whole recipe
    (:func:`estimate_seconds`). Writes nothing.
 2. Without it: the run itself (``train.py`` on the config, through
-   :func:`trainers.pipeline.run_pipeline`), timed, with the machine's conditions; writes
+   :func:`trainers.pipeline.run.run_pipeline`), timed, with the machine's conditions; writes
    ``suite_tiny.md`` (each environment's success after SFT and after GRPO on the test split,
    with 95% intervals: the run's leaderboard), ``suite_tiny.json`` (the records and the summary)
    and ``suite_tiny.png`` (the reward per environment over the GRPO steps).
@@ -101,7 +101,7 @@ def unit_costs(summary: dict[str, Any], out: Path, recipe: dict[str, float]) -> 
 
 def estimate(config_path: Path, threads: dict[str, Any] | None = None) -> dict[str, Any]:
     """The probe run and the estimate (see the module docstring); prints both."""
-    from trainers.pipeline import load_config, run_pipeline
+    from trainers.pipeline.run import load_config, run_pipeline
 
     full = load_config(config_path, {})
     with tempfile.TemporaryDirectory(prefix="llm_gym_suite_probe_") as tmp:
@@ -129,7 +129,7 @@ def estimate(config_path: Path, threads: dict[str, Any] | None = None) -> dict[s
 def run(config_path: Path, threads: dict[str, Any]) -> dict[str, Any]:
     """The recipe, timed: the run's summary, its leaderboard records and the conditions
     (``threads``: :func:`~benchmarks.common.pin_threads`'s settings)."""
-    from trainers.pipeline import load_config, run_pipeline
+    from trainers.pipeline.run import load_config, run_pipeline
 
     conditions = Conditions.start(NAME, threads=threads, settings={})
     config = load_config(config_path, {})

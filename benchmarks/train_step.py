@@ -188,8 +188,8 @@ class StepTimer:
 def build_ours(model_path: str, tasks, args: Args, out: Path, steps: int, **ablation: Any):
     from llm_gym.envs.tool_use_game import ToolUseGameEnv
     from trainers import GRPOConfig
-    from trainers.train import load_tasks
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.train import load_tasks
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     config = GRPOConfig(
         model=model_path,
@@ -309,7 +309,7 @@ def evaluate(model_path: str, args: Args, label: str) -> dict[str, Any]:
 
 def quality(model_path: str, tasks, args: Args, tmp: Path, tokenizer: Any) -> dict[str, Any]:
     """Ours and TRL trained ``quality_steps`` steps each, and the start, on held-out tasks."""
-    from trainers.pipeline_eval import paired_gain
+    from trainers.pipeline.eval import paired_gain
 
     start = evaluate(model_path, args, "start")
     result: dict[str, Any] = {}

@@ -358,11 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     mcp_cli.add_arguments(p, _add_task_option)
     p.set_defaults(func=lambda a, out: mcp_cli.run(a, out, _serve_until_stopped, _assignments))
     _add_new_env(sub)
-    # The train extra's command: its own parser (trainers.sft_command) reads every argument.
-    p = sub.add_parser("sft", help="fine-tune a model on saved episodes (trainers.sft_command)",
+    # The train extra's command: its own parser (trainers.sft.command) reads every argument.
+    p = sub.add_parser("sft", help="fine-tune a model on saved episodes (trainers.sft.command)",
                        add_help=False, prefix_chars="\0")  # fmt: skip
     p.add_argument("arguments", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda args, out: resolve("trainers.sft_command:main")(args.arguments, out))
+    p.set_defaults(func=lambda args, out: resolve("trainers.sft.command:main")(args.arguments, out))
 
     p = sub.add_parser("show-task", help="print one task as JSON")
     p.add_argument("env_id")

@@ -1,5 +1,5 @@
-"""The trainer's agent fields (:mod:`trainers.agent_config`) and how an agent is resolved
-(:func:`trainers.agent_rollouts.resolve_agent`): refused before any model loads, with the
+"""The trainer's agent fields (:mod:`trainers.grpo.config.agent`) and how an agent is resolved
+(:func:`trainers.grpo.agent_rollouts.resolve_agent`): refused before any model loads, with the
 field and the remedy named."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ pytest.importorskip("trl")
 
 from llm_gym.errors import InvalidArgumentError
 from trainers import GRPOConfig
-from trainers.agent_rollouts import resolve_agent
+from trainers.grpo.agent_rollouts import resolve_agent
 
 
 def config(**fields) -> GRPOConfig:

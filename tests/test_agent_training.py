@@ -151,7 +151,7 @@ def test_an_agent_trains_and_its_samples_are_what_the_engine_sampled(
     if name == "langgraph":
         pytest.importorskip("langchain_openai")
     import llm_gym.serving.engine as engine_module
-    import trainers.agent_rollouts as agent_rollouts
+    import trainers.grpo.agent_rollouts as agent_rollouts
     from trainers import GRPOConfig, train_multi_turn
 
     sampled: list[list[int]] = []  # every generation's tokens, as the engine sampled them

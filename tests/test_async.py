@@ -18,8 +18,8 @@ from llm_gym.core.task import Task  # noqa: E402
 from llm_gym.errors import InvalidArgumentError  # noqa: E402
 from llm_gym.policies.weights import VersionedWeights  # noqa: E402
 from trainers import GRPOConfig, WeightSyncType  # noqa: E402
-from trainers.batch import off_policy_weights, stale_token_mask  # noqa: E402
-from trainers.weight_sync import CallbackPublisher, InProcessPublisher  # noqa: E402
+from trainers.async_rl.weight_sync import CallbackPublisher, InProcessPublisher  # noqa: E402
+from trainers.grpo.batch import off_policy_weights, stale_token_mask  # noqa: E402
 
 SYNC, BACKGROUND, PIPELINE = (m.value for m in WeightSyncType)
 
@@ -344,7 +344,7 @@ def test_background_publish_lets_turns_in_flight_finish_under_the_old_weights(sm
 
 def _trainer(model_dir, output_dir, env_factory=None, tasks=None, **config):
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     settings = dict(
         output_dir=str(output_dir),
@@ -371,7 +371,7 @@ def _trainer(model_dir, output_dir, env_factory=None, tasks=None, **config):
 
 
 def _rows_batch(versions: list[int]):
-    from trainers.batch import Row, rows_to_tensors
+    from trainers.grpo.batch import Row, rows_to_tensors
 
     rows = [
         Row(
@@ -511,7 +511,7 @@ class _FailingPolicyError(RuntimeError):
 
 def test_a_policy_failure_stops_the_worker_and_reaches_the_trainer(small_model_dir, tmp_path):
     from llm_gym.policies import hf_stream
-    from trainers.async_rollout import RolloutWorkerError
+    from trainers.async_rl.rollout import RolloutWorkerError
 
     trainer = _trainer(small_model_dir, tmp_path, max_steps_off_policy=1)
     original = hf_stream.HFStream.act

@@ -47,7 +47,8 @@ def test_the_seeds_async_config_runs_two_steps(small_model_dir, tmp_path, monkey
     # --- the seeds' code: the training example's tasks and env factory, the async config
     # with the model path swapped and one generator replica (a callback stops after 2 steps) ---
     from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS, ToolUseGameEnv
-    from trainers import GRPOConfig, train_multi_turn
+    from trainers.grpo.config import GRPOConfig
+    from trainers.grpo.train import train_multi_turn
 
     tasks = list(TOOL_USE_GAME_TASKS)
 
@@ -84,8 +85,8 @@ import sys, threading
 from accelerate import PartialState
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from trainers import GRPOConfig, train_multi_turn
-import trainers.async_collect as collect
-import trainers.async_rollout as rollout
+import trainers.async_rl.collect as collect
+import trainers.async_rl.rollout as rollout
 
 workers, taken = [], []
 original_init, original_take = collect.AsyncCollector.__init__, rollout.RolloutWorker.take
@@ -168,8 +169,8 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
 from trainers import GRPOConfig, train_multi_turn
-import trainers.async_collect as collect
-import trainers.async_rollout as rollout
+import trainers.async_rl.collect as collect
+import trainers.async_rl.rollout as rollout
 
 out, pause, model, how = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 original_init, original_take = collect.AsyncCollector.__init__, rollout.RolloutWorker.take

@@ -195,7 +195,7 @@ def test_sft_rows_for_trl_carry_no_forged_control_token(small_model, family) -> 
     from datasets import Dataset
 
     from tests.test_template_tools_families import TEMPLATES
-    from trainers.sft_data import text_layout_dataset
+    from trainers.sft.data import text_layout_dataset
 
     tokenizer = copy.deepcopy(small_model[1])
     tokenizer.chat_template = TEMPLATES[family] or tokenizer.chat_template

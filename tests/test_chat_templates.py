@@ -45,7 +45,7 @@ def test_a_model_without_a_template_is_refused_on_every_path(base_model_dir, cap
     from llm_gym.policies import HFPolicy, policy_from_spec
     from llm_gym.serving.engine import Engine
     from trainers.chat_template import with_chat_template
-    from trainers.sft import build_sft_trainer
+    from trainers.sft.train import build_sft_trainer
 
     path = str(base_model_dir)
     tokenizer = _tokenizer(base_model_dir)

@@ -127,12 +127,12 @@ def test_train_py_deep_set_values_are_one_line(capsys) -> None:
 def test_train_py_unexpected_errors_name_a_log_in_the_output_dir(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    import trainers.pipeline
+    import trainers.pipeline.run
 
     def broken(config):
         raise ZeroDivisionError("a bug in the run")
 
-    monkeypatch.setattr(trainers.pipeline, "run_pipeline", broken)
+    monkeypatch.setattr(trainers.pipeline.run, "run_pipeline", broken)
     assert _train(f"output_dir={tmp_path / 'run'}") == 1
     err = _one_line(capsys, "train.py: unexpected error: ZeroDivisionError: a bug in the run")
     (log,) = (tmp_path / "run").glob("train-py-error-*.log")

@@ -1,6 +1,7 @@
-"""GRPOConfig's field checks (:mod:`trainers.config_checks`, :mod:`trainers.field_types`): a
-value of the wrong type or out of range is an InvalidArgumentError naming the field when the
-config is built, before any model work; only plain annotations are checked.
+"""GRPOConfig's field checks (:mod:`trainers.grpo.config.checks`,
+:mod:`trainers.grpo.config.field_types`): a value of the wrong type or out of range is an
+InvalidArgumentError naming the field when the config is built, before any model work; only plain
+annotations are checked.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Settings:
 
 
 def test_check_field_types_reads_plain_annotations_only() -> None:
-    from trainers.field_types import check_field_types
+    from trainers.grpo.config.field_types import check_field_types
 
     check_field_types(Settings(steps=3, rate=2, name=Path("x"), other="any"))  # type: ignore[arg-type]
     for fields, message in (({"steps": True}, "steps must be an integer"),

@@ -1,4 +1,4 @@
-"""``docs/config.md`` is what ``python -m trainers.config_reference`` renders from the code."""
+"""``docs/config.md`` is what ``python -m trainers.grpo.config.reference`` renders from the code."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ pytest.importorskip("trl")
 
 
 def test_the_config_reference_is_up_to_date() -> None:
-    from trainers.config_reference import PATH, render
+    from trainers.grpo.config.reference import PATH, render
 
-    assert PATH.read_text() == render(), "stale: run python -m trainers.config_reference"
+    assert PATH.read_text() == render(), "stale: run python -m trainers.grpo.config.reference"
     text = render()
     for name in (
         "episodes_per_task",

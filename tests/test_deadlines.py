@@ -79,7 +79,7 @@ def test_the_trainer_goes_on_when_every_turn_misses_its_deadline(small_model_dir
     then the episode ends as DEADLINE; the step still trains (on nothing) and logs it."""
     pytest.importorskip("trl")
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=str(tmp_path),

@@ -10,7 +10,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from llm_gym.errors import InvalidArgumentError
-from trainers.difficulty import (
+from trainers.grpo.difficulty import (
     DifficultySampler,
     DifficultySettings,
     draw_tasks,

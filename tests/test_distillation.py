@@ -39,7 +39,7 @@ def _batch():
 
 
 def test_distill_batch_on_hand_computed_values() -> None:
-    from trainers.distillation import DistillationConfig, distill_batch
+    from trainers.distillation.config import DistillationConfig, distill_batch
 
     batch, teacher = _batch(), ConstantTeacher()
     settings = DistillationConfig(teacher="t", kl_coef=2.0, reward_weight=0.5)
@@ -93,7 +93,7 @@ def test_the_settings_are_checked_before_any_model_loads(tmp_path) -> None:
 def _trainer(model_dir, tmp_path, teacher, **config):
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), model=str(model_dir), batch_size=2,
@@ -150,8 +150,8 @@ def test_a_distillation_run_from_a_served_teacher_and_from_train_py(small_model_
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from llm_gym.serving.openai_server import serve
     from trainers import GRPOConfig, train_multi_turn
-    from trainers.pipeline import build_grpo_config
-    from trainers.pipeline_config import load_config
+    from trainers.pipeline.config import load_config
+    from trainers.pipeline.run import build_grpo_config
 
     with serve(small_model_dir, model_name="teacher", device="cpu") as server:
         teacher = {"model": "teacher", "base_url": server.url}

@@ -186,7 +186,7 @@ def test_the_cli_saves_episodes_and_hands_sft_to_the_train_extra(tmp_path: Path,
 def test_the_trainer_names_each_steps_file_and_its_environment(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from llm_gym.core.registry import entry_of_factory, env_entry
-    from trainers.rollouts import save_step_episodes
+    from trainers.grpo.rollouts import save_step_episodes
 
     episodes = run_and_report(
         "GuessNumber-v0", "oracle", episodes=2, progress=False, print_report=False
@@ -213,8 +213,8 @@ def _own_factory(task):  # an env factory that no registration built
 def test_the_config_entries_refuse_what_cannot_run(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from trainers import GRPOConfig
-    from trainers.pipeline_sft import check_sft_source
-    from trainers.sft_settings import SFTSettings
+    from trainers.pipeline.sft import check_sft_source
+    from trainers.sft.settings import SFTSettings
 
     file = tmp_path / "file"
     file.write_text("")

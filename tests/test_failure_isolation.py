@@ -259,6 +259,6 @@ def test_an_env_error_is_recorded_as_valid_text() -> None:
 
 def test_the_trainer_logs_the_policy_error_ratio() -> None:
     pytest.importorskip("trl")
-    from trainers.rollout_metrics import EPISODE_KEYS
+    from trainers.grpo.metrics import EPISODE_KEYS
 
     assert "policy_error_ratio" in EPISODE_KEYS and "deadline_ratio" in EPISODE_KEYS

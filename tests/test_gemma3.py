@@ -61,8 +61,8 @@ def test_eval_is_refused_without_a_template_and_runs_with_one(gemma3, tmp_path, 
 def test_one_sft_step_with_the_gemma_template(gemma3, tmp_path) -> None:
     from transformers import AutoTokenizer
 
-    from trainers.sft import sft_warm_start
-    from trainers.sft_data import oracle_sft_dataset
+    from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.train import sft_warm_start
 
     out = sft_warm_start(
         NAME,

@@ -1,4 +1,4 @@
-"""trainers.health: each check on a hand-computed history that trips it and one that does not,
+"""trainers.grpo.health: each check on a hand-computed history that trips it and one that does not,
 the callback's once-only warning, metric and stop, and the config field."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from trainers.health import (
+from trainers.grpo.health import (
     HEALTH_CHECKS,
     HealthCallback,
     HealthWarning,
@@ -188,7 +188,7 @@ def test_the_config_refuses_an_unknown_health_action(tmp_path) -> None:
 def always_fires(monkeypatch):
     """A check registered for the test that fires on the first record with a reward (RL) or a
     loss (SFT)."""
-    from trainers import health
+    from trainers.grpo import health
 
     def first_record(history):
         logged = series(history, "reward") or series(history, "loss")
@@ -208,7 +208,7 @@ def test_health_action_stop_ends_training_after_the_step_with_a_checkpoint(
     pytest.importorskip("trl")
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     config = GRPOConfig(
         output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=2,
@@ -231,8 +231,8 @@ def test_health_action_stop_ends_training_after_the_step_with_a_checkpoint(
 def test_sft_runs_its_checks_and_stops_on_them(small_model_dir, tmp_path, always_fires) -> None:
     pytest.importorskip("trl")
     from llm_gym.envs.tool_use_game import get_tasks
-    from trainers.sft import build_sft_trainer
-    from trainers.sft_data import oracle_sft_dataset
+    from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.train import build_sft_trainer
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", list(get_tasks("train")[:4]))
     trainer = build_sft_trainer(
@@ -253,8 +253,8 @@ def test_the_logprob_gap_is_logged_and_small_for_the_same_weights(small_model_di
     pytest.importorskip("trl")
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.health import LOGPROB_GAP_BOUND
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.health import LOGPROB_GAP_BOUND
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     config = GRPOConfig(
         output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=2,

@@ -97,11 +97,11 @@ def test_missing_and_unopenable_paths_are_named(tmp_path: Path) -> None:
 def test_a_file_past_its_limit_is_refused_naming_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     path.write_bytes(b"x" * 101)
-    small = InputLimit("task file", 100, "trainers.train.MAX_TASK_FILE_BYTES")
+    small = InputLimit("task file", 100, "trainers.grpo.train.MAX_TASK_FILE_BYTES")
     for read in (read_input, lambda p, limit: list(input_lines(p, limit))):
         with pytest.raises(InvalidArgumentError) as info:
             read(path, small)
-        assert "larger than 100 bytes (the limit trainers.train.MAX_TASK_FILE_BYTES)" in str(
+        assert "larger than 100 bytes (the limit trainers.grpo.train.MAX_TASK_FILE_BYTES)" in str(
             info.value
         )
     path.write_bytes(b"x" * 100)
@@ -137,7 +137,7 @@ def test_json_nested_100000_deep_is_refused_before_parsing() -> None:
 
 
 def test_load_tasks_refuses_devices_fifos_and_deep_lines(fifo: Path, tmp_path: Path) -> None:
-    from trainers.train import load_tasks
+    from trainers.grpo.train import load_tasks
 
     with pytest.raises(InvalidArgumentError, match="is a device, not a regular file"):
         _within(5, lambda: load_tasks("/dev/zero"))  # read until MemoryError without the check
@@ -150,15 +150,15 @@ def test_load_tasks_refuses_devices_fifos_and_deep_lines(fifo: Path, tmp_path: P
 
 
 def test_load_tasks_names_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainers.train
+    import trainers.grpo.train
 
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"prompt": "a"}\n' * 10)
-    monkeypatch.setattr(trainers.train, "MAX_TASK_FILE_BYTES", 100)
+    monkeypatch.setattr(trainers.grpo.train, "MAX_TASK_FILE_BYTES", 100)
     with pytest.raises(InvalidArgumentError, match=r"MAX_TASK_FILE_BYTES\); is it the right"):
-        trainers.train.load_tasks(path)
-    monkeypatch.setattr(trainers.train, "MAX_TASK_FILE_BYTES", 1000)
-    assert len(trainers.train.load_tasks(path)) == 10
+        trainers.grpo.train.load_tasks(path)
+    monkeypatch.setattr(trainers.grpo.train, "MAX_TASK_FILE_BYTES", 1000)
+    assert len(trainers.grpo.train.load_tasks(path)) == 10
 
 
 def test_a_cached_build_record_that_is_a_fifo_counts_as_missing(tmp_path: Path) -> None:
@@ -183,7 +183,7 @@ TASK_FILES = {
 
 @pytest.mark.parametrize("name", list(TASK_FILES))
 def test_hostile_task_files_name_the_line(name: str, tmp_path: Path) -> None:
-    from trainers.train import load_tasks
+    from trainers.grpo.train import load_tasks
 
     row, message = TASK_FILES[name]
     path = tmp_path / "tasks.jsonl"
@@ -195,7 +195,7 @@ def test_hostile_task_files_name_the_line(name: str, tmp_path: Path) -> None:
 
 def test_task_file_that_is_a_directory_is_named(tmp_path) -> None:
     from llm_gym import InvalidArgumentError
-    from trainers.train import load_tasks
+    from trainers.grpo.train import load_tasks
 
     with pytest.raises(InvalidArgumentError, match="is a directory"):
         load_tasks(tmp_path)

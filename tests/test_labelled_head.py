@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from trainers import labelled_head  # noqa: E402
-from trainers.labelled_head import labelled_head_forward, unsupported_reason  # noqa: E402
+from trainers.sft import labelled_head  # noqa: E402
+from trainers.sft.labelled_head import labelled_head_forward, unsupported_reason  # noqa: E402
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def _run(model, forward, inputs):
 @pytest.mark.parametrize("pre_shifted", [False, True])
 def test_same_outputs_and_gradients_as_trls_fused_head(fused_model, pre_shifted) -> None:
     inputs = _batch(fused_model.config.vocab_size)
-    if pre_shifted:  # as trainers.shared_prefix passes them
+    if pre_shifted:  # as trainers.grpo.shared_prefix passes them
         labels = inputs.pop("labels")
         inputs["shift_labels"] = torch.cat([labels[:, 1:], labels[:, :1].fill_(-100)], dim=1)
     inputs["num_items_in_batch"] = torch.tensor(11)

@@ -13,7 +13,8 @@ import pytest
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.rollout.episode import Episode
-from trainers.mixture import (
+from trainers.grpo.metrics import env_metrics
+from trainers.mixture.env import (
     MixtureDraw,
     MixtureEnv,
     check_mixture,
@@ -22,7 +23,6 @@ from trainers.mixture import (
     save_mixture_state,
     stratified_slots,
 )
-from trainers.rollout_metrics import env_metrics
 
 # --- the draw -----------------------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ def test_the_mixture_state_round_trips_and_refuses_another_mixture(tmp_path) -> 
 
 
 def test_the_resumed_async_order_starts_at_the_saved_position(tmp_path) -> None:
-    from trainers.mixture_run import MixtureRun
+    from trainers.mixture.run import MixtureRun
 
     envs = [_env("a", 2, 3), _env("b", 1, 2)]
     run = MixtureRun(envs, SimpleNamespace(task_seed=3))
@@ -143,7 +143,7 @@ def test_a_mixture_refuses_twice_a_name_bad_names_and_no_tasks() -> None:
 
 
 def test_config_entries_refuse_unknown_keys_and_twice_an_id() -> None:
-    from trainers.mixture_config import mixture_entries
+    from trainers.mixture.config import mixture_entries
 
     with pytest.raises(InvalidArgumentError, match="Unknown key"):
         mixture_entries([{"id": "GuessNumber-v0", "wieght": 2}])
@@ -205,7 +205,7 @@ def _five_envs() -> list[MixtureEnv]:
 def _mixture_trainer(model_dir, output_dir, **config):
     pytest.importorskip("trl")
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     settings = dict(
         output_dir=str(output_dir), model=str(model_dir), batch_size=6, episodes_per_task=2,

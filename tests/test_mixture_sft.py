@@ -1,4 +1,4 @@
-"""The SFT warm start of a mixture (trainers.mixture_sft): each environment's share of the
+"""The SFT warm start of a mixture (trainers.mixture.sft): each environment's share of the
 demonstrations by hand, the rows' interleaving, the data of two real environments, the
 refusals; configs/suite_tiny.yaml's checks and its tokenizer on every environment's text."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from llm_gym.core.registry import env_entry
 from llm_gym.errors import InvalidArgumentError
-from trainers.mixture_sft import check_mixture_sft, interleaved_rows, sft_episode_counts
-from trainers.sft_settings import SFTSettings
+from trainers.mixture.sft import check_mixture_sft, interleaved_rows, sft_episode_counts
+from trainers.sft.settings import SFTSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,8 +56,8 @@ def test_rows_are_laid_out_in_slot_order() -> None:
 
 def test_the_warm_start_data_mixes_two_envs_by_weight() -> None:
     pytest.importorskip("datasets")
-    from trainers.mixture_config import mixture_entries, mixture_envs
-    from trainers.mixture_sft import mixture_sft_dataset
+    from trainers.mixture.config import mixture_entries, mixture_envs
+    from trainers.mixture.sft import mixture_sft_dataset
 
     entries = mixture_entries([{"id": "Math-v0", "weight": 2}, {"id": "GuessNumber-v0"}])
     envs = mixture_envs(entries, val_tasks=0)
@@ -74,7 +74,7 @@ def test_the_warm_start_data_mixes_two_envs_by_weight() -> None:
 
 
 def test_sft_tasks_fill_from_the_train_split_when_the_splits_hold_every_prompt() -> None:
-    from trainers.pipeline_sft import sft_tasks
+    from trainers.pipeline.sft import sft_tasks
 
     # GuessNumber's prompts name the range, not the secret: every prompt is in its splits
     entry = env_entry("GuessNumber-v0")
@@ -108,7 +108,7 @@ def test_a_mixture_refuses_one_envs_sft_settings(settings, named) -> None:
 
 def test_the_suite_config_passes_the_checks_with_its_warm_start() -> None:
     pytest.importorskip("trl")
-    from trainers.pipeline import check_pipeline, load_config
+    from trainers.pipeline.run import check_pipeline, load_config
 
     config = load_config(ROOT / "configs" / "suite_tiny.yaml")
     _, envs, _ = check_pipeline(config)
@@ -119,8 +119,8 @@ def test_the_suite_config_passes_the_checks_with_its_warm_start() -> None:
 def test_the_suite_models_tokenizer_reads_every_envs_text(monkeypatch, tmp_path) -> None:
     pytest.importorskip("trl")
     import llm_gym.models
-    from trainers.pipeline import load_config
-    from trainers.pipeline_mixture import run_mixture_pipeline
+    from trainers.pipeline.mixture import run_mixture_pipeline
+    from trainers.pipeline.run import load_config
 
     asked = {}
 

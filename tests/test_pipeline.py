@@ -10,8 +10,8 @@ import pytest
 
 from llm_gym.core.registry import env_entry
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline_config import EvalSettings, PipelineConfig, load_config
-from trainers.pipeline_eval import paired_gain, task_success
+from trainers.pipeline.config import EvalSettings, PipelineConfig, load_config
+from trainers.pipeline.eval import paired_gain, task_success
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_every_shipped_config_loads_and_builds_its_grpo_config(name: str, tmp_pa
     pytest.importorskip("trl")
     import dataclasses
 
-    from trainers.pipeline import build_grpo_config
+    from trainers.pipeline.run import build_grpo_config
 
     config = load_config(ROOT / "configs" / name)
     assert config.grpo["episodes_per_task"] >= 2
@@ -114,7 +114,7 @@ def test_the_main_job_evaluates_sampled_too() -> None:
 @pytest.mark.parametrize("samples", [0, 2])
 def test_pipeline_runs_end_to_end(small_model_dir, tmp_path, samples: int) -> None:
     pytest.importorskip("trl")
-    from trainers.pipeline import run_pipeline
+    from trainers.pipeline.run import run_pipeline
 
     path = tmp_path / "job.yaml"
     path.write_text(
@@ -176,8 +176,8 @@ def test_pipeline_trains_on_varied_worlds_and_reports_a_new_world(
     small_model_dir, tmp_path
 ) -> None:
     pytest.importorskip("trl")
-    from trainers.pipeline import run_pipeline
-    from trainers.pipeline_sft import sft_tasks
+    from trainers.pipeline.run import run_pipeline
+    from trainers.pipeline.sft import sft_tasks
 
     path = tmp_path / "job.yaml"
     path.write_text(
@@ -234,7 +234,7 @@ evaluation:
 
 
 def test_sft_tasks_can_ask_each_question_in_several_worlds() -> None:
-    from trainers.pipeline_sft import sft_tasks
+    from trainers.pipeline.sft import sft_tasks
 
     entry = env_entry("ToolUseGame-v0")
     tasks = sft_tasks(entry, 16, 0, {"world_seed": "varied"}, {"worlds_per_question": 4})
@@ -255,7 +255,7 @@ def test_config_refuses_bad_variants_and_an_unknowndemonstrator(tmp_path) -> Non
 
     with pytest.raises(InvalidArgumentError, match="has no attribute 'nope'"):
         resolve("llm_gym.envs.tool_use_game:nope")
-    from trainers.pipeline_sft import demonstrator
+    from trainers.pipeline.sft import demonstrator
 
     with pytest.raises(InvalidArgumentError, match="options need the demonstrator"):
         demonstrator(None, {"guess_rate": 0.5}, resolve)
@@ -267,7 +267,7 @@ def test_config_refuses_bad_variants_and_an_unknowndemonstrator(tmp_path) -> Non
 
 def test_repeat_by_kind_repeats_the_named_kinds_in_place() -> None:
     from llm_gym import Task
-    from trainers.pipeline import repeat_by_kind
+    from trainers.pipeline.run import repeat_by_kind
 
     tasks = [
         Task(prompt="a", metadata={"type": "lookup"}),
@@ -290,7 +290,7 @@ def test_config_refuses_bad_task_repeats(value: object) -> None:
 
 
 def test_a_task_repeats_naming_no_kind_fails_before_any_training(tmp_path) -> None:
-    from trainers.pipeline import run_pipeline
+    from trainers.pipeline.run import run_pipeline
 
     config = PipelineConfig(output_dir=str(tmp_path / "out"), task_repeats={"lookups": 4})
     with pytest.raises(InvalidArgumentError, match="'lookup_arith'"):
@@ -313,7 +313,7 @@ def test_train_py_keeps_every_set_override() -> None:
 
 def test_the_pipeline_names_a_grpo_typo_before_any_model_work(tmp_path) -> None:
     pytest.importorskip("trl")
-    from trainers.pipeline import build_grpo_config
+    from trainers.pipeline.run import build_grpo_config
 
     config = PipelineConfig(output_dir=str(tmp_path), grpo={"max_turnz": 3})
     with pytest.raises(InvalidArgumentError, match="Did you mean 'max_turns'"):
@@ -321,6 +321,6 @@ def test_the_pipeline_names_a_grpo_typo_before_any_model_work(tmp_path) -> None:
     config = PipelineConfig(output_dir=str(tmp_path), grpo={"output_dir": "x"})
     with pytest.raises(InvalidArgumentError, match="grpo may not set"):
         build_grpo_config(config, "tiny", max_turns=3, use_cpu=True)
-    source = (Path(__file__).parents[1] / "trainers" / "pipeline.py").read_text()
+    source = (Path(__file__).parents[1] / "trainers" / "pipeline" / "run.py").read_text()
     early = source.index("build_grpo_config(config, config.model")
     assert early < source.index("build_tiny_model(")  # checked before the model is built

@@ -1,4 +1,4 @@
-"""Hostile YAML for train.py's config reader (trainers.pipeline_config): documents nested
+"""Hostile YAML for train.py's config reader (trainers.pipeline.config): documents nested
 100,000 deep, in a config file or a ``--set`` value, are one clear error, never RecursionError
 (PyYAML composes nested nodes by recursion); YAML's own errors are one line.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline_config import MAX_YAML_DEPTH, load_config, yaml_load
+from trainers.pipeline.config import MAX_YAML_DEPTH, load_config, yaml_load
 
 DEEP = {
     "flow list": "seed: " + "[" * 100_000 + "]" * 100_000,
@@ -38,7 +38,7 @@ def test_a_deep_config_is_refused_naming_the_limit(name: str, tmp_path: Path) ->
         load_config(path)  # RecursionError without the limit
     text = str(info.value)
     assert str(path) in text and f"nests more than {MAX_YAML_DEPTH} levels deep" in text
-    assert "trainers.pipeline_config.MAX_YAML_DEPTH" in text and len(text) < 400
+    assert "trainers.pipeline.config.MAX_YAML_DEPTH" in text and len(text) < 400
 
 
 def test_the_depth_limit_leaves_room_for_any_config() -> None:
@@ -69,7 +69,7 @@ def test_task_repeats_past_the_limit_are_refused_before_the_list_is_made() -> No
     import time
 
     from llm_gym import Task
-    from trainers.pipeline import MAX_GRPO_TASKS, repeat_by_kind
+    from trainers.pipeline.run import MAX_GRPO_TASKS, repeat_by_kind
 
     tasks = [Task(prompt=str(i), metadata={"type": "lookup"}) for i in range(3)] + [Task("x")]
     limit = resource.getrlimit(resource.RLIMIT_AS)
@@ -85,8 +85,8 @@ def test_task_repeats_past_the_limit_are_refused_before_the_list_is_made() -> No
 
 
 def test_an_output_dir_that_is_a_file_is_refused_before_any_other_check(tmp_path: Path) -> None:
-    from trainers.pipeline import check_pipeline
-    from trainers.pipeline_config import PipelineConfig
+    from trainers.pipeline.config import PipelineConfig
+    from trainers.pipeline.run import check_pipeline
 
     taken = tmp_path / "a_file"
     taken.write_text("not a folder")
@@ -119,7 +119,7 @@ YAML_CONFIGS = {
 
 @pytest.mark.parametrize("name", list(YAML_CONFIGS))
 def test_hostile_configs_are_named_errors(name: str, tmp_path: Path) -> None:
-    from trainers.pipeline_config import load_config
+    from trainers.pipeline.config import load_config
 
     text, message = YAML_CONFIGS[name]
     path = tmp_path / "config.yaml"
@@ -132,7 +132,7 @@ def test_hostile_configs_are_named_errors(name: str, tmp_path: Path) -> None:
 
 
 def test_config_overrides_and_merge_keys(tmp_path: Path) -> None:
-    from trainers.pipeline_config import load_config
+    from trainers.pipeline.config import load_config
 
     path = tmp_path / "config.yaml"
     path.write_text("env: ToolUseGame-v0\ngrpo: {<<: {a: 1, b: 1}, b: 2}\n")
@@ -155,7 +155,7 @@ CONFIG_VALUES = {
 
 @pytest.mark.parametrize("name", list(CONFIG_VALUES))
 def test_config_values_are_checked_at_load(name: str, tmp_path: Path) -> None:
-    from trainers.pipeline_config import load_config
+    from trainers.pipeline.config import load_config
 
     text, message = CONFIG_VALUES[name]
     path = tmp_path / "config.yaml"

@@ -1,4 +1,4 @@
-"""``sft.source: sft_completion`` (trainers.pipeline_sft): document 002's SFT rows in train.py,
+"""``sft.source: sft_completion`` (trainers.pipeline.sft): document 002's SFT rows in train.py,
 ``env.start_episode(example, prompt_text) + env.sft_completion(example)``, refused before any
 model work for an environment without them; and a document-002 TOML config run end to end."""
 
@@ -19,7 +19,7 @@ from llm_gym.environments import (
     RewardResult,
 )
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline_config import PipelineConfig, SFTSettings
+from trainers.pipeline.config import PipelineConfig, SFTSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def _plain(messages: list[dict]) -> list[dict]:
 
 
 def test_the_rows_are_start_episode_plus_sft_completion_from_example_output() -> None:
-    from trainers.pipeline_sft import sft_completion_dataset
+    from trainers.pipeline.sft import sft_completion_dataset
 
     entry = as_env_entry(MultiTurnEnvFactory(EchoEnv, prompt_text="Be brief."))
     tasks = entry.env_factory().tasks("train")
@@ -71,7 +71,7 @@ def test_the_rows_are_start_episode_plus_sft_completion_from_example_output() ->
 
 
 def test_the_rows_follow_an_environments_own_sft_completion() -> None:
-    from trainers.pipeline_sft import multi_turn_environment, sft_completion_dataset, sft_tasks
+    from trainers.pipeline.sft import multi_turn_environment, sft_completion_dataset, sft_tasks
 
     entry = env_entry("Refund-v0")
     environment, prompt_text = multi_turn_environment(entry)
@@ -89,7 +89,7 @@ def test_the_rows_follow_an_environments_own_sft_completion() -> None:
 
 def test_sft_completion_refuses_an_environment_without_it_before_any_model_work() -> None:
     pytest.importorskip("trl")
-    from trainers.pipeline import check_pipeline
+    from trainers.pipeline.run import check_pipeline
 
     config = PipelineConfig(sft=SFTSettings(source="sft_completion"))
     with pytest.raises(InvalidArgumentError) as info:
@@ -108,7 +108,7 @@ def test_sft_completion_refuses_an_environment_without_it_before_any_model_work(
     ],
 )
 def test_a_demonstrator_beside_sft_completion_is_refused(field: str, value: object) -> None:
-    from trainers.pipeline_sft import check_sft_source
+    from trainers.pipeline.sft import check_sft_source
 
     refund = env_entry("Refund-v0")
     check_sft_source(SFTSettings(source="sft_completion"), refund)

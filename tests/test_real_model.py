@@ -57,8 +57,8 @@ def loaded(smollm2):
 @pytest.fixture(scope="module")
 def sft_model(smollm2, tmp_path_factory) -> Path:
     """SFT (full weights) for 8 steps of 4 oracle transcripts: enough to make it call tools."""
-    from trainers.sft import sft_warm_start
-    from trainers.sft_data import oracle_sft_dataset
+    from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.train import sft_warm_start
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", episodes=32)
     return sft_warm_start(
@@ -209,8 +209,8 @@ def test_serve_with_the_openai_client(sft_model) -> None:
 def test_sft_with_lora_merges_the_adapter(smollm2, tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from trainers.sft import sft_warm_start
-    from trainers.sft_data import oracle_sft_dataset
+    from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.train import sft_warm_start
 
     out = sft_warm_start(
         NAME, tmp_path / "lora", oracle_sft_dataset("ToolUseGame-v0", episodes=4), max_steps=2,

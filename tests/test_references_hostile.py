@@ -28,7 +28,7 @@ from llm_gym.environments.single_turn import SingleTurnLoader
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.registry import register_policy, unregister_policy
 from tests.conftest import ROOT
-from trainers.pipeline_sft import demonstrator
+from trainers.pipeline.sft import demonstrator
 
 DANGEROUS = [
     "os:system",
@@ -263,8 +263,8 @@ def test_train_py_refuses_a_config_that_names_os_system(tmp_path: Path, capsys) 
 def test_train_py_trust_module_reaches_the_config_and_child_processes(
     helper_module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainers.pipeline import check_pipeline
-    from trainers.pipeline_config import load_config
+    from trainers.pipeline.config import load_config
+    from trainers.pipeline.run import check_pipeline
 
     name = helper_module(
         "refs_demonstrators",

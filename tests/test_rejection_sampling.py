@@ -1,5 +1,5 @@
-"""RFT (trainers.rejection_sampling): success judged by the environment, groups without a success
-left to dynamic sampling, and GRPO's sampling budget; on hand-computed values."""
+"""RFT (trainers.grpo.rejection_sampling): success judged by the environment, groups without a
+success left to dynamic sampling, and GRPO's sampling budget; on hand-computed values."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from llm_gym import Task, TruncationCause
 from llm_gym.actions import ParseKind
 from llm_gym.eval.metrics import episode_succeeded
 from llm_gym.rollout.episode import Episode, Turn
-from trainers.advantages import EpisodeOutcome, advantage_estimator, shaped_reward
-from trainers.dynamic_sampling import GroupPool, refill_tasks, varied_rewards
-from trainers.rejection_sampling import (
+from trainers.grpo.advantages import EpisodeOutcome, advantage_estimator, shaped_reward
+from trainers.grpo.dynamic_sampling import GroupPool, refill_tasks, varied_rewards
+from trainers.grpo.rejection_sampling import (
     SUCCESS_REWARD,
     any_success,
     credit_rewards,
     group_signal,
     success_values,
 )
-from trainers.reward_funcs import combined_rewards
+from trainers.grpo.rewards import combined_rewards
 
 RFT = SimpleNamespace(distillation=None, credit_assignment="rejection_sampling")
 GRPO = SimpleNamespace(distillation=None, credit_assignment="per_episode")
@@ -185,7 +185,7 @@ def scripted_trainer(small_model_dir, tmp_path_factory):
     ``trainer.args.credit_assignment``; ``trainer.collected`` records the tasks collected."""
     from llm_gym.envs.tool_use_game import ToolUseGameEnv
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=str(tmp_path_factory.mktemp("rft")),
@@ -262,8 +262,8 @@ def _async_take(credit_assignment: str, script: list[list[float]], wanted: int):
     """Async dynamic sampling (``AsyncCollector.take``, ``max_sampling_attempts=2``) over a
     worker that hands out groups with the env rewards of ``script`` in order: the groups taken,
     and the pool."""
-    from trainers.async_collect import AsyncCollector
-    from trainers.async_rollout import RolloutGroup
+    from trainers.async_rl.collect import AsyncCollector
+    from trainers.async_rl.rollout import RolloutGroup
 
     queue = [[_episode(r, index=e) for e, r in enumerate(rewards)] for rewards in script]
 

@@ -28,7 +28,7 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 def trainer_with(model_dir: Any, output_dir: str, **config: Any) -> Any:
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=output_dir, model=str(model_dir), batch_size=2, episodes_per_task=2,

@@ -211,7 +211,7 @@ def test_a_tiny_runs_report_reads_in_headless_chromium(small_model_dir, tmp_path
     if shutil.which("chromium") is None:
         pytest.skip("no chromium on PATH (Debian's chromium package renders the page)")
     pytest.importorskip("trl")
-    from trainers.pipeline import load_config, run_pipeline
+    from trainers.pipeline.run import load_config, run_pipeline
 
     out = tmp_path / "run"
     config = tmp_path / "job.yaml"

@@ -1,5 +1,5 @@
-"""Multi-turn SFT warm start (trainers/sft.py): data format, the loss mask against the RL side's
-env_mask, a short training run, and document 002's SFT hook."""
+"""Multi-turn SFT warm start (trainers/sft/train.py): data format, the loss mask against the RL
+side's env_mask, a short training run, and document 002's SFT hook."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from trainers.chat_template import (  # noqa: E402
     RL_ALIGNED_QWEN2_5_TEMPLATE,
     rl_aligned_chat_template,
 )
-from trainers.sft import build_sft_trainer, sft_warm_start  # noqa: E402
-from trainers.sft_data import (  # noqa: E402
+from trainers.sft.data import (  # noqa: E402
     oracle_sft_dataset,
     sft_dataset_from_multi_turn,
     short_context_dataset,
 )
+from trainers.sft.train import build_sft_trainer, sft_warm_start  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +111,7 @@ def test_sft_labels_are_exactly_the_rl_env_mask(small_model_dir, small_model, tm
 
 
 def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_path) -> None:
-    from trainers.shared_prefix import shared_prefix_inputs
+    from trainers.grpo.shared_prefix import shared_prefix_inputs
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
     results = []
@@ -140,8 +140,8 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
     gradients and logged metrics as one padded batch."""
     from unittest import mock
 
-    from trainers.labelled_head import labelled_head_forward
-    from trainers.length_chunks import LengthChunkedLM
+    from trainers.grpo.length_chunks import LengthChunkedLM
+    from trainers.sft.labelled_head import labelled_head_forward
 
     dataset = short_context_dataset(oracle_sft_dataset("ToolUseGame-v0", _tasks()))
     results = []
@@ -156,7 +156,7 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
         with (
             mock.patch.object(LengthChunkedLM, "__call__", autospec=True,
                               side_effect=LengthChunkedLM.__call__) as called,
-            mock.patch("trainers.sft.labelled_head_forward",
+            mock.patch("trainers.sft.train.labelled_head_forward",
                        side_effect=labelled_head_forward) as head,
         ):  # fmt: skip
             loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=count)

@@ -13,12 +13,12 @@ pytest.importorskip("trl")
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, generate_tasks, oracle_action  # noqa: E402
 from llm_gym.policies import OraclePolicy  # noqa: E402
 from llm_gym.rollout import collect_groups  # noqa: E402
-from trainers.sft import sft_warm_start  # noqa: E402
-from trainers.sft_data import (  # noqa: E402
+from trainers.sft.data import (  # noqa: E402
     episode_to_messages,
     oracle_sft_dataset,
     short_context_dataset,
 )
+from trainers.sft.train import sft_warm_start  # noqa: E402
 
 
 def _lookups(seed: int, n: int) -> list:

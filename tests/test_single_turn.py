@@ -241,7 +241,7 @@ def test_register_env_and_text_env_take_a_single_turn_class(request: pytest.Fixt
 
 def test_per_turn_credit_equals_per_episode_credit_on_single_turn_groups() -> None:
     pytest.importorskip("trl")
-    from trainers.advantages import advantage_estimator
+    from trainers.grpo.advantages import advantage_estimator
 
     groups = collect_groups(ArithmeticEnv(), TASKS, Solver(wrong_every=3), episodes_per_task=4,
                             max_turns=1)  # fmt: skip

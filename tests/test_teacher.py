@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 from llm_gym.errors import InvalidArgumentError  # noqa: E402
 from llm_gym.policies.http import EndpointError  # noqa: E402
 from tests.scripted_endpoint import ScriptedEndpoint, scripted_endpoint  # noqa: E402
-from trainers import teacher as teacher_module  # noqa: E402
-from trainers import teacher_endpoint  # noqa: E402
-from trainers.teacher import (  # noqa: E402
+from trainers.distillation import endpoint as teacher_endpoint  # noqa: E402
+from trainers.distillation import teacher as teacher_module  # noqa: E402
+from trainers.distillation.teacher import (  # noqa: E402
     EndpointTeacher,
     HFTeacher,
     Teacher,

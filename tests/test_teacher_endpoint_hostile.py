@@ -1,4 +1,4 @@
-"""Distillation's endpoint teacher (:mod:`trainers.teacher_endpoint`) against a hostile
+"""Distillation's endpoint teacher (:mod:`trainers.distillation.endpoint`) against a hostile
 OpenAI-compatible server, on loopback only: logprobs past a float's range or past float32's,
 token ids that are not ints, a body nested 100,000 deep, a million entries, invalid UTF-8,
 duplicate keys, top logprobs of tokens outside the vocabulary, an endless, silent, drip-fed or
@@ -39,7 +39,7 @@ import pytest
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.http import EndpointError, MalformedResponseError
 from tests.conftest import LoopbackServer
-from trainers.teacher_endpoint import LOGPROB_FLOOR, EndpointTeacher
+from trainers.distillation.endpoint import LOGPROB_FLOOR, EndpointTeacher
 
 PROMPT = [3, 4, 1]
 BIG = 10**400  # an int of 401 digits: JSON, under Python's 4,300-digit limit, past a float

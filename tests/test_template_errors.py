@@ -102,7 +102,7 @@ def test_a_collection_the_template_fails_entirely_raises(tokenizer) -> None:
 
 
 def test_training_metrics_name_template_and_tokenizer_endings(tokenizer) -> None:
-    from trainers.rollout_metrics import RolloutPart, rollout_metrics
+    from trainers.grpo.metrics import RolloutPart, rollout_metrics
 
     episodes = _run(tokenizer, ["boom", "calm"])
     part = RolloutPart(episodes, [0.0, 1.0], collected_groups=2, zero_variance=0, dropped=0)

@@ -335,7 +335,7 @@ def test_sft_targets_are_written_in_the_format_the_template_teaches(tokenizers) 
     whose template teaches none the env's hermes."""
     pytest.importorskip("datasets")
     _needs("llama3_json")
-    from trainers.sft_data import oracle_sft_dataset
+    from trainers.sft.data import oracle_sft_dataset
 
     tasks = [t for t in get_tasks("train") if t.metadata["type"] == "lookup"][:2]
 

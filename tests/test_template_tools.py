@@ -239,7 +239,7 @@ def test_sft_rows_are_the_rollouts_token_rows(qwen_tokenizer, smollm2_tokenizer)
     template (ids and assistant mask) but for the template's closing newline; on SmolLM2's
     they carry the tools as text and train only the assistant turns."""
     from trainers.chat_template import RL_ALIGNED_QWEN2_5_TEMPLATE
-    from trainers.sft_data import oracle_sft_dataset, rl_token_rows
+    from trainers.sft.data import oracle_sft_dataset, rl_token_rows
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", episodes=6)
     for row in dataset:

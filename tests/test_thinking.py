@@ -36,7 +36,7 @@ def thinking_model_dir(small_model_dir, tmp_path):
 def _prompts(model_dir, tmp_path, **config) -> list[str]:
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -108,7 +108,7 @@ class KeepTalking(Env):
 def _batch(model_dir, tmp_path, **config):
     from llm_gym import Task
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), model=str(model_dir), batch_size=2,

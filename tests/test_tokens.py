@@ -442,7 +442,7 @@ def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_m
     assert read["characters"] < 1_000_000  # a prefix, not the 10 MB
     assert time.perf_counter() - start < 10
     assert episode.overflow_tokens > 4096 - 64  # what the reply needed, at least: the soft
-    trainers = pytest.importorskip("trainers.advantages")  # overlong penalty sees it in full
+    trainers = pytest.importorskip("trainers.grpo.advantages")  # overlong penalty sees it in full
     outcome = trainers.EpisodeOutcome.of(episode)
     assert outcome.total_tokens == episode.overflow_tokens
     assert trainers.shaped_reward(

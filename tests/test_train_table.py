@@ -1,4 +1,4 @@
-"""Document 002's ``[train]`` table and TOML configs (trainers.train_table, through
+"""Document 002's ``[train]`` table and TOML configs (trainers.pipeline.train_table, through
 ``load_config`` and ``train.py``): the names mapped onto ``grpo``'s, unknown keys and a setting
 given under both names refused, and hostile TOML (nested thousands deep) one clear error."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from llm_gym.errors import InvalidArgumentError
-from trainers.pipeline_config import load_config
-from trainers.train_table import MAX_TOML_DEPTH, TRAIN_KEYS, merge_train_table, toml_load
+from trainers.pipeline.config import load_config
+from trainers.pipeline.train_table import MAX_TOML_DEPTH, TRAIN_KEYS, merge_train_table, toml_load
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASH = ROOT / "configs" / "flash_example.toml"
@@ -134,7 +134,7 @@ def test_a_deep_toml_config_is_refused_naming_the_limit(name: str, tmp_path: Pat
         load_config(path)
     text = str(info.value)
     assert text.startswith(f"{path}: the TOML document nests more than {MAX_TOML_DEPTH} levels")
-    assert "trainers.train_table.MAX_TOML_DEPTH" in text and len(text) < 400
+    assert "trainers.pipeline.train_table.MAX_TOML_DEPTH" in text and len(text) < 400
 
 
 def test_the_toml_depth_limit_leaves_room_for_any_config() -> None:

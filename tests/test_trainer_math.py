@@ -17,7 +17,7 @@ from llm_gym.policies import HFPolicy
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from trainers.advantages import (
+from trainers.grpo.advantages import (
     EpisodeOutcome,
     group_advantages,
     is_zero_variance,
@@ -25,7 +25,7 @@ from trainers.advantages import (
     shaped_reward,
     soft_overlong_penalty,
 )
-from trainers.batch import episode_rows, group_rows, padding_row, rows_to_tensors
+from trainers.grpo.batch import episode_rows, group_rows, padding_row, rows_to_tensors
 
 EPS = 1e-4
 
@@ -152,7 +152,7 @@ def test_group_rows_pad_every_episode_and_mask_truncated_ones() -> None:
 
 
 def test_promote_staged_checkpoint(tmp_path) -> None:
-    from trainers.checkpoints import promote_staged_checkpoint, staging_dir
+    from trainers.grpo.checkpoints import promote_staged_checkpoint, staging_dir
 
     run = str(tmp_path)
     for step in (1, 2):
@@ -171,7 +171,7 @@ def _small_trainer(model_dir, output_dir: str, **config):
     """A MultiTurnGRPOTrainer on the small test model: one task, groups of two, CPU."""
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     args = GRPOConfig(
         output_dir=output_dir,
@@ -308,7 +308,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
         trainer.model.activation_checkpointing_disable()
         trainer.model.eval()
     # Short prefixes take TRL's path.
-    from trainers.shared_prefix import plan_shared_prefix
+    from trainers.grpo.shared_prefix import plan_shared_prefix
 
     assert plan_shared_prefix(ids, attention, keep, min_length=64) is None
     assert plan_shared_prefix(ids, attention, keep, min_length=32).prefix_ids.shape == (1, 40)
@@ -323,7 +323,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
 def test_length_chunks_cover_every_row_once_and_beat_sequential_chunks(
     lengths, max_rows, overhead
 ) -> None:
-    from trainers.length_chunks import length_chunks
+    from trainers.grpo.length_chunks import length_chunks
 
     chunks = length_chunks(lengths, max_rows, overhead)
     assert sorted(i for chunk in chunks for i in chunk) == list(range(len(lengths)))
@@ -518,8 +518,8 @@ def test_reward_funcs_add_to_the_env_reward_with_their_weights(small_model_dir, 
     import math
 
     from llm_gym.errors import InvalidArgumentError
-    from trainers.reward_funcs import combined_rewards
-    from trainers.trainer import MultiTurnGRPOTrainer
+    from trainers.grpo.rewards import combined_rewards
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
     seen = {}
 
@@ -580,7 +580,7 @@ def test_per_turn_credit_warns_when_a_multi_turn_group_falls_back() -> None:
     import warnings
     from types import SimpleNamespace
 
-    from trainers.advantages import warn_per_turn_fallback
+    from trainers.grpo.advantages import warn_per_turn_fallback
 
     def episode(turns: int, vector: list[float] | None):
         return SimpleNamespace(turns=[None] * turns, per_turn_rewards=vector)
@@ -597,7 +597,7 @@ def test_episodes_the_infrastructure_ended_neither_train_nor_enter_the_baseline(
     from types import SimpleNamespace
 
     from llm_gym.core.env import TruncationCause
-    from trainers.advantages import per_episode_credit, without_void_episodes
+    from trainers.grpo.advantages import per_episode_credit, without_void_episodes
 
     def episode(cause=None):
         return SimpleNamespace(truncation_cause=cause, per_turn_rewards=None)
@@ -613,7 +613,7 @@ def test_episodes_the_infrastructure_ended_neither_train_nor_enter_the_baseline(
 
 
 def test_advantages_refuse_what_is_not_finite() -> None:
-    from trainers.advantages import group_advantages, per_turn_group_advantages
+    from trainers.grpo.advantages import group_advantages, per_turn_group_advantages
 
     with pytest.raises(InvalidArgumentError, match=r"rewards\[0\]\[1\] is nan"):
         group_advantages([[1.0, math.nan]])

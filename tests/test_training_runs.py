@@ -98,7 +98,7 @@ tasks = [Task(f"say something {{i}}") for i in range(8)]
 from transformers import AutoModelForCausalLM
 initial = sum(p.sum().item() for p in AutoModelForCausalLM.from_pretrained({model!r}).parameters())
 seen = []
-import trainers.trainer as t
+import trainers.grpo.trainer as t
 original = t.MultiTurnGRPOTrainer._collect
 def spy(self, tasks, **kw):
     seen.extend(task.prompt for task in tasks)

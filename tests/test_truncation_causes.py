@@ -20,7 +20,7 @@ from llm_gym.environments import (
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies import Generation, Policy
 from llm_gym.rollout import collect_groups
-from trainers.advantages import EpisodeOutcome, shaped_reward
+from trainers.grpo.advantages import EpisodeOutcome, shaped_reward
 
 TASK = Task(prompt="Keep going.", target=0, id="t")
 PENALTY = {"max_model_length": None, "max_turns": 8, "overlong_buffer": 16}

@@ -125,7 +125,7 @@ def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> No
 
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers import GRPOConfig, WeightSyncType
-    from trainers.async_collect import AsyncCollector
+    from trainers.async_rl.collect import AsyncCollector
 
     _, tokenizer = small_model
     for mode in WeightSyncType:

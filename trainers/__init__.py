@@ -3,12 +3,12 @@
 ``trainers.GRPOConfig`` is the cookbook's name for :class:`MultiTurnGRPOConfig`.
 """
 
-import trainers.rejection_sampling  # noqa: F401  (registers credit_assignment: rejection_sampling)
-from trainers.config import MultiTurnGRPOConfig
-from trainers.distillation import DistillationConfig
-from trainers.mixture import MixtureEnv
-from trainers.train import load_tasks, train_multi_turn
-from trainers.weight_sync import WeightSyncType
+import trainers.grpo.rejection_sampling  # noqa: F401  (registers credit_assignment: rejection_sampling)
+from trainers.async_rl.weight_sync import WeightSyncType
+from trainers.distillation.config import DistillationConfig
+from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
+from trainers.grpo.train import load_tasks, train_multi_turn
+from trainers.mixture.env import MixtureEnv
 
 GRPOConfig = MultiTurnGRPOConfig
 
@@ -18,13 +18,13 @@ _TEACHER = ("Teacher", "HFTeacher", "EndpointTeacher", "teacher_from_config")
 
 def __getattr__(name: str):  # the trainer imports TRL's heavy trainer stack: load it on use
     if name == "MultiTurnGRPOTrainer":
-        from trainers.trainer import MultiTurnGRPOTrainer
+        from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
         return MultiTurnGRPOTrainer
     if name in _TEACHER:
-        import trainers.teacher
+        import trainers.distillation.teacher
 
-        return getattr(trainers.teacher, name)
+        return getattr(trainers.distillation.teacher, name)
     raise AttributeError(f"module 'trainers' has no attribute {name!r}")
 
 

@@ -52,7 +52,7 @@ class InputLimit:
     """What a kind of input file is called and how large one may be.
 
     Example:
-        >>> InputLimit("task file", 1 << 20, "trainers.train.MAX_TASK_FILE_BYTES").max_bytes
+        >>> InputLimit("task file", 1 << 20, "trainers.grpo.train.MAX_TASK_FILE_BYTES").max_bytes
         1048576
     """
 

@@ -299,7 +299,7 @@ def sft_rows(
     assistant message, and with ``reward >= min_reward`` (None: every reward).
 
     Each row: ``messages`` (role, content, a tool message's name), ``tools`` (the tool specs as
-    JSON text, as :mod:`trainers.sft_data` writes them), ``reward``, ``task_id``, ``env_id``,
+    JSON text, as :mod:`trainers.sft.data` writes them), ``reward``, ``task_id``, ``env_id``,
     ``action_format`` (the format its tool calls are written in; ``""`` when not recorded).
     """
     if min_reward is not None and not _is_number(min_reward):
@@ -330,7 +330,7 @@ def episodes_dataset(
 ) -> Dataset:
     """The episodes of ``source`` (a path for :func:`read_episodes`, or records) as a
     ``datasets.Dataset`` of conversational rows (:func:`sft_rows`): what
-    :func:`trainers.sft.sft_warm_start` trains on, rejection-sampling fine-tuning with
+    :func:`trainers.sft.train.sft_warm_start` trains on, rejection-sampling fine-tuning with
     ``min_reward``.
 
     Raises:

@@ -3,7 +3,7 @@
 ``llm-gym report RUN_DIR`` (and ``train.py`` at the end of every run) reads a run's output folder
 and writes ``RUN_DIR/report.html``: the config, the step log's curves (reward, success on
 validation, tool calls, lengths, truncation causes, entropy) with the health checks marked where
-they fired (:mod:`trainers.health`), the evaluations before and after with their intervals, and
+they fired (:mod:`trainers.grpo.health`), the evaluations before and after with their intervals, and
 an episode browser (filter by evaluation, task kind, outcome, how the episode ended) that shows
 each episode's turns, per-turn rewards, and the trained tokens and the context tokens told apart.
 No server, no CDN: the data and the page's script are inline, so the file reads offline.

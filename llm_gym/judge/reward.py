@@ -3,7 +3,7 @@
 ``JudgeReward(settings)(prompts, completions, **kwargs)`` returns one value per sample: the
 judged score in [0, 1] of each ``(prompt, completion)`` conversation (:class:`~llm_gym.judge.
 judge.Judge`), or ``settings.fallback`` where the judge failed (None: no value, so TRL's
-``nansum`` and :func:`trainers.reward_funcs.combined_rewards` add nothing). Prompts and
+``nansum`` and :func:`trainers.grpo.rewards.combined_rewards` add nothing). Prompts and
 completions are message lists, or text (a user message and an assistant message). In ``group``
 mode the samples with the same prompt are judged together, one request each group.
 

@@ -89,7 +89,7 @@ class Episode:
     again as it rendered."""
     env_id: str | None = None
     """The environment's name in a mixture of several (set by the collection that ran it;
-    ``trainers.mixture``), else None."""
+    ``trainers.mixture.env``), else None."""
     overflow_tokens: int = 0
     """When an environment reply too long for the context ended it (``CONTEXT_OVERFLOW``) and
     was read only in part: the tokens the context would have held at least, which the soft

@@ -1,7 +1,7 @@
 """``POST /v1/completions`` of :mod:`llm_gym.serving`: text and logprobs out.
 
 Legacy OpenAI completions plus vLLM's ``prompt_logprobs``, enough for a distillation teacher
-(:class:`trainers.teacher.EndpointTeacher`) to score token sequences:
+(:class:`trainers.distillation.teacher.EndpointTeacher`) to score token sequences:
 
 * ``prompt`` is a string (tokenized without special tokens unless ``add_special_tokens`` is true;
   the tiny model's tokenizer adds none either way) or a list of token ids, used as sent.

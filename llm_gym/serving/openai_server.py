@@ -33,7 +33,7 @@ Endpoints:
   Nothing is kept: ``previous_response_id`` is refused.
 * ``POST /v1/completions`` (:mod:`llm_gym.serving.completions`): ``prompt`` as text or token
   ids, ``echo``, the legacy ``logprobs`` and vLLM's ``prompt_logprobs`` (what a distillation
-  teacher, :class:`trainers.teacher.EndpointTeacher`, reads), ``stream``.
+  teacher, :class:`trainers.distillation.teacher.EndpointTeacher`, reads), ``stream``.
 * Token in, token out: both take vLLM's ``return_token_ids`` (``prompt_token_ids`` on the
   answer, ``token_ids`` on the choice).
 * ``GET /v1/models``, ``GET /v1/models/{id}``; ``GET /health``: ``{"status": "ok"}``.

@@ -18,7 +18,8 @@ import os
 from llm_gym.command_errors import positive_int
 from llm_gym.envs.tool_use_game import TOOL_USE_GAME_TASKS, ToolUseGameEnv
 from llm_gym.models import build_tiny_model
-from trainers import GRPOConfig, train_multi_turn
+from trainers.grpo.config import GRPOConfig
+from trainers.grpo.train import train_multi_turn
 
 SEEDS_MODEL = "Qwen/Qwen3.8-27B"
 
