@@ -27,7 +27,7 @@ from trl import GRPOTrainer
 from llm_gym.core.factories import Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.trl_rollout import generation_model
+from llm_gym.integrations.trl.rollout import generation_model
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.pretrained import resolve_model_path
 from llm_gym.rollout.episode import Episode
