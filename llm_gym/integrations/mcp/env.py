@@ -76,7 +76,7 @@ class MCPToolEnv(ToolEnv):
     Args:
         tools: Tools of its own (default: the class's :attr:`tools`).
         system_prompt: As for ``ToolEnv``.
-        mcp_servers: :class:`~llm_gym.integrations.mcp.client.MCPServerParams`, a config entry
+        mcp_servers: :class:`~llm_gym.integrations.mcp.params.MCPServerParams`, a config entry
             (``{"command": ..., "args": [...]}`` or ``{"url": ...}``), a list of them or a
             mapping ``name -> entry`` (default: the class's :attr:`mcp_servers`).
     """
@@ -273,7 +273,7 @@ class _WithMCPTools:
 def with_mcp_tools(env: Any, servers: Any) -> _WithMCPTools:
     """An env factory ``task -> Env``: ``env`` (a registered id, an ``Env`` class, a factory, an
     instance or ``"module:attr"``) with the tools of ``servers`` (what
-    :func:`~llm_gym.integrations.mcp.client.as_server_list` accepts) added, for
+    :func:`~llm_gym.integrations.mcp.params.as_server_list` accepts) added, for
     ``collect_groups``, ``run_and_report``, ``train_multi_turn`` or ``gym.make``'s ``env``.
 
     Example:
