@@ -17,7 +17,7 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from llm_gym.core.task import Task
-from llm_gym.integrations.trl_rollout import generation_model
+from llm_gym.integrations.trl.rollout import generation_model
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.rollout.episode import Episode
 from trainers.grpo.difficulty import group_outcomes
