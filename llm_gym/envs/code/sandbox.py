@@ -13,8 +13,8 @@ with expected outputs that never leave this process. A run has (the code is adve
   mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount namespace;
 - **a seccomp filter** compiled by libseccomp (``pyseccomp``), loaded by ``bwrap --seccomp``:
   ``EPERM`` for new processes (``clone3``: ``ENOSYS``, so libc uses ``clone``), for threads
-  unless ``SandboxLimits.processes`` allows them and for :data:`DENIED_SYSCALLS`; another ABI
-  kills the process;
+  unless ``SandboxLimits.processes`` allows them and for
+  :data:`~llm_gym.envs.code.jail.DENIED_SYSCALLS`; another ABI kills the process;
 - **resource limits** set by this process (``prlimit``) before it writes the payload (the code
   runs only after reading it), a wall-clock deadline, caps on stdout + stderr and on results,
   and a SIGKILL of the run's PID 1 through a pidfd, waited for;
@@ -22,6 +22,9 @@ with expected outputs that never leave this process. A run has (the code is adve
   expected output; it writes one JSON record per call to a pipe parsed strictly here (the first
   record of each call wins, anything malformed is ignored). Exit codes and printed text are
   never trusted.
+
+Whatever the code starts (native code through ``ctypes``, another interpreter by ``exec``) is
+bound by the same namespaces, filter and limits. Not hidden: CPU timing. Trusted: the kernel.
 
 **Fail closed**: where the sandbox cannot run, :func:`run_function` raises
 :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install, unless the caller opts
@@ -236,8 +239,8 @@ def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[S
         passed = {}
         if jail is None:
             found = {"child-pid": proc.pid}
-        else:
-            with open(info, "rb", closefd=False) as stream:  # bwrap writes it, closes its end
+        elif _readable(info, deadline):  # bwrap writes its record at once, then closes its end
+            with open(info, "rb", closefd=False) as stream:
                 found = json.loads(stream.read() or b"{}")
         if "child-pid" in found:
             pidfd = os.pidfd_open(found["child-pid"]) if jail is not None else None
@@ -296,6 +299,13 @@ def _set_limits(pid: int, limits: SandboxLimits) -> None:
         if ceiling != resource.RLIM_INFINITY:
             soft, hard = min(soft, ceiling), min(hard, ceiling)
         resource.prlimit(pid, which, (soft, hard))
+
+
+def _readable(fd: int, deadline: float) -> bool:
+    """Wait until ``fd`` has data or EOF, or the deadline passes."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
 
 
 def _drain(proc: subprocess.Popen[bytes], results: int, limits: SandboxLimits,
