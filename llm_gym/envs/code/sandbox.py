@@ -286,6 +286,7 @@ def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[S
 
 
 def _set_limits(pid: int, limits: SandboxLimits) -> None:
+    """Lower the run's limits to ``limits`` (within the hard limits it inherited from here)."""
     cpu = limits.cpu_seconds
     for which, soft, hard in (
         (resource.RLIMIT_CPU, cpu, cpu + 1),
