@@ -112,11 +112,13 @@ def find_jail() -> tuple[str, ...]:
         seccomp_filter(False)
         if None in [shutil.which(name) for name in ("unshare", "mount", "sh")]:
             raise OSError("util-linux's unshare and mount, and sh, must be on PATH")
+        setenv = [arg for name, value in {**ENV, "HOME": "/work", "TMPDIR": "/work"}.items()
+                  for arg in ("--setenv", name, value)]  # fmt: skip
         jail = (
             tempfile.mkdtemp(prefix="llm_gym_work_"),  # each run mounts its own tmpfs here
             bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-            "--new-session", "--as-pid-1", "--clearenv", "--setenv", "HOME", "/work",
-            "--setenv", "TMPDIR", "/work", *view(interpreter()), "--dev", "/dev",
+            "--new-session", "--as-pid-1", "--clearenv", *setenv, *view(interpreter()),
+            "--dev", "/dev",
             "--ro-bind", HARNESS, "/sandbox/harness.py", "--remount-ro", "/dev",
             "--chdir", "/work", "--uid", "65534", "--gid", "65534",
         )  # fmt: skip

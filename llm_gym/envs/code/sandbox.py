@@ -229,10 +229,11 @@ def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[S
         argv = command(jail, limits.disk_bytes, passed, *harness)
     proc = pidfd = error = None
     found: dict[str, Any] = {}
+    env = {**ENV, "PATH": os.environ.get("PATH", ENV["PATH"]), "HOME": "/"}  # finds the tools
     out: dict[str, Any] = {"stdout": b"", "stderr": b"", "results": b"", "timed_out": False}
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=work, env={**ENV, "HOME": "/"},
+                                stderr=subprocess.PIPE, cwd=work, env=env,
                                 start_new_session=True, pass_fds=passed.values())  # fmt: skip
         for fd in passed.values():
             os.close(fd)
