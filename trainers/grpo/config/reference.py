@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
+from llm_gym.errors import InvalidArgumentError
 from trainers.distillation.config import DistillationConfig
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
 
@@ -197,10 +198,11 @@ def _attribute_docs(cls: type) -> dict[str, str]:
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    (statement,) = ast.parse(inspect.getsource(cls)).body  # a class's source: its statement
+    if not isinstance(statement, ast.ClassDef):
+        raise InvalidArgumentError(f"Expected a dataclass, actual value: {cls!r}.")
     docs = {}
-    for node, following in itertools.pairwise(body):
+    for node, following in itertools.pairwise(statement.body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
