@@ -522,6 +522,17 @@ def test_the_unsafe_mode_keeps_the_protocol_and_the_limits() -> None:
     assert time.monotonic() - start < 3.0
 
 
+@pytest.mark.parametrize("unsafe", [False, True], ids=["sandboxed", "unsafe"])
+def test_the_cpu_limit_is_a_time_limit(unsafe: bool) -> None:
+    """A run the CPU limit stops (before a generous wall-clock deadline) reads as timed out,
+    sandboxed (bwrap's exit status for the hard limit's SIGKILL) or not (SIGXCPU)."""
+    limits = SandboxLimits(cpu_seconds=1, wall_seconds=30.0)
+    result = run_function("def f():\n    while True:\n        pass\n", "f", [[]], limits=limits,
+                          unsafe_no_sandbox=unsafe)  # fmt: skip
+    assert result.timed_out and result.calls == (None,)
+    assert result.exit_code in (-24, 137)
+
+
 def test_a_payload_larger_than_a_pipe_buffer_arrives_whole() -> None:
     """The parent writes the whole payload before it reads anything; the harness reads it all
     before the code runs."""

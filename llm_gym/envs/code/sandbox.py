@@ -65,6 +65,12 @@ __all__ = ["CallResult", "SandboxLimits", "SandboxResult", "require_sandbox", "r
            "sandbox_layers"]  # fmt: skip
 
 _NOT_DEFINED = "the program ended before defining its function"
+# How a run that RLIMIT_CPU stopped ends when the parent did not kill it: SIGXCPU at the soft
+# limit, or SIGKILL at the hard one (the sandbox's PID 1 does not take SIGXCPU); as the signal
+# itself, or as bwrap's exit status for it.
+_CPU_LIMIT_EXITS = tuple(
+    code for sig in (signal.SIGXCPU, signal.SIGKILL) for code in (-sig, 128 + sig)
+)
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,8 @@ class SandboxResult:
     stderr: str
     """The child's stderr (at most ``output_bytes``)."""
     timed_out: bool
-    """The wall-clock deadline killed the run."""
+    """A time limit stopped the run: the wall-clock deadline, or ``RLIMIT_CPU`` (SIGXCPU),
+    whichever came first (under load the CPU limit can come first)."""
     output_exceeded: bool
     """Too much output (or too many results) killed the run."""
     exit_code: int | None
@@ -261,6 +268,8 @@ def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[S
             os.close(fd)
         if jail is None:
             shutil.rmtree(work, ignore_errors=True)
+    if proc is not None and proc.returncode in _CPU_LIMIT_EXITS and not out.get("exceeded"):
+        out["timed_out"] = True
     definition_error, calls = _parse_records(out["results"], len(inputs))
     started = error is None and "child-pid" in found
     if not started:
