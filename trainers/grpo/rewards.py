@@ -121,13 +121,14 @@ class RewardsMixin:
     reward functions (TRL keeps them in ``reward_funcs`` / ``reward_weights``)."""
 
     def _shaped(self, episode: Any) -> float:
-        from trainers.grpo.advantages import EpisodeOutcome, shaped_reward
+        from trainers.grpo.advantages import shaped_reward
 
         args = self.args  # type: ignore[attr-defined]
         return shaped_reward(
-            EpisodeOutcome.of(episode),
+            episode.reward,
+            episode.truncation_cause,
+            episode.total_tokens,
             max_model_length=args.max_model_length,
-            max_turns=args.max_turns or 1,
             overlong_buffer=args.overlong_buffer,
             overlong_penalty_factor=args.overlong_penalty_factor,
             max_new_tokens=args.max_tokens_per_turn,
