@@ -53,11 +53,6 @@ def padding_sample(pad_id: int, prompt_ids: Sequence[int] | None = None) -> Toke
 
     ``prompt_ids``: a real row's prompt to start with (default ``[pad_id]``), so that the
     padding row shares the batch's prefix and shared-prefix scoring still applies to the batch.
-
-    Example:
-        >>> padding_sample(0, [5, 6])
-        TokenSample(prompt_ids=[5, 6], completion_ids=[0], env_mask=[0], logprobs=[0.0], \
-turn_index=[-1], policy_versions=[-1])
     """
     return TokenSample(
         prompt_ids=list(prompt_ids) if prompt_ids else [pad_id],
@@ -72,12 +67,9 @@ turn_index=[-1], policy_versions=[-1])
 def _checked(sample: TokenSample, where: str) -> int:
     """The sample's completion length, its per-token columns checked to match it."""
     length = len(sample.completion_ids)
-    columns = {"env_mask": sample.env_mask, "logprobs": sample.logprobs}
-    for name in ("turn_index", "policy_versions"):  # empty: unknown (-1 for every token)
-        if getattr(sample, name):
-            columns[name] = getattr(sample, name)
-    for name, column in columns.items():
-        if len(column) != length:
+    for name in ("env_mask", "logprobs", "turn_index", "policy_versions"):
+        column = getattr(sample, name)  # the last two may be empty: unknown (-1 every token)
+        if len(column) != length and (column or name in ("env_mask", "logprobs")):
             raise InvalidArgumentError(
                 f"{where}: expected one {name} value per completion token ({length}), got "
                 f"{len(column)}; a TokenSample's per-token columns all have the completion's "
