@@ -1,5 +1,5 @@
 """Environments out of process: ``llm-gym serve-env`` under load, and collection through
-:class:`~llm_gym.integrations.openenv_client.RemoteEnv` against collection in process.
+:class:`~llm_gym.integrations.openenv.client.RemoteEnv` against collection in process.
 
 The server runs as its own process (``python -m llm_gym.cli serve-env ToolUseGame-v0 --port 0``,
 openenv-core's server on uvicorn), on loopback. Two measurements:
@@ -102,7 +102,7 @@ async def _play(
     """One oracle episode of each task in turn, one session each, every call timed (``reset``
     opens the session: the WebSocket handshake and the server's new env are in its time)."""
     from llm_gym.envs.tool_use_game import oracle_action
-    from llm_gym.integrations.openenv_client import RemoteEnv
+    from llm_gym.integrations.openenv import RemoteEnv
 
     for task in tasks:
         env = RemoteEnv(url, call_timeout_s=60.0)
@@ -194,7 +194,7 @@ def collection_runner(
     import torch
 
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
-    from llm_gym.integrations.openenv_client import RemoteEnvFactory
+    from llm_gym.integrations.openenv import RemoteEnvFactory
     from llm_gym.policies import HFPolicy
     from llm_gym.rollout import collect_groups
 

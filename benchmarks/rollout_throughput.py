@@ -105,22 +105,15 @@ def warm_model(args: Args) -> str:
         return args.model
     from llm_gym.models import build_tiny_model
     from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.settings import SFTSettings
     from trainers.sft.train import sft_warm_start
 
     out = cache_dir() / "bench-sft"
     if (out / "config.json").exists():
         return str(out)
     dataset = oracle_sft_dataset("ToolUseGame-v0")
-    return str(
-        sft_warm_start(
-            build_tiny_model(),
-            out,
-            dataset,
-            time_budget_s=args.sft_seconds,
-            num_train_epochs=3,
-            progress=False,
-        )
-    )
+    settings = SFTSettings(time_budget_s=args.sft_seconds, epochs=3, progress=False)
+    return str(sft_warm_start(build_tiny_model(), out, dataset, settings))
 
 
 def run_ours(

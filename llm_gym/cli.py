@@ -188,7 +188,7 @@ def _serve_until_stopped(server: Any, line: str, out: TextIO) -> int:
 
 
 def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
-    from llm_gym.integrations.openenv_server import serve_env
+    from llm_gym.integrations.openenv.server import serve_env
     from llm_gym.serving import access
 
     limits = {} if args.max_connections is None else {"max_connections": args.max_connections}
@@ -208,7 +208,7 @@ def _cmd_serve_env(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _add_serve_env(sub: argparse._SubParsersAction) -> None:
-    """``llm-gym serve-env ENV_ID``: :mod:`llm_gym.integrations.openenv_server`."""
+    """``llm-gym serve-env ENV_ID``: :mod:`llm_gym.integrations.openenv.server`."""
     from llm_gym.serving import access
 
     p = sub.add_parser(
@@ -352,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=lambda args, out: serve_cli.run(args, out, _serve_until_stopped))
 
     _add_serve_env(sub)
-    from llm_gym.integrations import mcp_cli
+    from llm_gym.integrations.mcp import cli as mcp_cli
 
     p = sub.add_parser("serve-mcp", help=mcp_cli.HELP, description=mcp_cli.DESCRIPTION)
     mcp_cli.add_arguments(p, _add_task_option)

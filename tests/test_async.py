@@ -20,6 +20,7 @@ from llm_gym.policies.weights import VersionedWeights  # noqa: E402
 from trainers import GRPOConfig, WeightSyncType  # noqa: E402
 from trainers.async_rl.weight_sync import CallbackPublisher, InProcessPublisher  # noqa: E402
 from trainers.grpo.batch import off_policy_weights, stale_token_mask  # noqa: E402
+from trainers.grpo.scoring import reference_logps  # noqa: E402
 
 SYNC, BACKGROUND, PIPELINE = (m.value for m in WeightSyncType)
 
@@ -410,7 +411,7 @@ def test_zero_staleness_gives_lockstep_loss_and_gradients_and_stale_tokens_are_c
     batches = {}
     for name, trainer in (("lockstep", lockstep), ("async", async_run)):
         batch = _rows_batch([0, 0])
-        metrics = trainer._add_reference_logps(batch)
+        metrics = reference_logps(trainer, batch)
         batches[name] = (batch, metrics)
     (lock_batch, _), (async_batch, async_metrics) = batches["lockstep"], batches["async"]
     assert async_metrics == {"async/stale_token_ratio": 0.0}
@@ -427,7 +428,7 @@ def test_zero_staleness_gives_lockstep_loss_and_gradients_and_stale_tokens_are_c
     async_run.state.global_step = 1
     stale = _rows_batch([0, 1])  # row 0 sampled by version 0, row 1 by version 1
     sampling = stale["sampling_per_token_logps"].clone()
-    metrics = async_run._add_reference_logps(stale)
+    metrics = reference_logps(async_run, stale)
     assert metrics == {"async/stale_token_ratio": pytest.approx(3 / 6)}
     assert "old_per_token_logps" not in stale and stale["stale_mask"].sum() == 3
     ids = torch.cat([stale["prompt_ids"], stale["completion_ids"]], dim=1)
@@ -438,7 +439,7 @@ def test_zero_staleness_gives_lockstep_loss_and_gradients_and_stale_tokens_are_c
     for col in (0, 1, 3):  # row 0's training tokens
         by_hand["advantages"][0, col] *= min(math.exp(logps[0, col] - sampling[0, col]), 3.0)
     assert not torch.equal(by_hand["advantages"], _rows_batch([0, 0])["advantages"])
-    lockstep._add_reference_logps(by_hand)
+    reference_logps(lockstep, by_hand)
     loss_a, grads_a = _loss_and_grads(async_run, stale)
     loss_h, grads_h = _loss_and_grads(lockstep, by_hand)
     assert loss_a == pytest.approx(loss_h, abs=1e-6)

@@ -45,7 +45,8 @@ def test_a_model_without_a_template_is_refused_on_every_path(base_model_dir, cap
     from llm_gym.policies import HFPolicy, policy_from_spec
     from llm_gym.serving.engine import Engine
     from trainers.chat_template import with_chat_template
-    from trainers.sft.train import build_sft_trainer
+    from trainers.sft.settings import SFTSettings
+    from trainers.sft.train import build_sft_run
 
     path = str(base_model_dir)
     tokenizer = _tokenizer(base_model_dir)
@@ -61,7 +62,7 @@ def test_a_model_without_a_template_is_refused_on_every_path(base_model_dir, cap
         with_chat_template(path, None, None, loaded.append, _tokenizer)
     assert loaded == []  # refused before the weights are read
     with pytest.raises(ChatTemplateError):
-        build_sft_trainer(path, "unused", dataset=None)  # SFT: before the data or the model
+        build_sft_run(path, "unused", None, SFTSettings())  # SFT: before the data or the model
 
     out = io.StringIO()
     code = main(["eval", "GuessNumber-v0", "--policy", f"hf:{path}", "--episodes", "2"], out)

@@ -520,3 +520,51 @@ def test_the_unsafe_mode_keeps_the_protocol_and_the_limits() -> None:
                     [{"args": [], "expected": 1}], unsafe_no_sandbox=True)  # fmt: skip
     assert looping.sandbox is not None and looping.sandbox.timed_out
     assert time.monotonic() - start < 3.0
+
+
+def test_a_payload_larger_than_a_pipe_buffer_arrives_whole() -> None:
+    """The parent writes the whole payload before it reads anything; the harness reads it all
+    before the code runs."""
+    inputs = [["x" * 50_000 + str(i)] for i in range(20)]  # about 1 MB, many pipe buffers
+    result = run_function("def f(s):\n    return [len(s), s[-2:]]\n", "f", inputs)
+    assert [c.value for c in result.calls if c is not None] == [
+        [50_000 + len(str(i)), ("x" + str(i))[-2:]] for i in range(20)
+    ]
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_runs_leave_no_descriptor_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    sandbox.require_sandbox()
+    before = _open_descriptors()
+    looping, quick = "def f():\n    while True:\n        pass\n", SandboxLimits(wall_seconds=0.5)
+    for options in ({}, {"seccomp": False}, {"unsafe_no_sandbox": True}):
+        assert run_function("def f():\n    return 1\n", "f", [[]], **options).calls[0] is not None
+        assert run_function(looping, "f", [[]], limits=quick, **options).timed_out
+    flood = "def f():\n    while True:\n        print('x' * 1000)\n"
+    assert run_function(flood, "f", [[]]).output_exceeded
+
+    def no_process(*args: Any, **kwargs: Any) -> Any:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(sandbox.subprocess, "Popen", no_process)  # out of processes
+    for options in ({}, {"unsafe_no_sandbox": True}):
+        failed = run_function("def f():\n    return 1\n", "f", [[]], **options)
+        assert not failed.started and failed.calls == (None,)
+        assert failed.definition_error is not None
+        assert failed.definition_error.startswith("sandbox error: could not run the code")
+    assert _open_descriptors() == before
+
+
+def test_a_project_under_tmp_still_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work dir's tmpfs is mounted on a mount point of its own, so it hides no host folder
+    (not /tmp, where a checkout or an interpreter may live)."""
+    harness = tmp_path / "harness.py"  # pytest's tmp_path lies under /tmp
+    harness.write_text(Path(jail.HARNESS).read_text())
+    monkeypatch.setattr(jail, "HARNESS", str(harness))
+    host = jail.find_jail()
+    assert str(harness) in host
+    result = sandbox._run(host, "def f():\n    return 7\n", "f", [[]], SandboxLimits())
+    assert result.calls == (sandbox.CallResult(value=7),), result.stderr

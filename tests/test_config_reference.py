@@ -20,5 +20,7 @@ def test_the_config_reference_is_up_to_date() -> None:
         "generation_deadline_min_s",
         "max_steps_off_policy",
         "chat_template_kwargs",
+        "short_context_steps",
+        "trl_options",
     ):
         assert f"`{name}`" in text

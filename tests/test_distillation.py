@@ -120,7 +120,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_advantages(small_model_dir, t
 
 def test_env_tokens_never_train_and_the_kl_is_logged(small_model_dir, tmp_path):
     trainer = _trainer(small_model_dir, tmp_path, "unused")
-    trainer._teacher = teacher = ConstantTeacher()
+    trainer.teacher = teacher = ConstantTeacher()
     batch = trainer._generate_and_score_completions([{"task_index": 0}, {"task_index": 1}])
     mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
     expected = -1.0 - batch_sampling_logps(trainer, batch)

@@ -11,6 +11,8 @@ MODULES = [
     "llm_gym.errors",
     "llm_gym.serving.responses_protocol",
     "trainers.wandb_setup",
+    "trainers.sft.command",
+    "trainers.sft.settings",
     "benchmarks.before_after",
     "benchmarks.suite_tiny",
     "llm_gym.core.factories",

@@ -62,21 +62,15 @@ def test_one_sft_step_with_the_gemma_template(gemma3, tmp_path) -> None:
     from transformers import AutoTokenizer
 
     from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.settings import SFTSettings
     from trainers.sft.train import sft_warm_start
 
-    out = sft_warm_start(
-        NAME,
-        tmp_path / "sft",
-        oracle_sft_dataset("GuessNumber-v0", episodes=2),
-        max_steps=1,
-        per_device_train_batch_size=2,
-        learning_rate=1e-5,
-        warmup_steps=0,
-        logging_steps=1,
-        max_length=512,
-        progress=False,
-        chat_template="gemma",
-    )
+    settings = SFTSettings(
+        max_steps=1, batch_size=2, learning_rate=1e-5, warmup_steps=0, logging_steps=1,
+        max_length=512, progress=False,
+    )  # fmt: skip
+    dataset = oracle_sft_dataset("GuessNumber-v0", episodes=2)
+    out = sft_warm_start(NAME, tmp_path / "sft", dataset, settings, chat_template="gemma")
     info = json.loads((out / "sft_info.json").read_text())
     assert info["steps"] == 1 and info["last_loss"] == info["last_loss"]  # a number, not NaN
     tokenizer = AutoTokenizer.from_pretrained(out)

@@ -232,13 +232,14 @@ def test_sft_runs_its_checks_and_stops_on_them(small_model_dir, tmp_path, always
     pytest.importorskip("trl")
     from llm_gym.envs.tool_use_game import get_tasks
     from trainers.sft.data import oracle_sft_dataset
-    from trainers.sft.train import build_sft_trainer
+    from trainers.sft.settings import SFTSettings
+    from trainers.sft.train import build_sft_run
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", list(get_tasks("train")[:4]))
-    trainer = build_sft_trainer(
-        small_model_dir, tmp_path, dataset, max_steps=3, per_device_train_batch_size=1,
-        logging_steps=1, progress=False, health_action="stop",
-    )  # fmt: skip
+    settings = SFTSettings(max_steps=3, batch_size=1, logging_steps=1, progress=False)
+    trainer = build_sft_run(
+        small_model_dir, tmp_path, dataset, settings, health_action="stop"
+    ).trainer
     with pytest.warns(HealthWarning, match="test_fires fired at step 1"):
         trainer.train()
     assert trainer.state.global_step == 1  # of 3

@@ -29,13 +29,15 @@ from llm_gym.core.registry import env_entry
 from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks, oracle_action
 from llm_gym.errors import InvalidArgumentError, RemoteEnvError
 from llm_gym.eval import run_and_report
-from llm_gym.integrations.openenv_client import (
+from llm_gym.integrations.openenv import (
+    EnvServer,
     RemoteEnv,
     RemoteEnvFactory,
     RemoteTasks,
+    build_env_app,
     register_remote_env,
+    serve_env,
 )
-from llm_gym.integrations.openenv_server import EnvServer, build_env_app, serve_env
 from llm_gym.policies import Generation, OraclePolicy, Policy
 from llm_gym.rollout import collect_groups
 from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD

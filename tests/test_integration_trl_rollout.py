@@ -1,4 +1,4 @@
-"""Our rollout engine inside TRL's own GRPOTrainer (llm_gym.integrations.trl_rollout)."""
+"""Our rollout engine inside TRL's own GRPOTrainer (llm_gym.integrations.trl.rollout)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from llm_gym import InvalidArgumentError
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.task import Task
 from llm_gym.envs.tool_use_game import ToolUseGameEnv
-from llm_gym.integrations.trl import trl_dataset
-from llm_gym.integrations.trl_rollout import (
+from llm_gym.integrations.trl import (
     EXTRA_FIELDS,
     RolloutRow,
     rollout_func,
     rollout_reward,
+    trl_dataset,
     trl_rollout_output,
 )
 from llm_gym.policies import Generation, OraclePolicy, Policy
@@ -343,7 +343,7 @@ def test_trl_trains_two_steps_with_our_rollout(small_model_dir, tmp_path) -> Non
 def test_docstring_examples() -> None:
     import doctest
 
-    from llm_gym.integrations import trl_rollout
+    from llm_gym.integrations.trl import rollout as trl_rollout
 
     result = doctest.testmod(trl_rollout)
     assert result.failed == 0 and result.attempted > 0

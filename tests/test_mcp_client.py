@@ -1,4 +1,4 @@
-"""MCP servers' tools in our environments (llm_gym.integrations.mcp_client, mcp_env, mcp_stdio):
+"""MCP servers' tools in our environments (llm_gym.integrations.mcp: client, env, stdio):
 against servers written with the ``mcp`` SDK here (stdio: a script run as a subprocess;
 streamable HTTP: loopback), friendly and hostile. Every hostile reply is a ``tool_error`` or an
 episode outcome, never a crash of the run."""
@@ -21,10 +21,10 @@ pytest.importorskip("mcp")
 from llm_gym.core.task import Task
 from llm_gym.core.tool_env import MAX_TOOL_RESULT_CHARS
 from llm_gym.errors import InvalidArgumentError, MCPServerError
-from llm_gym.integrations.mcp_client import MCPConnection, result_text
-from llm_gym.integrations.mcp_env import MCPToolEnv, with_mcp_tools
-from llm_gym.integrations.mcp_params import MCPServerParams, as_server_list
-from llm_gym.integrations.mcp_stdio import _LineReader
+from llm_gym.integrations.mcp.client import MCPConnection, result_text
+from llm_gym.integrations.mcp.env import MCPToolEnv, with_mcp_tools
+from llm_gym.integrations.mcp.params import MCPServerParams, as_server_list
+from llm_gym.integrations.mcp.stdio import _LineReader
 from llm_gym.policies.base import Generation, Policy, PolicyRequest
 from llm_gym.rollout import collect_groups
 
@@ -395,7 +395,7 @@ def test_server_params_refuse_what_cannot_be_served() -> None:
 
 
 def test_a_raw_text_env_is_refused_with_the_remedy() -> None:
-    from llm_gym.integrations.mcp_env import MCPToolsWrapper
+    from llm_gym.integrations.mcp.env import MCPToolsWrapper
 
     class RawEnv(MCPToolEnv):
         raw_text_actions = True

@@ -1,4 +1,4 @@
-"""An environment's tools served over MCP (llm_gym.integrations.mcp_server, ``llm-gym
+"""An environment's tools served over MCP (llm_gym.integrations.mcp.server, ``llm-gym
 serve-mcp``), checked with the ``mcp`` SDK's own client: in process, over stdio (the CLI as a
 subprocess) and over streamable HTTP on loopback. Hostile clients and failing envs get an
 ``isError`` result; the server goes on."""
@@ -18,7 +18,7 @@ from mcp import Client, StdioServerParameters, stdio_client
 from llm_gym.core.env import Env, StepResult
 from llm_gym.core.registry import env_entry
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.mcp_server import (
+from llm_gym.integrations.mcp.server import (
     MAX_ARGUMENT_BYTES,
     ServedTools,
     build_mcp_server,

@@ -1,5 +1,5 @@
-"""A hostile OpenEnv server against :class:`~llm_gym.integrations.openenv_client.RemoteEnv`
-(:mod:`llm_gym.integrations.openenv_connection`), on loopback only: frames of the wrong type
+"""A hostile OpenEnv server against :class:`~llm_gym.integrations.openenv.client.RemoteEnv`
+and its ``SessionClient``, on loopback only: frames of the wrong type
 or shape, numbers past a float's range, duplicate keys, frames never finished or past the size
 limit, handshakes that never end or bounce, metrics that are not counts, a gzip bomb for a
 task listing. Whatever the server does, ``RemoteEnv`` raises ``RemoteEnvError`` within its
@@ -55,8 +55,7 @@ pytest.importorskip("openenv")
 from llm_gym import Task
 from llm_gym.errors import RemoteEnvError
 from llm_gym.eval import run_and_report
-from llm_gym.integrations import openenv_client
-from llm_gym.integrations.openenv_client import RemoteEnv, RemoteEnvFactory, RemoteTasks
+from llm_gym.integrations.openenv import RemoteEnv, RemoteEnvFactory, RemoteTasks, registration
 from llm_gym.rollout import collect_groups
 from tests.test_openenv_hostile import (
     CLOSE,
@@ -298,7 +297,7 @@ def listing_server(head: bytes, body: bytes, encoding: str = "") -> RawServer:
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_a_compressed_bomb_of_a_listing_is_cut_at_the_cap(monkeypatch, encoding) -> None:
-    monkeypatch.setattr(openenv_client, "MAX_LISTING_BYTES", 2**20)
+    monkeypatch.setattr(registration, "MAX_LISTING_BYTES", 2**20)
     inflated = b'{"tasks": [' + b" " * (32 * 2**20) + b"]}"  # 32 MiB of JSON, ~32 kB sent
     body = gzip.compress(inflated, 9) if encoding == "gzip" else zlib.compress(inflated, 9)
     server = listing_server(b"HTTP/1.1 200 OK", body, encoding)

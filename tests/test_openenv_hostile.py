@@ -1,7 +1,7 @@
 """The OpenEnv integration (:mod:`llm_gym.integrations`) under hostile input, both ways, on
 loopback only.
 
-A hostile client against ``serve-env`` (:mod:`llm_gym.integrations.openenv_server`): raw
+A hostile client against ``serve-env`` (:mod:`llm_gym.integrations.openenv.server`): raw
 WebSocket frames (not JSON, not an object, binary, nested 100,000 deep, a 9 MB bomb of empty
 lists, 5,000-digit numbers, lone surrogates, MCP), wrong reset arguments, hostile actions,
 frames over the size limit, 1,000 rapid resets, connections opened and never used, sessions
@@ -12,15 +12,15 @@ abandoned mid-episode and mid-step, the HTTP ``/reset``, ``/step``, ``/mcp`` and
 clear error, keep the session (and every other session) going, and free every session and env it
 made.
 
-A hostile server against :class:`~llm_gym.integrations.openenv_client.RemoteEnv`: a fake
+A hostile server against :class:`~llm_gym.integrations.openenv.client.RemoteEnv`: a fake
 OpenEnv server written here on raw sockets (so it can break the protocol anywhere) that answers
 garbage, wrong shapes, ``start`` out of range or negative, huge message lists, NaN or string
 rewards, lists for metrics, never answers, closes mid-frame or ignores the close handshake; and
 a hostile task listing. ``RemoteEnv`` must raise ``RemoteEnvError`` (or return a clean
 ``StepResult``) within its deadline, and nothing non-finite or malformed may reach the loop.
 
-What holds (the protocol module's ``read_frame``/``FrameGuard``/``check_*``, the server's
-``ServedEnv``, the client's ``RemoteEnv``/``RemoteTasks``; the measured cost of each attack
+What holds (the protocol module's ``read_frame``/``check_*``, the guard's ``FrameGuard``, the
+server's ``ServedEnv``, the client's ``RemoteEnv``/``RemoteTasks``; the measured cost of each attack
 without its check is in ``benchmarks/results/README.md``):
 
 ==================================  ========================================
@@ -81,10 +81,14 @@ from llm_gym.core import Env, StepResult
 from llm_gym.core.env import TruncationCause
 from llm_gym.envs.tool_use_game import get_tasks
 from llm_gym.errors import RemoteEnvError
-from llm_gym.integrations import openenv_client
-from llm_gym.integrations.openenv_client import RemoteEnv, RemoteEnvFactory, RemoteTasks
-from llm_gym.integrations.openenv_protocol import MAX_FRAME_BYTES
-from llm_gym.integrations.openenv_server import serve_env
+from llm_gym.integrations.openenv import (
+    RemoteEnv,
+    RemoteEnvFactory,
+    RemoteTasks,
+    registration,
+    serve_env,
+)
+from llm_gym.integrations.openenv.protocol import MAX_FRAME_BYTES
 from llm_gym.policies import Generation, Policy
 from llm_gym.rollout import collect_groups
 from llm_gym.serving.access import AccessPolicy
@@ -928,11 +932,11 @@ LISTINGS = {
 
 @pytest.mark.parametrize("name", list(LISTINGS))
 def test_a_hostile_task_listing_is_a_remote_env_error(fake, monkeypatch, name) -> None:
-    monkeypatch.setattr(openenv_client, "MAX_LISTING_BYTES", 100_000)
+    monkeypatch.setattr(registration, "MAX_LISTING_BYTES", 100_000)
     fake.listing, expected = LISTINGS[name]
     with pytest.raises(RemoteEnvError, match=re.escape(expected)) as raised:
         RemoteTasks(fake.url, timeout_s=2)("train")
-        openenv_client.register_remote_env("HostileListing-v0", fake.url)
+        registration.register_remote_env("HostileListing-v0", fake.url)
     assert len(str(raised.value)) < 1000
 
 

@@ -1,5 +1,5 @@
-"""``llm-gym serve-env`` (:mod:`llm_gym.integrations.openenv_server`, ``openenv_session``,
-``openenv_protocol``) against hostile clients and a hostile environment, on loopback only:
+"""``llm-gym serve-env`` (:mod:`llm_gym.integrations.openenv`: ``server``, ``session``,
+``guard``) against hostile clients and a hostile environment, on loopback only:
 slowloris connections, a ``Content-Length`` that lies, an env that ignores its cancellation,
 an env whose observation breaks the protocol's limits, pipelined and late frames, tool calls of
 hostile shapes, a fragmented frame never finished. The server answers each with a clear error
@@ -58,8 +58,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from llm_gym import Task, register_env
 from llm_gym.cli import build_parser
 from llm_gym.core import Env, StepResult
-from llm_gym.integrations import openenv_server
-from llm_gym.integrations.openenv_server import DEFAULT_MAX_CONNECTIONS, serve_env
+from llm_gym.integrations.openenv import server as openenv_server
+from llm_gym.integrations.openenv.server import DEFAULT_MAX_CONNECTIONS, serve_env
 from tests.test_openenv_hostile import active, ask, error, reset, settled, step, ws_url
 
 REQUEST_S = 1.0
@@ -416,7 +416,7 @@ def test_serve_env_checks_max_connections_and_the_cli_passes_it(monkeypatch) -> 
 @pytest.fixture(scope="module")
 def env_server() -> Any:
     pytest.importorskip("openenv")
-    from llm_gym.integrations.openenv_server import serve_env
+    from llm_gym.integrations.openenv.server import serve_env
 
     with serve_env("ToolUseGame-v0", port=0, max_sessions=2) as running:
         yield running

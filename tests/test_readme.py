@@ -78,6 +78,9 @@ COVERED_ELSEWHERE = {
     "llm-gym sft --from-episodes": (
         "tests/test_episode_files.py::test_rejection_sampling_fine_tuning_closes_the_loop"
     ),
+    'sft_warm_start("smollm2-135m-instruct"': (
+        "tests/test_episode_files.py::test_rejection_sampling_fine_tuning_closes_the_loop"
+    ),
     "reward = JudgeReward(settings)": (
         "tests/test_judge.py::test_server_errors_are_retried_then_fall_back_and_are_counted"
     ),
@@ -99,9 +102,9 @@ test runs it on the tiny one), the hf line needs the main job's model, the opena
 the TRL blocks and the mixture guide's call a model path (their tests train two steps on the
 tiny one), the pretrained models
 the package index (the slow real-model tests fetch them), the serving guide's servers a
-network address and a model (their tests serve on loopback), `llm-gym sft` an episodes file
-(its test collects one first), and the judge a judge endpoint (its tests script one on
-loopback)."""
+network address and a model (their tests serve on loopback), `llm-gym sft` and its Python
+twin an episodes file (its test collects one first), and the judge a judge endpoint (its tests
+script one on loopback)."""
 
 
 def read(page: str) -> str:

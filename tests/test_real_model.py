@@ -58,20 +58,15 @@ def loaded(smollm2):
 def sft_model(smollm2, tmp_path_factory) -> Path:
     """SFT (full weights) for 8 steps of 4 oracle transcripts: enough to make it call tools."""
     from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.settings import SFTSettings
     from trainers.sft.train import sft_warm_start
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", episodes=32)
-    return sft_warm_start(
-        NAME,
-        tmp_path_factory.mktemp("smollm2") / "sft",
-        dataset,
-        max_steps=8,
-        per_device_train_batch_size=4,
-        learning_rate=1e-4,
-        warmup_steps=1,
-        logging_steps=1,
+    settings = SFTSettings(
+        max_steps=8, batch_size=4, learning_rate=1e-4, warmup_steps=1, logging_steps=1,
         progress=False,
-    )
+    )  # fmt: skip
+    return sft_warm_start(NAME, tmp_path_factory.mktemp("smollm2") / "sft", dataset, settings)
 
 
 def _tasks(split: str, n: int) -> list:
@@ -210,13 +205,15 @@ def test_sft_with_lora_merges_the_adapter(smollm2, tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
     from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.settings import SFTSettings
     from trainers.sft.train import sft_warm_start
 
-    out = sft_warm_start(
-        NAME, tmp_path / "lora", oracle_sft_dataset("ToolUseGame-v0", episodes=4), max_steps=2,
-        per_device_train_batch_size=2, learning_rate=1e-3, warmup_steps=0, progress=False,
+    settings = SFTSettings(
+        max_steps=2, batch_size=2, learning_rate=1e-3, warmup_steps=0, progress=False,
         lora={"r": 8, "lora_alpha": 16},
     )  # fmt: skip
+    dataset = oracle_sft_dataset("ToolUseGame-v0", episodes=4)
+    out = sft_warm_start(NAME, tmp_path / "lora", dataset, settings)
     assert not (out / "adapter_config.json").exists()
     base = AutoModelForCausalLM.from_pretrained(smollm2)
     merged = AutoModelForCausalLM.from_pretrained(out)

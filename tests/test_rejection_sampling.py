@@ -210,7 +210,7 @@ def scripted_trainer(small_model_dir, tmp_path_factory):
             for task in tasks
         ]
 
-    trainer._collect = collect
+    trainer.collect = collect
     return trainer
 
 
@@ -221,7 +221,9 @@ def _draw(trainer, credit_assignment: str, outcomes: list[list[float]], first: l
     trainer.outcomes, trainer.collected = outcomes, []
     trainer.tasks = [Task(f"task {i}", id=str(i)) for i in range(len(outcomes))]
     inputs = [{"task_index": i} for i in first for _ in range(2)]
-    return trainer.collected, trainer._lockstep_pool(inputs, wanted=len(first))
+    from trainers.grpo.collection import lockstep_pool
+
+    return trainer.collected, lockstep_pool(trainer, inputs, wanted=len(first))
 
 
 def test_rft_resamples_an_all_failed_group_with_grpos_budget(scripted_trainer) -> None:

@@ -48,14 +48,13 @@ def test_the_judge_adds_its_weighted_score_per_group(small_model_dir, tmp_path, 
     judge = {"base_url": endpoint.url, "model": "judge", "rubric": RUBRIC, "mode": "group",
              "weight": 0.5, "cache_size": 0}  # fmt: skip
     trainer = trainer_with(small_model_dir, str(tmp_path), judge=judge, num_steps=1)
-    [group] = trainer._collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
-    rewards = trainer._group_rewards(group)
-    shaped = [trainer._shaped(e) for e in group]
+    [group] = trainer.collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
+    rewards = trainer.group_rewards(group)
+    shaped = [trainer.rewards.shaped(e) for e in group]
     assert rewards == pytest.approx([shaped[0] + 0.5, shaped[1]])  # one request for the group
     assert len(endpoint.requests) == 1 and "Attempt 2" in str(endpoint.requests[0]["body"])
-    trainer._log_judge_metrics("train")
-    assert trainer._metrics["train"]["judge/requests"] == [1.0]
-    assert trainer._metrics["train"]["judge/failures"] == [0.0]
+    judged = trainer.rewards.judge_metrics()
+    assert judged["judge/requests"] == 1.0 and judged["judge/failures"] == 0.0
 
 
 def test_a_failing_judge_falls_back_and_training_goes_on(
@@ -77,5 +76,5 @@ def test_a_failing_judge_falls_back_and_training_goes_on(
     from tests.test_async import undocumented_metrics
 
     assert not undocumented_metrics({k for r in trainer.state.log_history for k in r})
-    estimates = [trainer._difficulty.estimate(i) for i in range(4)]
+    estimates = [trainer.difficulty.estimate(i) for i in range(4)]
     assert sum(e is not None for e in estimates) >= 2

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-import trainers.grpo.train  # noqa: E402
+import trainers.grpo.train
 
 SEEDS = Path(__file__).resolve().parents[2] / "shared" / "seeds"
 
@@ -68,7 +68,7 @@ config = GRPOConfig(
 
 
 def ported(code: str) -> str:
-    """The seeds' code for this project: the envs from ``llm_gym``, the trainer from ``trainers``."""
+    """The seeds' code here: the envs from ``llm_gym``, the trainer from ``trainers``."""
     return code.replace("post_training_cookbook.envs", "llm_gym.envs").replace(
         "post_training_cookbook.grpo", "trainers.grpo"
     )

@@ -3,8 +3,10 @@ side's env_mask, a short training run, and document 002's SFT hook."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +28,10 @@ from trainers.sft.data import (  # noqa: E402
     sft_dataset_from_multi_turn,
     short_context_dataset,
 )
-from trainers.sft.train import build_sft_trainer, sft_warm_start  # noqa: E402
+from trainers.sft.settings import SFTSettings  # noqa: E402
+from trainers.sft.train import build_sft_run, sft_warm_start  # noqa: E402
+
+ONE_STEP = SFTSettings(max_steps=1, progress=False)
 
 
 @pytest.fixture(autouse=True)
@@ -84,10 +89,9 @@ def test_sft_labels_are_exactly_the_rl_env_mask(small_model_dir, small_model, tm
     _, tokenizer = small_model
     tasks = _tasks()
     dataset = oracle_sft_dataset("ToolUseGame-v0", tasks)
-    rl = build_sft_trainer(small_model_dir, tmp_path, dataset, max_steps=1, progress=False)
-    trl = build_sft_trainer(
-        small_model_dir, tmp_path, dataset, max_steps=1, progress=False, loss_mask="trl"
-    )
+    rl = build_sft_run(small_model_dir, tmp_path, dataset, ONE_STEP).trainer
+    trl_mask = dataclasses.replace(ONE_STEP, loss_mask="trl")
+    trl = build_sft_run(small_model_dir, tmp_path, dataset, trl_mask).trainer
     newline = tokenizer.encode("\n", add_special_tokens=False)
     for index, episode in enumerate(_oracle_episodes(tasks)):
         (sample,) = episode_to_samples(episode, tokenizer)
@@ -116,9 +120,8 @@ def test_shared_prefix_gives_the_same_loss_and_gradients(small_model_dir, tmp_pa
     dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
     results = []
     for shared in (False, True):
-        trainer = build_sft_trainer(
-            small_model_dir, tmp_path, dataset, max_steps=1, progress=False, shared_prefix=shared
-        )
+        settings = dataclasses.replace(ONE_STEP, shared_prefix=shared)
+        trainer = build_sft_run(small_model_dir, tmp_path, dataset, settings).trainer
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
         count = (batch["labels"][:, 1:] != -100).sum()
         trainer.model.train()
@@ -146,10 +149,8 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
     dataset = short_context_dataset(oracle_sft_dataset("ToolUseGame-v0", _tasks()))
     results = []
     for chunked in (False, True):
-        trainer = build_sft_trainer(
-            small_model_dir, tmp_path, dataset, max_steps=1, progress=False,
-            length_chunked=chunked,
-        )  # fmt: skip
+        settings = dataclasses.replace(ONE_STEP, length_chunked=chunked)
+        trainer = build_sft_run(small_model_dir, tmp_path, dataset, settings).trainer
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
         count = (batch["labels"][:, 1:] != -100).sum()
         trainer.model.train()
@@ -176,10 +177,10 @@ def test_length_chunks_give_the_same_loss_gradients_and_metrics(small_model_dir,
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert not LengthChunkedLM.applies({**batch, "position_ids": batch["input_ids"]})
     # TRL's full-logits paths (label smoothing here) call the model without labels: no chunks.
-    smoothed = build_sft_trainer(
-        small_model_dir, tmp_path, dataset, max_steps=1, progress=False, shared_prefix=False,
-        label_smoothing_factor=0.1,
-    )  # fmt: skip
+    smoothing = dataclasses.replace(
+        ONE_STEP, shared_prefix=False, trl_options={"label_smoothing_factor": 0.1}
+    )
+    smoothed = build_sft_run(small_model_dir, tmp_path, dataset, smoothing).trainer
     smoothed.model.train()
     assert torch.isfinite(smoothed.compute_loss(smoothed.model, dict(batch)))
 
@@ -201,15 +202,15 @@ def test_short_sft_run_lowers_the_loss_and_saves(small_model_dir, tmp_path) -> N
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
-    settings = dict(
+    settings = SFTSettings(
         learning_rate=1e-2,
         max_steps=3,
-        per_device_train_batch_size=len(dataset),
+        batch_size=len(dataset),
         lr_scheduler_type="constant",
         warmup_steps=0,
         progress=False,
     )
-    trainer = build_sft_trainer(small_model_dir, tmp_path / "probe", dataset, **settings)
+    trainer = build_sft_run(small_model_dir, tmp_path / "probe", dataset, settings).trainer
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(dataset))])
 
     def loss(model) -> float:
@@ -217,12 +218,13 @@ def test_short_sft_run_lowers_the_loss_and_saves(small_model_dir, tmp_path) -> N
             return float(model(**batch).loss)
 
     before = loss(trainer.model)
-    out = sft_warm_start(small_model_dir, tmp_path / "sft", dataset, **settings)
+    out = sft_warm_start(small_model_dir, tmp_path / "sft", dataset, settings)
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert loss(model) < before
     info = json.loads((out / "sft_info.json").read_text())
     assert info["steps"] == 3 and not info["stopped_by_time_budget"]
+    assert info["settings"] == dataclasses.asdict(settings)
     # the saved tokenizer keeps the original template (no generation markers)
     assert tokenizer.chat_template == AutoTokenizer.from_pretrained(small_model_dir).chat_template
     assert "{%- generation %}" not in tokenizer.chat_template
@@ -230,18 +232,58 @@ def test_short_sft_run_lowers_the_loss_and_saves(small_model_dir, tmp_path) -> N
 
 def test_time_budget_stops_training(small_model_dir, tmp_path, capsys) -> None:
     dataset = oracle_sft_dataset("ToolUseGame-v0", _tasks())
-    out = sft_warm_start(
-        small_model_dir,
-        tmp_path,
-        dataset,
-        max_steps=50,
-        per_device_train_batch_size=2,
-        time_budget_s=1e-3,
-        progress=False,
-    )
+    settings = SFTSettings(max_steps=50, batch_size=2, time_budget_s=1e-3, progress=False)
+    out = sft_warm_start(small_model_dir, tmp_path, dataset, settings)
     info = json.loads((out / "sft_info.json").read_text())
     assert info["steps"] == 1 and info["stopped_by_time_budget"]
     assert "stopped by time_budget_s=0.001 after 1 of 50 steps" in capsys.readouterr().err
+
+
+def test_the_short_context_phase_runs_first_and_shares_the_budget(monkeypatch, tmp_path) -> None:
+    """Both phases from one record: the short-context rows (without system prompt and tool
+    specs) for ``short_context_steps`` steps in ``<output_dir>_short_context``, then the full
+    rows from that model, no second warmup, the rest of the time budget."""
+    phases: list[tuple[str, str, list, SFTSettings]] = []
+
+    def train_phase(model_path, output_dir, dataset, settings, **context) -> Path:
+        assert context == {"seed": 3, "action_format": "hermes", "chat_template": None,
+                           "health_action": "stop"}  # fmt: skip
+        phases.append((str(model_path), output_dir.name, list(dataset), settings))
+        return output_dir
+
+    monkeypatch.setattr("trainers.sft.train._train_phase", train_phase)
+    full = oracle_sft_dataset("ToolUseGame-v0", _tasks())
+    short = oracle_sft_dataset("ToolUseGame-v0", _tasks()[:1])
+    settings = SFTSettings(short_context_steps=2, max_steps=6, warmup_steps=3, time_budget_s=40)
+    out = sft_warm_start("base", tmp_path / "sft", full, settings, short_dataset=short, seed=3,
+                         action_format="hermes", health_action="stop")  # fmt: skip
+    assert out == tmp_path / "sft"
+    (base, first_dir, first_rows, first), (start, second_dir, second_rows, second) = phases
+    assert (base, first_dir, second_dir) == ("base", "sft_short_context", "sft")
+    assert start == str(tmp_path / "sft_short_context")  # the full phase trains the first's model
+    assert first_rows == list(short_context_dataset(short)) and second_rows == list(full)
+    assert all(m["role"] != "system" for row in first_rows for m in row["messages"])
+    # 2 of 8 steps: a quarter of the 40 s; the full phase has the rest (the fake phase is instant)
+    assert (first.max_steps, first.lr_scheduler_type, first.warmup_steps) == (2, "constant", 3)
+    assert first.time_budget_s == 10.0 and second.time_budget_s == pytest.approx(40, abs=1)
+    assert (second.max_steps, second.lr_scheduler_type, second.warmup_steps) == (6, "cosine", 0)
+    phases.clear()
+    sft_warm_start("base", tmp_path / "one", full, SFTSettings(max_steps=6), seed=3,
+                   action_format="hermes", health_action="stop")  # fmt: skip
+    assert [(p[1], p[3]) for p in phases] == [("one", SFTSettings(max_steps=6))]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (SFTSettings(short_context_steps=1), "build_sft_run builds one phase"),
+        (SFTSettings(trl_options={"max_steps": 9}), "names 'max_steps', and the warm start sets"),
+        (SFTSettings(trl_options={"label_smothing": 0.1}), "SFTConfig has no such field"),
+    ],
+)
+def test_a_run_it_cannot_build_is_refused_before_the_model_loads(settings, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_sft_run("no/such/model", "unused", None, settings)
 
 
 class _Replay(Policy):
@@ -274,7 +316,7 @@ def test_document_002_hook_matches_the_rl_side(small_model_dir, small_model, tmp
     dataset = sft_dataset_from_multi_turn(env, examples, prompt_text="")
     assert dataset[1]["messages"][-1] == {"role": "assistant", "content": "Hello."}
     assert json.loads(dataset[0]["tools"]) == []
-    trainer = build_sft_trainer(small_model_dir, tmp_path, dataset, max_steps=1, progress=False)
+    trainer = build_sft_run(small_model_dir, tmp_path, dataset, ONE_STEP).trainer
     row = trainer.train_dataset[0]
     (sample,) = episode_to_samples(episode, tokenizer)
     newline = tokenizer.encode("\n", add_special_tokens=False)

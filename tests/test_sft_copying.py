@@ -18,6 +18,7 @@ from trainers.sft.data import (  # noqa: E402
     oracle_sft_dataset,
     short_context_dataset,
 )
+from trainers.sft.settings import SFTSettings  # noqa: E402
 from trainers.sft.train import sft_warm_start  # noqa: E402
 
 
@@ -39,10 +40,7 @@ def test_the_default_sft_learning_rate_teaches_the_tiny_model_to_copy_numbers(tm
         base,
         tmp_path / "sft",
         short_context_dataset(oracle_sft_dataset("ToolUseGame-v0", tasks=train)),
-        max_steps=1000,
-        per_device_train_batch_size=16,
-        lr_scheduler_type="constant",
-        progress=False,
+        SFTSettings(max_steps=1000, batch_size=16, lr_scheduler_type="constant", progress=False),
     )
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = AutoTokenizer.from_pretrained(out)

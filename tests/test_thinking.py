@@ -54,8 +54,8 @@ def _prompts(model_dir, tmp_path, **config) -> list[str]:
     trainer = MultiTurnGRPOTrainer(
         args=args, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2])
     )
-    groups = trainer._collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
-    tokenizer = trainer._episode_tokenizer
+    groups = trainer.collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
+    tokenizer = trainer.episode_tokenizer
     return [tokenizer.decode(s.prompt_ids) for e in groups[0] for s in e.samples]
 
 
@@ -118,13 +118,13 @@ def _batch(model_dir, tmp_path, **config):
     )  # fmt: skip
     trainer = MultiTurnGRPOTrainer(args=args, env_factory=KeepTalking, tasks=[Task("a"), Task("b")])
     captured = {}
-    collect = trainer._collect
+    collect = trainer.collect
 
     def spy(*a, **k):
         captured["groups"] = collect(*a, **k)
         return captured["groups"]
 
-    trainer._collect = spy
+    trainer.collect = spy
     inputs = [{"task_index": i} for i in (0, 0, 1, 1)]
     batch = trainer._generate_and_score_completions(inputs)
     return batch, captured["groups"]

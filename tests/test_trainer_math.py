@@ -32,6 +32,7 @@ from trainers.grpo.batch import (
     samples_to_tensors,
     without_silent_rows,
 )
+from trainers.grpo.scoring import reference_logps, training_batch
 
 EPS = 1e-4
 
@@ -397,7 +398,7 @@ def test_silent_rows_skip_the_passes_not_the_loss(small_model_dir) -> None:
 
     def run(skip: bool):
         trainer.args.skip_silent_rows = skip
-        batch, _, _ = trainer._training_batch(groups, advantages)
+        batch, _, _ = training_batch(trainer, groups, advantages)
         trainer.model.zero_grad()
         loss = trainer._compute_loss(trainer.model, batch)
         loss.backward()
@@ -412,7 +413,7 @@ def test_silent_rows_skip_the_passes_not_the_loss(small_model_dir) -> None:
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[2], fast[2], strict=True))
     trainer.loss_type = "grpo"  # a per-row mean: the silent rows count in it, so they stay
     trainer.args.skip_silent_rows = True
-    assert trainer._training_batch(groups, advantages)[0]["completion_ids"].shape == (4, 30)
+    assert training_batch(trainer, groups, advantages)[0]["completion_ids"].shape == (4, 30)
 
 
 def test_lora_reference_logps_with_kl(small_model_dir) -> None:
@@ -431,7 +432,7 @@ def test_lora_reference_logps_with_kl(small_model_dir) -> None:
     for shared_prefix in (False, True):
         trainer.args.shared_prefix = shared_prefix
         batch = _tensors(samples, [1.0, 0.0])
-        trainer._add_reference_logps(batch)
+        reference_logps(trainer, batch)
         logps.append(batch["ref_per_token_logps"])
     assert torch.allclose(logps[0], logps[1], atol=1e-5)
 
@@ -456,7 +457,7 @@ def test_the_trainer_generates_through_the_registered_backend(small_model_dir, t
             small_model_dir, str(tmp_path), generation_backend="counting", max_steps=1
         )
         CountingPolicy.calls = 0
-        groups = trainer._collect(
+        groups = trainer.collect(
             trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2
         )
         assert CountingPolicy.calls >= 1 and [len(g) for g in groups] == [2]
@@ -581,12 +582,12 @@ def test_reward_funcs_add_to_the_env_reward_with_their_weights(small_model_dir, 
     trainer = MultiTurnGRPOTrainer(
         args=args, env_factory=ToolUseGameEnv, tasks=tasks, reward_funcs=[turns, undecided]
     )
-    [group] = trainer._collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
-    rewards = trainer._group_rewards(group)
+    [group] = trainer.collect(trainer.tasks[:1], episodes_per_task=2, temperature=1.0, max_turns=2)
+    rewards = trainer.group_rewards(group)
     for episode, reward in zip(group, rewards, strict=True):
-        assert reward == pytest.approx(trainer._shaped(episode) + 0.5 * episode.num_turns)
+        assert reward == pytest.approx(trainer.rewards.shaped(episode) + 0.5 * episode.num_turns)
     assert seen["prompts"][0][-1]["role"] == "user" and seen["tasks"][0] is group[0].task
-    assert seen["env_rewards"] == [trainer._shaped(e) for e in group]
+    assert seen["env_rewards"] == [trainer.rewards.shaped(e) for e in group]
     assert (
         trainer._metrics["eval"]["rewards/turns/mean"]
         or trainer._metrics["train"]["rewards/turns/mean"]

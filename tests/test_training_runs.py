@@ -99,11 +99,11 @@ from transformers import AutoModelForCausalLM
 initial = sum(p.sum().item() for p in AutoModelForCausalLM.from_pretrained({model!r}).parameters())
 seen = []
 import trainers.grpo.trainer as t
-original = t.MultiTurnGRPOTrainer._collect
+original = t.MultiTurnGRPOTrainer.collect
 def spy(self, tasks, **kw):
     seen.extend(task.prompt for task in tasks)
     return original(self, tasks, **kw)
-t.MultiTurnGRPOTrainer._collect = spy
+t.MultiTurnGRPOTrainer.collect = spy
 trainer = train_multi_turn(cfg, tasks=tasks, env_factory=Parity)
 w = sum(p.detach().sum().item() for p in trainer.model.parameters())
 # One file per rank: the two ranks share one stdout pipe, where their lines can interleave.

@@ -1,5 +1,5 @@
 """Hostile rewards from a verifiers taskset played in llm_gym's loop
-(:mod:`llm_gym.integrations.verifiers_env`): each is an episode outcome, never a crash, and no
+(:mod:`llm_gym.integrations.verifiers.env`): each is an episode outcome, never a crash, and no
 reward that is not a finite number reaches the trainer or a report.
 
 ==========================  =========================================  =========================

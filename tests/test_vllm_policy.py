@@ -158,7 +158,7 @@ def test_async_collection_through_the_vllm_stand_in(small_model, tmp_path) -> No
                 unwrap_model=lambda model: model,
             ),
             model=NS(),
-            _episode_tokenizer=tokenizer,
+            episode_tokenizer=tokenizer,
             processing_class=tokenizer,
             eos_token_ids=[EOS],
             vllm_generation=generation,

@@ -54,7 +54,9 @@ def wandb_off(environ: Mapping[str, str]) -> bool:
     )
 
 
-def report_to_with_wandb(report_to: object, project: str | None, environ: Mapping[str, str]):
+def report_to_with_wandb(
+    report_to: str | list[str] | None, project: str | None, environ: Mapping[str, str]
+) -> tuple[str | list[str] | None, bool]:
     """``report_to`` as the run uses it, and whether that logs to W&B.
 
     W&B joins a ``report_to`` left at its default (None or ``"all"``) when ``project`` is set;
@@ -69,7 +71,7 @@ def report_to_with_wandb(report_to: object, project: str | None, environ: Mappin
     default = report_to in (None, "all") or report_to == ["all"]
     if default:
         report_to = ["wandb"] if project is not None else "none"
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])  # type: ignore[call-overload]
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     if "wandb" in names and wandb_off(environ):
         names = [n for n in names if n != "wandb"]
         report_to = names or "none"

@@ -113,6 +113,6 @@ def register_builtin_envs() -> None:
         # gymnasium knows it (no catalogue row: its tasks are the server's).
         gymnasium.register(
             OPENENV_ID,
-            entry_point="llm_gym.integrations.openenv_client:make_text_env",
+            entry_point="llm_gym.integrations.openenv.registration:make_text_env",
             disable_env_checker=True,
         )

@@ -129,7 +129,7 @@ class AsyncCollector:
         args = self.args
         world = trainer.accelerator.num_processes
         rank = trainer.accelerator.process_index
-        tokenizer = trainer._episode_tokenizer
+        tokenizer = trainer.episode_tokenizer
         settings = args.rollout_settings(args.max_turns or 1)
 
         mixture = trainer.mixture

@@ -118,7 +118,7 @@ class AgentCollector:
         model with the weights of its current step."""
         import torch
 
-        from llm_gym.integrations.trl_rollout import generation_model
+        from llm_gym.integrations.trl.rollout import generation_model
         from trainers.grpo.rollouts import torch_threads
 
         cpu = trainer.accelerator.device.type == "cpu"

@@ -141,11 +141,11 @@ def series(history: History, *keys: str) -> list[tuple[float, ...]]:
         >>> series([{"a": 1.0, "b": 2}, {"a": 3.0}, {"a": float("nan"), "b": 1}], "a", "b")
         [(1.0, 2.0)]
     """
-    rows = []
+    rows: list[tuple[float, ...]] = []
     for record in history:
-        values = tuple(_number(record.get(key)) for key in keys)
-        if all(v is not None for v in values):
-            rows.append(values)  # type: ignore[arg-type]
+        values = tuple(v for v in (_number(record.get(key)) for key in keys) if v is not None)
+        if len(values) == len(keys):
+            rows.append(values)
     return rows
 
 

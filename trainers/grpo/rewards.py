@@ -33,7 +33,7 @@ from llm_gym.errors import InvalidArgumentError
 from llm_gym.judge import JudgeReward
 from trainers.grpo.metrics import split_conversation
 
-__all__ = ["RewardFunc", "RewardsMixin", "check_reward_funcs", "combined_rewards"]
+__all__ = ["GroupRewards", "RewardFunc", "check_reward_funcs", "combined_rewards"]
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -115,64 +115,72 @@ def combined_rewards(
     return totals, per_func
 
 
-class RewardsMixin:
-    """The rewards of :class:`~trainers.grpo.trainer.MultiTurnGRPOTrainer` (before TRL's
-    ``GRPOTrainer`` in its bases): each episode's shaped environment reward, plus the user's
-    reward functions (TRL keeps them in ``reward_funcs`` / ``reward_weights``)."""
+class GroupRewards:
+    """The rewards a group's advantages come from (see the module docstring).
 
-    def _shaped(self, episode: Any) -> float:
+    Args:
+        config: The run's config (reward shaping fields and ``judge``).
+        funcs, weights: The user's reward functions and their weights (TRL's ``reward_funcs``
+            and ``reward_weights``, kept apart from the placeholder TRL requires when there is
+            none).
+    """
+
+    def __init__(self, config: Any, funcs: Sequence[RewardFunc], weights: Sequence[float]) -> None:
+        if len(weights) != len(funcs):
+            raise InvalidArgumentError(
+                f"Expected one reward weight per reward function ({len(funcs)}), "
+                f"got {len(weights)}."
+            )
+        self.config = config
+        self.funcs = [*funcs]
+        self.weights = [float(w) for w in weights]
+        self.judge = JudgeReward(config.judge) if config.judge is not None else None
+
+    def shaped(self, episode: Any) -> float:
+        """The episode's environment reward after reward shaping (failed parse, overlong)."""
         from trainers.grpo.advantages import shaped_reward
 
-        args = self.args  # type: ignore[attr-defined]
+        config = self.config
         return shaped_reward(
             episode.reward,
             episode.truncation_cause,
             episode.total_tokens,
-            max_model_length=args.max_model_length,
-            overlong_buffer=args.overlong_buffer,
-            overlong_penalty_factor=args.overlong_penalty_factor,
-            max_new_tokens=args.max_tokens_per_turn,
+            max_model_length=config.max_model_length,
+            overlong_buffer=config.overlong_buffer,
+            overlong_penalty_factor=config.overlong_penalty_factor,
+            max_new_tokens=config.max_tokens_per_turn,
         )
 
-    _judge: JudgeReward | None = None
+    def extra(self) -> tuple[list[RewardFunc], list[float]]:
+        """The functions added to the environment's reward and their weights: the user's,
+        then the config's judge."""
+        if self.judge is None:
+            return list(self.funcs), list(self.weights)
+        return [*self.funcs, self.judge], [*self.weights, self.judge.settings.weight]
 
-    def _extra_rewards(self) -> tuple[list[RewardFunc], list[float]]:
-        """The reward functions added to the environment's reward, and their weights: the
-        user's (TRL's ``reward_funcs`` / ``reward_weights``), then the config's ``judge``."""
-        funcs = [f for f in self.reward_funcs if f.__name__ != "_unused_reward"]  # type: ignore[attr-defined]
-        weights = self.reward_weights.tolist() if funcs else []  # type: ignore[attr-defined]
-        settings = self.args.judge  # type: ignore[attr-defined]
-        if settings is not None:
-            if self._judge is None:
-                self._judge = JudgeReward(settings)
-            funcs.append(self._judge)
-            weights.append(self._judge.settings.weight)
-        return funcs, weights
-
-    def _group_rewards(self, group: Sequence[Any]) -> list[float]:
-        """The rewards a group's advantages come from (see the module docstring)."""
-        env_rewards = [self._shaped(e) for e in group]
-        funcs, weights = self._extra_rewards()
+    def __call__(
+        self, group: Sequence[Any], trainer_state: Any, metrics: dict[str, list[float]]
+    ) -> list[float]:
+        """Each episode's reward; each function's mean over the group's finite values is
+        appended to ``metrics["rewards/<name>/mean"]``."""
+        env_rewards = [self.shaped(e) for e in group]
+        funcs, weights = self.extra()
         if not funcs:
             return env_rewards
         totals, per_func = combined_rewards(
-            env_rewards,
-            group,
-            funcs,
-            weights,
-            trainer_state=self.state,  # type: ignore[attr-defined]
+            env_rewards, group, funcs, weights, trainer_state=trainer_state
         )
-        mode = "train" if self.model.training else "eval"  # type: ignore[attr-defined]
         for func, values in zip(funcs, per_func, strict=True):
             finite = [v for v in values if not math.isnan(v)]
             if finite:
                 name = getattr(func, "__name__", type(func).__name__)
-                self._metrics[mode][f"rewards/{name}/mean"].append(sum(finite) / len(finite))  # type: ignore[attr-defined]
+                metrics[f"rewards/{name}/mean"].append(sum(finite) / len(finite))
         return totals
 
-    def _log_judge_metrics(self, mode: str) -> None:
-        """Each judge's ``judge/...`` counters since the last step (this process's)."""
-        for func in self._extra_rewards()[0]:
+    def judge_metrics(self) -> dict[str, float]:
+        """Every judge's ``judge/...`` counters since the last call (this process's)."""
+        out: dict[str, float] = {}
+        for func in self.extra()[0]:
             if isinstance(func, JudgeReward):
-                for key, value in func.take_metrics().items():
-                    self._metrics[mode][key].append(value)  # type: ignore[attr-defined]
+                out.update(func.take_metrics())
+        return out

@@ -1,15 +1,11 @@
 """``MultiTurnGRPOTrainer``: TRL's GRPOTrainer with whole multi-turn episodes as its samples.
 
 TRL keeps the loss variants, clipping, KL, importance sampling, the optimizer, Accelerate, PEFT,
-checkpoints and logging. This subclass replaces one method, ``_generate_and_score_completions``:
-it runs groups of episodes with llm_gym's rollout engine (token-in/token-out, one batched
-generation per wave), shapes the rewards (failed parse, soft overlong penalty), computes
-group-relative advantages (per episode or per turn), applies overlong masking and dynamic
-sampling, and hands TRL the tensors its loss reads. The pure parts live in
-:mod:`trainers.grpo.advantages` (shaping, advantages), :mod:`trainers.grpo.dynamic_sampling` (its
-pool and refills), :mod:`trainers.grpo.batch` (episodes to tensors),
-:mod:`trainers.grpo.shared_prefix` (scoring), :mod:`trainers.grpo.metrics` and
-:mod:`trainers.grpo.checkpoints` (atomic saves).
+checkpoints and logging. The class overrides TRL's rollout seam,
+``_generate_and_score_completions``: it runs groups of episodes (:mod:`trainers.grpo.collection`),
+shapes their rewards and computes group-relative advantages (:mod:`trainers.grpo.rewards`,
+:mod:`trainers.grpo.advantages`), and hands TRL the tensors its loss reads
+(:mod:`trainers.grpo.scoring`, :mod:`trainers.grpo.batch`).
 """
 
 from __future__ import annotations
@@ -19,17 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from accelerate.utils import gather_object
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from llm_gym.core.factories import Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.trl_rollout import generation_model
-from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.pretrained import resolve_model_path
 from llm_gym.rollout.episode import Episode
 from trainers.async_rl.collect import AsyncCollector
@@ -42,9 +34,10 @@ from trainers.grpo.advantages import (
 )
 from trainers.grpo.agent_rollouts import AgentCollector, resolve_agent
 from trainers.grpo.checkpoints import promote_staged_checkpoint, staging_dir
+from trainers.grpo.collection import AsyncCallback, generation_policy, lockstep_pool, run_groups
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
-from trainers.grpo.difficulty import DifficultySampler, group_outcomes
-from trainers.grpo.dynamic_sampling import GroupPool, refill_tasks
+from trainers.grpo.difficulty import DifficultySampler
+from trainers.grpo.dynamic_sampling import GroupPool
 from trainers.grpo.health import HealthCallback
 from trainers.grpo.metrics import (
     RolloutPart,
@@ -52,48 +45,37 @@ from trainers.grpo.metrics import (
     extend_completion_logs,
     rollout_metrics,
 )
-from trainers.grpo.rejection_sampling import credit_rewards, group_signal
-from trainers.grpo.rewards import RewardsMixin, check_reward_funcs
-from trainers.grpo.rollouts import (
-    collect_episode_groups,
-    collect_mixture_groups,
-    save_step_episodes,
-    torch_threads,
+from trainers.grpo.rejection_sampling import credit_rewards
+from trainers.grpo.rewards import GroupRewards, check_reward_funcs
+from trainers.grpo.rollouts import save_step_episodes
+from trainers.grpo.scoring import (
+    StaleTokens,
+    shared_prefix_scores,
+    training_batch,
+    weigh_stale_advantages,
 )
-from trainers.grpo.scoring import ScoringMixin
-from trainers.grpo.validation import ValidationCallback, ValidationMixin
+from trainers.grpo.validation import ValidationCallback, validate
 from trainers.mixture.env import MixtureEnv
 from trainers.mixture.run import MixtureRun
 
 __all__ = ["MultiTurnGRPOTrainer"]
 
 
-class _AsyncCallback(TrainerCallback):
-    """Async training: publish the weights right after each optimizer step, and let a
-    background publication finish reading them before the next step changes them."""
-
-    def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
-        self.trainer = trainer
-
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.trainer._async is not None:
-            self.trainer._async.join()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.trainer._publish_weights()
-
-
-def _unzip(picks: list[tuple[int, Task]]) -> tuple[list[int], list[Task]]:
-    return [env for env, _ in picks], [task for _, task in picks]
-
-
-def _unused_reward(completions: list[Any], **kwargs: Any) -> list[float]:
-    """TRL requires a reward function; episode rewards come from the environments instead."""
+def _trl_required_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """TRL requires a reward function; episode rewards come from the environments instead
+    (:class:`~trainers.grpo.rewards.GroupRewards`), so TRL's list is never read."""
     return [0.0] * len(completions)
 
 
-class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrainer):
+class MultiTurnGRPOTrainer(GRPOTrainer):
     """Multi-turn GRPO on llm_gym environments.
+
+    Besides the rollout seam, it overrides TRL's scoring and loss seams
+    (``_get_per_token_logps_and_entropies``: the rows' shared prefix scored once;
+    ``_compute_loss``: async training's stale tokens weighed) and its checkpoint folder
+    (``_get_output_dir``, for atomic checkpoints); the rest of its work is in functions of its
+    state (:mod:`trainers.grpo.scoring`, :mod:`trainers.grpo.validation`) and in
+    :class:`~trainers.grpo.rewards.GroupRewards`.
 
     Args:
         model: A model, or a path / hub id (default: ``args.model``).
@@ -155,15 +137,23 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         dataset = Dataset.from_list(
             [{"prompt": task.prompt, "task_index": i} for i, task in enumerate(tasks)]
         )
+        user_funcs = check_reward_funcs(reward_funcs)
         super().__init__(
             model=model,
-            reward_funcs=check_reward_funcs(reward_funcs) or [_unused_reward],
+            reward_funcs=user_funcs or [_trl_required_reward],
             args=args,
             train_dataset=dataset,
             processing_class=processing_class,
             peft_config=peft_config,
-            callbacks=[*(callbacks or []), _AsyncCallback(self), ValidationCallback(self)],
+            callbacks=[*(callbacks or []), AsyncCallback(self), ValidationCallback(self)],
         )
+        # TRL checked the user's weights against the user's functions
+        weights = self.reward_weights.tolist() if user_funcs else []
+        self.rewards = GroupRewards(args, user_funcs, weights)
+        self.teacher: Any = None  # on-policy distillation's, built at the first batch
+        # inside _compute_loss of an async micro-batch: what TRL's loss reads, the stale tokens
+        self._stale: tuple[dict[str, Any], StaleTokens] | None = None
+        self._staging_root: str | None = None  # inside _save_checkpoint
         self.health = HealthCallback(args.health_action, "rl")
         self.callback_handler.callbacks.insert(0, self.health)  # its keys reach the loggers
         self.env_factory = as_env_factory(env_factory)
@@ -181,51 +171,48 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         self._last_collection_end: float | None = None
         self._async: AsyncCollector | None = None
         self._publish_seconds = 0.0
-        self._difficulty = DifficultySampler.of(args, len(tasks))
+        self.difficulty = DifficultySampler.of(args, len(tasks))
         agent = resolve_agent(agent, args, mixture)
         self._agents = agent and AgentCollector(
-            agent, self.env_factory, args, self._episode_tokenizer, agent_scorer
+            agent, self.env_factory, args, self.episode_tokenizer, agent_scorer
         )
+
+    # --- state -------------------------------------------------------------------------------
+
+    @property
+    def grpo_args(self) -> MultiTurnGRPOConfig:
+        """``args``, typed (``__init__`` accepts only a :class:`MultiTurnGRPOConfig`)."""
+        assert isinstance(self.args, MultiTurnGRPOConfig)
+        return self.args
+
+    @property
+    def episode_tokenizer(self) -> Any:
+        """The tokenizer episodes are rendered with (a processor's, for multimodal models)."""
+        return getattr(self.processing_class, "tokenizer", self.processing_class)
+
+    @property
+    def pad_token_id(self) -> int:
+        tokenizer = self.episode_tokenizer
+        pad = tokenizer.pad_token_id
+        return pad if pad is not None else tokenizer.eos_token_id
+
+    def record_metrics(self, metrics: dict[str, float], mode: str = "train") -> None:
+        """Values TRL averages into the next logged record of ``mode``."""
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+
+    def token_logps(
+        self, model: Any, input_ids: Any, attention: Any, keep: int, batch_size: int
+    ) -> Any:
+        """Per-token logprobs of the last ``keep`` positions (scored as the loss scores)."""
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention, keep, batch_size=batch_size
+        )
+        return logps
 
     # --- generation --------------------------------------------------------------------------
 
-    @property
-    def _episode_tokenizer(self) -> Any:
-        return getattr(self.processing_class, "tokenizer", self.processing_class)
-
-    def _run_collection(
-        self,
-        policy: Policy,
-        tasks: Sequence[Task],
-        episodes_per_task: int,
-        max_turns: int,
-        sequential: bool,
-        envs: Sequence[int] | None = None,
-        validation: bool = False,
-    ) -> list[list[Episode]]:
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        if envs is not None:  # a mixture: each environment with its own settings
-            assert self.mixture is not None
-            return collect_mixture_groups(
-                self.mixture.parts(list(zip(envs, tasks, strict=True)), validation),
-                policy,
-                episodes_per_task=episodes_per_task,
-                oracle=self.oracle,
-                tokenizer=self._episode_tokenizer,
-                sequential=sequential,
-            )
-        return collect_episode_groups(
-            self.env_factory,
-            tasks,
-            policy,
-            args.rollout_settings(max_turns),
-            episodes_per_task=episodes_per_task,
-            oracle=self.oracle,
-            tokenizer=self._episode_tokenizer,
-            sequential=sequential,
-        )
-
-    def _collect(
+    def collect(
         self,
         tasks: Sequence[Task],
         *,
@@ -239,55 +226,31 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         """Run groups of episodes with the current weights; in a mixture ``envs`` names each
         task's environment (each runs with its own turn limit, in ``validation`` its
         validation one, and action format)."""
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
         if self._agents is not None:  # the agent plays against the served generation model
             return self._agents.collect(self, tasks, episodes_per_task, temperature, max_turns,
                                         sequential)  # fmt: skip
-        if self.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
-            if self._async is not None:  # the async publisher keeps vLLM current
-                self._async.join()
-            elif self.state.global_step != self._last_loaded_step:
-                self.vllm_generation.sync_weights()
-                self._last_loaded_step = self.state.global_step
-            policy = policy_from_spec(args.rollout_backend, trainer=self, temperature=temperature)
-            try:
-                return self._run_collection(
-                    policy, tasks, episodes_per_task, max_turns, sequential, envs, validation
-                )
-            finally:
-                policy.finish()
-        with (
-            generation_model(self) as unwrapped,
-            torch.no_grad(),
-            self._dist.summon_full_params(self.model_wrapped, recurse=False),
-            torch_threads(
-                args.generator_threads if self.accelerator.device.type == "cpu" else None
-            ),
-        ):
-            was_training = unwrapped.training
-            unwrapped.eval()
-            policy = policy_from_spec(
-                args.rollout_backend,
-                model=unwrapped,
-                tokenizer=self._episode_tokenizer,
-                temperature=temperature,
-                top_p=args.top_p,
-                max_new_tokens=args.max_tokens_per_turn,
-                seed=None,
-                max_batch_size=1 if sequential else None,
+        with generation_policy(self, temperature, sequential) as policy:
+            return run_groups(
+                self, policy, tasks, episodes_per_task, max_turns, sequential, envs, validation
             )
-            try:
-                return self._run_collection(
-                    policy, tasks, episodes_per_task, max_turns, sequential, envs, validation
-                )
-            finally:
-                policy.finish()
-                unwrapped.train(was_training)
+
+    def validate(
+        self, tasks: Sequence[Task] | None = None, *, env: str | None = None
+    ) -> dict[str, float]:
+        """Run the validation tasks once each (greedy by default) and log ``val/...`` metrics;
+        in a mixture, environment ``env``'s (its own tasks by default), logged under
+        ``val/<env>/``. Returns the summary."""
+        return validate(self, tasks, env)
+
+    def group_rewards(self, group: Sequence[Episode]) -> list[float]:
+        """The rewards its advantages come from (:class:`~trainers.grpo.rewards.GroupRewards`)."""
+        mode = "train" if self.model.training else "eval"
+        return self.rewards(group, self.state, self._metrics[mode])
 
     # --- the override ------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
+        args = self.grpo_args
         mode = "train" if self.model.training else "eval"
         train_seconds = (
             time.perf_counter() - self._last_collection_end
@@ -302,7 +265,7 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         if args.is_async:
             pool, async_metrics = self._async_pool(wanted)
         else:
-            pool = self._lockstep_pool(inputs, wanted)
+            pool = lockstep_pool(self, inputs, wanted)
         # Fill the batch: signal-carrying groups first, then those without a signal (their
         # advantages are all zero, so they only keep the batch shape).
         all_groups, all_rewards = pool.batch()
@@ -319,7 +282,7 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         if args.log_completions:  # TRL's table (console, W&B) at its next log
             rows = completion_rows(groups, rewards, advantages.episode)
             extend_completion_logs(self._logs, rows, gather_object)
-        batch, dropped, batch_metrics = self._training_batch(groups, advantages)
+        batch, dropped, batch_metrics = training_batch(self, groups, advantages)
         async_metrics.update(batch_metrics)
         part: RolloutPart = (
             [e for g in all_groups for e in g],
@@ -337,57 +300,10 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
             factories = self.mixture.factories if self.mixture is not None else self.env_factory
             save_step_episodes(args.save_episodes, step, episodes, factories, policy)
         metrics.update(async_metrics)
-        for key, value in metrics.items():  # gathered over processes
-            self._metrics[mode][key].append(value)
-        self._log_judge_metrics(mode)
+        self.record_metrics(metrics, mode)  # gathered over processes
+        self.record_metrics(self.rewards.judge_metrics(), mode)  # this process's
         self._last_collection_end = time.perf_counter()
         return batch
-
-    def _lockstep_pool(self, inputs: list[dict[str, Any]], wanted: int) -> GroupPool:
-        """Collect the batch's groups now, with the current weights (dynamic sampling refills
-        up to ``max_sampling_attempts`` rounds)."""
-        args: MultiTurnGRPOConfig = self.args  # type: ignore[assignment]
-        size, rank = args.episodes_per_task, self.accelerator.process_index
-        mixture = self.mixture
-        envs, indices = None, None
-        if mixture is not None:  # the mixture's stratified draw, not TRL's sampler
-            envs, tasks = _unzip(mixture.step_picks(self.state.global_step, wanted))
-        else:
-            indices = [int(row["task_index"]) for row in inputs[::size]][:wanted]
-            if self._difficulty is not None:  # the step's tasks by estimated difficulty
-                indices, saved = self._difficulty.draw(
-                    wanted, (args.task_seed, self.state.global_step, rank)
-                )
-                for key, value in self._difficulty.metrics(saved).items():
-                    self._metrics["train"][key].append(value)
-            tasks = [self.tasks[i] for i in indices]
-        pool = GroupPool(wanted, signal=group_signal(args))
-        for attempt in range(args.max_sampling_attempts):
-            if attempt > 0:
-                # Every process collects in every round (generation may be collective: ZeRO-3,
-                # FSDP, vLLM server); one whose batch is already full refills a single group.
-                seed = (args.task_seed, self.state.global_step, attempt, rank)
-                if mixture is not None:
-                    envs, tasks = _unzip(mixture.refill_picks(max(1, pool.deficit), seed))
-                else:
-                    indices = refill_tasks(range(len(self.tasks)), max(1, pool.deficit), seed)
-                    tasks = [self.tasks[i] for i in indices]
-            groups = self._collect(
-                tasks,
-                episodes_per_task=size,
-                temperature=args.temperature,
-                max_turns=args.max_turns or 1,
-                envs=envs,
-            )
-            for group in groups:
-                pool.add(group, self._group_rewards(group))
-            if self._difficulty is not None and indices is not None:  # every process learns
-                outcomes = gather_object([group_outcomes(indices, groups)])
-                self._difficulty.add([o for part in outcomes for o in part])
-            deficit = torch.tensor([pool.deficit], device=self.accelerator.device)
-            if args.max_sampling_attempts == 1 or self.accelerator.gather(deficit).max() == 0:
-                break
-        return pool
 
     def _async_pool(self, wanted: int) -> tuple[GroupPool, dict[str, float]]:
         """Take the batch's groups from the rollout worker (started at the first step, from
@@ -397,13 +313,26 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
             self._async = AsyncCollector(self, self.env_factory, self.oracle)
         publish_s = self._async.publish(self.state.global_step)  # when the callback did not
         self._publish_seconds += publish_s
-        taken = self._async.take(wanted, self._group_rewards)
+        taken = self._async.take(wanted, self.group_rewards)
         metrics = self._async.metrics(taken, self._publish_seconds, self.accelerator)
         self._publish_seconds = 0.0
         assert taken.pool is not None
         return taken.pool, metrics
 
-    def _publish_weights(self) -> None:
+    def sync_generation_weights(self) -> None:
+        """TRL's vLLM engine gets the current weights (the async publisher keeps it current)."""
+        if self._async is not None:
+            self._async.join()
+        elif self.state.global_step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+
+    def wait_for_publication(self) -> None:
+        """Before an optimizer step: a background publication finishes reading the weights."""
+        if self._async is not None:
+            self._async.join()
+
+    def publish_weights(self) -> None:
         """After an optimizer step (every process): the generators move to the new version."""
         if self._async is not None:
             self._publish_seconds += self._async.publish(self.state.global_step)
@@ -433,18 +362,81 @@ class MultiTurnGRPOTrainer(ValidationMixin, ScoringMixin, RewardsMixin, GRPOTrai
         killed mid-save never leaves a half-written ``checkpoint-N`` to resume from."""
         run_dir = self._get_output_dir(trial=trial)
         step = self.state.global_step
-        staging_root = staging_dir(run_dir, step)
-        original = self._get_output_dir
-        self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
+        self._staging_root = staging_dir(run_dir, step)
         try:
             super()._save_checkpoint(model, trial)
             if self.mixture is not None:  # each process its own position in the draw
-                self.mixture.save(os.path.join(staging_root, f"{PREFIX_CHECKPOINT_DIR}-{step}"))
+                folder = f"{PREFIX_CHECKPOINT_DIR}-{step}"
+                self.mixture.save(os.path.join(self._staging_root, folder))
         finally:
-            self._get_output_dir = original  # type: ignore[method-assign]
+            self._staging_root = None
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             self.state.best_model_checkpoint = promote_staged_checkpoint(
                 run_dir, step, self.state.best_model_checkpoint, self.args.save_total_limit
             )
         self.accelerator.wait_for_everyone()
+
+    def _get_output_dir(self, trial: Any) -> str:
+        """Transformers' run folder; while :meth:`_save_checkpoint` writes, its staging folder."""
+        if self._staging_root is not None:
+            return self._staging_root
+        return super()._get_output_dir(trial)
+
+    # --- scoring and the loss ----------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[Any, Any, Any]:
+        """TRL's scoring, with the rows' shared prefix run once where it applies
+        (:func:`~trainers.grpo.scoring.shared_prefix_scores`); inside :meth:`_compute_loss` of
+        a micro-batch with stale tokens, their advantages are weighed from these logprobs."""
+        scored = shared_prefix_scores(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            extra_inputs=compute_aux_loss or any(v is not None for v in multimodal.values()),
+        )
+        if scored is None:
+            scored = super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **multimodal,
+            )
+        if self._stale is not None:
+            inputs, stale = self._stale
+            mean = weigh_stale_advantages(self, inputs, stale, scored[0])
+            if mean is not None:
+                mode = "train" if self.model.training else "eval"
+                self.record_metrics({"async/off_policy_weight_mean": mean}, mode)
+        return scored
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+        """TRL's loss; an async micro-batch with stale tokens has their advantages weighed
+        first (:func:`~trainers.grpo.scoring.weigh_stale_advantages`), from the logprobs TRL's
+        own forward pass computes, so no extra pass runs."""
+        inputs, stale = StaleTokens.take(inputs)
+        if stale is None:
+            return super()._compute_loss(model, inputs)
+        self._stale = (inputs, stale)
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._stale = None

@@ -174,7 +174,7 @@ def _warm_start(
     from transformers import AutoTokenizer
 
     from llm_gym.policies.chat_templates import resolve_chat_template
-    from trainers.pipeline.sft import sft_stage
+    from trainers.sft.train import sft_warm_start
 
     sft, grpo = config.sft, config.grpo
     assert sft is not None and config.mixture is not None
@@ -187,12 +187,12 @@ def _warm_start(
         envs, config.mixture, sft, config.seed, grpo.get("action_format"), tokenizer
     )
     print("   rows: " + ", ".join(f"{name} {rows}" for name, rows in made.items()), flush=True)
-    path = sft_stage(
-        model_path, out, dataset, sft, config.seed,
+    path = sft_warm_start(
+        model_path, out / "sft", dataset, sft, seed=config.seed,
         action_format=grpo.get("action_format") or "auto",
         chat_template=grpo.get("chat_template"), health_action=grpo.get("health_action", "warn"),
     )  # fmt: skip
-    return path, made
+    return str(path), made
 
 
 def _write_leaderboard(

@@ -34,7 +34,6 @@ from trainers.pipeline.sft import (
     check_sft_source,
     demonstrator,
     sft_completion_dataset,
-    sft_stage,
     sft_tasks,
 )
 
@@ -182,11 +181,14 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
             full = demonstrations(sft.oracle, sft.oracle_options)
             if sft.short_context_steps > 0:
                 short = demonstrations(sft.short_context_oracle, sft.short_context_oracle_options)
-        model_path = sft_stage(
-            model_path, out, full, sft, config.seed, short=short, action_format=action_format,
-            chat_template=grpo_fields.get("chat_template"),
+        from trainers.sft.train import sft_warm_start
+
+        warm = sft_warm_start(
+            model_path, out / "sft", full, sft, short_dataset=short, seed=config.seed,
+            action_format=action_format, chat_template=grpo_fields.get("chat_template"),
             health_action=grpo_fields.get("health_action", "warn"),
         )  # fmt: skip
+        model_path = str(warm)
         summary["sft_seconds"] = time.perf_counter() - t
     summary["start_model"] = model_path
 

@@ -1,10 +1,10 @@
 """The pipeline's SFT warm start (``sft:`` in a ``train.py`` config): its tasks, its
-demonstrators or document 002's ``sft_completion`` targets, and its two phases."""
+demonstrators or document 002's ``sft_completion`` targets, and the checks of its source; the
+training itself, both phases, is :func:`trainers.sft.train.sft_warm_start`'s."""
 
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,72 +16,8 @@ __all__ = [
     "demonstrator",
     "multi_turn_environment",
     "sft_completion_dataset",
-    "sft_stage",
     "sft_tasks",
-    "short_share",
 ]
-
-
-def sft_stage(
-    model_path: str,
-    out: Path,
-    dataset: Any,
-    sft: SFTSettings,
-    seed: int,
-    short: Any = None,
-    action_format: str = "auto",
-    chat_template: str | None = None,
-    health_action: str = "warn",
-) -> str:
-    """The SFT warm start: the short-context phase (if any, on ``short``'s transcripts), then
-    the full transcripts of ``dataset`` (``health_action``: :mod:`trainers.grpo.health`'s, for
-    both)."""
-    from trainers.sft.data import short_context_dataset
-    from trainers.sft.train import sft_warm_start
-
-    budget = sft.time_budget_s
-    common = dict(
-        learning_rate=sft.learning_rate,
-        per_device_train_batch_size=sft.batch_size,
-        seed=seed,
-        action_format=action_format,
-        lora=sft.lora,
-        chat_template=chat_template,  # the run's (the grpo table's), for a model without one
-        health_action=health_action,
-    )
-    warmup = sft.warmup_steps
-    if sft.short_context_steps > 0:
-        t = time.perf_counter()
-        print(f"   phase 1: {sft.short_context_steps} steps without the system prompt", flush=True)
-        model_path = str(
-            sft_warm_start(
-                model_path,
-                out / "sft_short_context",
-                short_context_dataset(short if short is not None else dataset),
-                max_steps=sft.short_context_steps,
-                lr_scheduler_type="constant",
-                warmup_steps=warmup,
-                time_budget_s=budget * short_share(sft) if budget is not None else None,
-                **common,
-            )
-        )
-        warmup = 0
-        if budget is not None:
-            budget = max(budget - (time.perf_counter() - t), 0.1 * budget)
-        print("   phase 2: the full transcripts", flush=True)
-    return str(
-        sft_warm_start(
-            model_path,
-            out / "sft",
-            dataset,
-            num_train_epochs=sft.epochs,
-            max_steps=sft.max_steps,
-            lr_scheduler_type=sft.lr_scheduler_type,  # type: ignore[arg-type]
-            warmup_steps=warmup,
-            time_budget_s=budget,
-            **common,
-        )
-    )
 
 
 def demonstrator(spec: str | None, options: dict[str, Any] | None, resolve: Any) -> Any:
@@ -149,15 +85,6 @@ def sft_completion_dataset(entry: Any, tasks: list[Any]) -> Any:
 
     environment, prompt_text = multi_turn_environment(entry)
     return sft_dataset_from_multi_turn(environment, tasks, prompt_text)
-
-
-def short_share(sft: SFTSettings) -> float:
-    """The share of the SFT time budget the short-context phase may use: its share of the steps
-    (its steps are the cheaper ones, so the full phase keeps at least its share of the time), or
-    half when the full phase runs by epochs."""
-    if sft.max_steps is None:
-        return 0.5
-    return sft.short_context_steps / (sft.short_context_steps + sft.max_steps)
 
 
 def sft_tasks(

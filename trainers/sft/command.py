@@ -19,9 +19,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-__all__ = ["build_parser", "main"]
+if TYPE_CHECKING:
+    from trainers.sft.settings import SFTSettings
+
+__all__ = ["FLAG_FIELDS", "build_parser", "main", "settings_from_args"]
+
+FLAG_FIELDS = {
+    "--min-reward": "min_reward",
+    "--learning-rate": "learning_rate",
+    "--batch-size": "batch_size",
+    "--epochs": "epochs",
+    "--max-steps": "max_steps",
+    "--warmup-steps": "warmup_steps",
+    "--time-budget": "time_budget_s",
+}
+"""The :class:`~trainers.sft.settings.SFTSettings` field each flag sets."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +103,48 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def settings_from_args(args: argparse.Namespace) -> SFTSettings:
+    """The warm start's settings from ``llm-gym sft``'s parsed arguments: the episodes as the
+    source, the flags' fields (:data:`FLAG_FIELDS`), the rest at their defaults; a value the
+    settings refuse is an error that names its flag.
+
+    Example:
+        >>> args = build_parser().parse_args(["--from-episodes", "e.jsonl", "--lora-r", "8"])
+        >>> settings = settings_from_args(args)
+        >>> settings.source, settings.batch_size, settings.warmup_steps, settings.lora
+        ('episodes', 8, 0, {'r': 8, 'lora_alpha': 16})
+        >>> args.epochs = 0.0
+        >>> settings_from_args(args)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        llm_gym.errors.InvalidArgumentError: --epochs must be a finite number > 0, ...
+    """
+    from llm_gym.errors import InvalidArgumentError
+    from trainers.sft.settings import SFTSettings
+
+    if args.lora_r is not None and args.lora_r < 1:
+        raise InvalidArgumentError(
+            f"--lora-r must be an integer >= 1, actual value: {args.lora_r}."
+        )
+    lora = None if args.lora_r is None else {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
+    values = {
+        field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FLAG_FIELDS.items()
+    }
+    try:
+        return SFTSettings(
+            source="episodes",
+            from_episodes=args.from_episodes,
+            lora=lora,
+            progress=not args.no_progress,
+            **values,
+        )
+    except InvalidArgumentError as exc:
+        message = str(exc)
+        for flag, field in FLAG_FIELDS.items():
+            message = message.replace(f"sft.{field} ", f"{flag} ")
+        raise InvalidArgumentError(message) from None
+
+
 def _model_path(model: str, env_ids: list[str], seed: int) -> str:
     """``tiny``: the embedded model built for the episodes' registered envs; else the path of a
     packaged model, a ``.gguf`` file's conversion, a folder or a hub id."""
@@ -107,40 +163,25 @@ def _model_path(model: str, env_ids: list[str], seed: int) -> str:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run ``llm-gym sft`` with ``argv`` (its own arguments); returns 0. Errors raise (``llm-gym``
     reports them as one line)."""
-    from llm_gym.errors import InvalidArgumentError
     from llm_gym.eval.episode_files import episodes_dataset
     from trainers.sft.train import sft_warm_start
 
     out = out or sys.stdout
     args = build_parser().parse_args(argv)
-    for name in ("batch_size", "max_steps", "lora_r"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise InvalidArgumentError(f"{flag} must be an integer >= 1, actual value: {value}.")
+    settings = settings_from_args(args)  # every flag checked before the episodes are read
     dataset = episodes_dataset(args.from_episodes, min_reward=args.min_reward)
     print(f"training on {len(dataset)} episodes of {args.from_episodes}", file=out, flush=True)
     model = _model_path(args.model, sorted(set(dataset["env_id"])), args.seed)
     formats = set(dataset["action_format"]) - {""}
     action_format = args.action_format or (formats.pop() if len(formats) == 1 else "auto")
-    options: dict[str, Any] = {}
-    if args.lora_r is not None:
-        options["lora"] = {"r": args.lora_r, "lora_alpha": 2 * args.lora_r}
     path = sft_warm_start(
         model,
         args.output,
         dataset,
-        learning_rate=args.learning_rate,
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        warmup_steps=args.warmup_steps,
+        settings,
         seed=args.seed,
-        time_budget_s=args.time_budget,
         action_format=action_format,
         chat_template=args.chat_template,
-        progress=not args.no_progress,
-        **options,
     )
     print(path, file=out)  # the last line of stdout: scripts read the path from it
     return 0

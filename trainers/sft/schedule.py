@@ -9,18 +9,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from transformers import TrainerCallback
+
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = ["TimeBudgetCallback", "lr_schedule"]
 
 
-def _transformers_callback_base() -> type:
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class TimeBudgetCallback(_transformers_callback_base()):  # type: ignore[misc]
+class TimeBudgetCallback(TrainerCallback):
     """Stops training after ``budget_s`` seconds of the training loop (checked after each
     optimizer step, so the last step may run past it)."""
 

@@ -2,7 +2,7 @@
 
 The data are conversations in TRL's conversational format (:mod:`trainers.sft.data`), built so
 that the SFT token sequence is exactly the one the RL side trains on. With ``loss_mask="rl"``
-(the default) :func:`build_sft_trainer` gives the tokenizer
+(the default) :func:`build_sft_run` gives the tokenizer
 :data:`~trainers.chat_template.RL_ALIGNED_QWEN2_5_TEMPLATE`: the loss covers exactly the tokens
 whose ``env_mask`` is 1 at RL time (see :mod:`trainers.chat_template`). The saved model keeps
 the tokenizer's own template.
@@ -11,25 +11,29 @@ Speed. Every conversation of an environment starts with the same system prompt a
 with ``shared_prefix=True`` (the default) that prefix runs once per batch, not once per row (the
 same loss and gradients; see :func:`trainers.grpo.shared_prefix.shared_prefix_inputs`).
 
-Usage::
+Usage (one :class:`~trainers.sft.settings.SFTSettings` record carries every setting)::
 
     from llm_gym.models import build_tiny_model
-    from trainers.sft.train import sft_warm_start
     from trainers.sft.data import oracle_sft_dataset
+    from trainers.sft.settings import SFTSettings
+    from trainers.sft.train import sft_warm_start
 
     dataset = oracle_sft_dataset("ToolUseGame-v0")             # 1,000 train transcripts
-    path = sft_warm_start(build_tiny_model(), "runs/sft", dataset, num_train_epochs=100,
-                          per_device_train_batch_size=8, time_budget_s=300)
+    settings = SFTSettings(epochs=100, batch_size=8, time_budget_s=300)
+    path = sft_warm_start(build_tiny_model(), "runs/sft", dataset, settings)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies.chat_templates import (
@@ -54,17 +58,29 @@ from trainers.sft.data import (
 )
 from trainers.sft.labelled_head import labelled_head_forward, unsupported_reason
 from trainers.sft.schedule import TimeBudgetCallback, lr_schedule
+from trainers.sft.settings import (
+    LossMask,
+    SFTSettings,
+    check_trl_options,
+    full_phase,
+    sft_config_fields,
+    short_context_phase,
+)
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
     from trl import SFTTrainer
 
 __all__ = [
     # the warm start
-    "LossMask",
-    "TimeBudgetCallback",
-    "build_sft_trainer",
+    "SFTRun",
+    "build_sft_run",
     "sft_warm_start",
+    # re-exported: the settings (trainers.sft.settings) and the clock (trainers.sft.schedule)
+    "LossMask",
+    "SFTSettings",
+    "TimeBudgetCallback",
     # re-exported: the data (trainers.sft.data) and the template (trainers.chat_template)
     "RL_ALIGNED_QWEN2_5_TEMPLATE",
     "disjoint_tasks",
@@ -75,55 +91,58 @@ __all__ = [
     "short_context_dataset",
 ]
 
-LossMask = Literal["rl", "trl"]
-"""``"rl"``: train exactly the tokens RL trains; ``"trl"``: TRL's training template."""
+MIN_SHARED_PREFIX = 32
+"""The shortest token prefix that ``shared_prefix`` runs once per batch."""
 
 
-def build_sft_trainer(
+@dataclass(frozen=True)
+class SFTRun:
+    """One phase of the warm start, ready to train (:func:`build_sft_run`)."""
+
+    trainer: SFTTrainer
+    """TRL's trainer; its ``train_dataset`` holds the prepared ``input_ids`` and ``labels``."""
+    tokenizer: PreTrainedTokenizerBase
+    """The trainer's tokenizer (it may render with the RL-aligned template while training)."""
+    chat_template: str | None
+    """The tokenizer's own chat template: the saved tokenizer keeps it."""
+    time_budget: TimeBudgetCallback | None
+    """The clock that stops training at ``time_budget_s``; None without a budget."""
+    action_format: str
+    """The action format the transcripts' tools are written in (``"auto"`` resolved)."""
+
+
+def build_sft_run(
     model_path: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
     dataset: Dataset,
+    settings: SFTSettings,
     *,
-    learning_rate: float = 5e-4,
-    num_train_epochs: float = 1.0,
-    max_steps: int | None = None,
-    per_device_train_batch_size: int = 32,
-    gradient_accumulation_steps: int = 1,
-    lr_scheduler_type: Literal["cosine", "linear", "constant"] = "cosine",
-    warmup_steps: int = 10,
-    min_lr_ratio: float = 0.0,
-    weight_decay: float = 0.0,
-    max_grad_norm: float = 1.0,
-    max_length: int | None = 2048,
-    logging_steps: int = 10,
     seed: int = 0,
-    time_budget_s: float | None = None,
-    loss_mask: LossMask = "rl",
-    use_cpu: bool | None = None,
-    bf16: bool = False,
-    shared_prefix: bool = True,
-    length_chunked: bool = True,
-    progress: bool = True,
     action_format: str = "auto",
-    lora: dict[str, Any] | None = None,
     chat_template: str | None = None,
     health_action: str = "warn",
-    **config_kwargs: Any,
-) -> SFTTrainer:
-    """The ``SFTTrainer`` :func:`sft_warm_start` runs (arguments as there); its
-    ``train_dataset`` holds the prepared ``input_ids`` and ``labels``."""
+) -> SFTRun:
+    """One phase of :func:`sft_warm_start` (arguments as there), ready to train: the model and
+    tokenizer loaded, the rows prepared, TRL's ``SFTTrainer`` built from ``settings``.
+
+    Raises:
+        InvalidArgumentError: ``settings`` asks for a short-context phase (one phase is built
+            here; :func:`~trainers.sft.settings.short_context_phase` gives its settings), or
+            ``settings.trl_options`` names a field the warm start sets or ``SFTConfig`` lacks.
+    """
     import torch
     from torch.optim.lr_scheduler import LambdaLR
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    if lr_scheduler_type not in ("cosine", "linear", "constant"):
+    if settings.short_context_steps:
         raise InvalidArgumentError(
-            "lr_scheduler_type must be 'cosine', 'linear' or 'constant', actual value: "
-            f"{lr_scheduler_type!r}."
+            "build_sft_run builds one phase, and settings.short_context_steps is "
+            f"{settings.short_context_steps}; run sft_warm_start for both phases, or build each "
+            "with short_context_phase(settings) and full_phase(settings, seconds)."
         )
-    if loss_mask not in ("rl", "trl"):
-        raise InvalidArgumentError(f"loss_mask must be 'rl' or 'trl', actual value: {loss_mask!r}.")
+    ours = sft_config_fields(settings, output_dir, seed, tokenized=False, use_cpu=True)
+    options = check_trl_options(settings.trl_options, ours, SFTConfig)  # before the model loads
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a misspelt name: before the model loads
@@ -136,7 +155,7 @@ def build_sft_trainer(
     action_format = episode_format(action_format, tokenizer).name
     original_template = tokenizer.chat_template
     tokenized = False
-    if loss_mask == "rl":
+    if settings.loss_mask == "rl":
         probe = [dataset[i] for i in range(min(4, len(dataset)))]
         aligned = rl_aligned_chat_template(tokenizer, probe)
         if aligned is None:  # any other template: the rows as the rollout tokenizes them
@@ -146,44 +165,26 @@ def build_sft_trainer(
             tokenizer.chat_template = aligned
     if not tokenized:  # TRL tokenizes the rows: each one through template_input, as at RL time
         dataset = text_layout_dataset(tokenizer, dataset, action_format=action_format)
-    if use_cpu is None:
-        use_cpu = not torch.cuda.is_available()
-    config = SFTConfig(
-        output_dir=str(output_dir),
-        assistant_only_loss=not tokenized,  # tokenized rows carry their assistant_masks
-        learning_rate=learning_rate,
-        num_train_epochs=num_train_epochs,
-        max_steps=-1 if max_steps is None else max_steps,
-        per_device_train_batch_size=per_device_train_batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        lr_scheduler_type="constant" if lr_scheduler_type == "constant" else lr_scheduler_type,
-        warmup_steps=warmup_steps,
-        weight_decay=weight_decay,
-        max_grad_norm=max_grad_norm,
-        max_length=max_length,
-        logging_steps=logging_steps,
-        seed=seed,
-        data_seed=seed,
-        bf16=bf16,
-        fp16=False,
-        use_cpu=use_cpu,
-        activation_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        disable_tqdm=not progress,
-        dataloader_num_workers=0,
-        **config_kwargs,
+    use_cpu = settings.use_cpu if settings.use_cpu is not None else not torch.cuda.is_available()
+    fields = sft_config_fields(settings, output_dir, seed, tokenized=tokenized, use_cpu=use_cpu)
+    config = SFTConfig(**fields, **options)
+    budget = (
+        TimeBudgetCallback(settings.time_budget_s) if settings.time_budget_s is not None else None
     )
-    budget = TimeBudgetCallback(time_budget_s) if time_budget_s is not None else None
-    min_shared_prefix = 32
+    schedule = functools.partial(
+        lr_schedule,
+        settings.lr_scheduler_type,
+        settings.warmup_steps,
+        settings.min_lr_ratio,
+        budget=budget,
+    )
+    prefix = MIN_SHARED_PREFIX if settings.shared_prefix else None
+    length_chunked = settings.length_chunked
 
     class _Trainer(SFTTrainer):
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
             if self.lr_scheduler is None:
-                factor = lr_schedule(
-                    lr_scheduler_type, warmup_steps, min_lr_ratio, num_training_steps, budget
-                )
+                factor = schedule(total_steps=num_training_steps)
                 self.lr_scheduler = LambdaLR(optimizer or self.optimizer, factor)
                 self._created_lr_scheduler = True
             return self.lr_scheduler
@@ -195,7 +196,6 @@ def build_sft_trainer(
             return_outputs: bool = False,
             num_items_in_batch: Any = None,
         ) -> Any:
-            prefix = min_shared_prefix if shared_prefix else None
             # Only TRL's fused-head path (no label smoothing, loss function or returned logits)
             # on an unwrapped model (DDP sees one forward per backward).
             chunk = length_chunked and model.training and not return_outputs
@@ -218,10 +218,11 @@ def build_sft_trainer(
     columns = ("input_ids", "assistant_masks") if tokenized else ("messages", "tools")
     keep = [c for c in columns if c in dataset.column_names]
     peft_config = None
-    if lora is not None:
+    if settings.lora is not None:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(**{"target_modules": "all-linear", **lora}, task_type="CAUSAL_LM")
+        lora = {"target_modules": "all-linear", **settings.lora}
+        peft_config = LoraConfig(**lora, task_type="CAUSAL_LM")
     trainer = _Trainer(
         model=model,
         args=config,
@@ -230,102 +231,48 @@ def build_sft_trainer(
         callbacks=[HealthCallback(health_action, "sft"), *([] if budget is None else [budget])],
         peft_config=peft_config,
     )
-    trainer.original_chat_template = original_template  # type: ignore[attr-defined]
-    trainer.time_budget = budget  # type: ignore[attr-defined]
-    return trainer
+    return SFTRun(trainer, tokenizer, original_template, budget, action_format)
 
 
 def sft_warm_start(
     model_path: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
     dataset: Dataset,
+    settings: SFTSettings,
     *,
-    learning_rate: float = 5e-4,
-    num_train_epochs: float = 1.0,
-    max_steps: int | None = None,
-    per_device_train_batch_size: int = 32,
-    gradient_accumulation_steps: int = 1,
-    lr_scheduler_type: Literal["cosine", "linear", "constant"] = "cosine",
-    warmup_steps: int = 10,
-    min_lr_ratio: float = 0.0,
-    weight_decay: float = 0.0,
-    max_grad_norm: float = 1.0,
-    max_length: int | None = 2048,
-    logging_steps: int = 10,
+    short_dataset: Dataset | None = None,
     seed: int = 0,
-    time_budget_s: float | None = None,
-    loss_mask: LossMask = "rl",
-    use_cpu: bool | None = None,
-    bf16: bool = False,
-    shared_prefix: bool = True,
-    length_chunked: bool = True,
-    progress: bool = True,
     action_format: str = "auto",
-    lora: dict[str, Any] | None = None,
     chat_template: str | None = None,
     health_action: str = "warn",
-    **config_kwargs: Any,
 ) -> Path:
     """Supervised warm start of a causal LM on a conversational dataset, assistant turns only.
 
     TRL's ``SFTTrainer`` with ``SFTConfig(assistant_only_loss=True, bf16=False,
     activation_checkpointing=False, report_to="none", save_strategy="no")``, plain AdamW, fp32.
+    With ``settings.short_context_steps`` a first phase trains on the transcripts without
+    system prompt and tool specs (:func:`trainers.sft.data.short_context_dataset`), saved in
+    ``<output_dir>_short_context``; the full transcripts then train from it
+    (:func:`~trainers.sft.settings.short_context_phase`,
+    :func:`~trainers.sft.settings.full_phase`: one warmup, one time budget for both).
 
     Args:
         model_path: A directory ``from_pretrained`` loads (model and tokenizer).
         output_dir: Where the final model and tokenizer are saved (``save_pretrained``), with
-            ``sft_info.json`` (steps, seconds, tokens, last loss, settings).
+            ``sft_info.json`` (steps, seconds, tokens, first and last loss, the phase's
+            settings).
         dataset: Conversational rows (``messages``, ``tools``) of :mod:`trainers.sft.data`
             (:func:`oracle_sft_dataset`, :func:`sft_dataset_from_multi_turn`). Other columns are
             ignored.
-        learning_rate: Peak learning rate. The default suits the embedded tiny model: at 2e-3 it
-            learns tool names and keys but never learns to copy a number from a tool result
-            (the loss stalls near 0.2); at 5e-4 copying appears within a few hundred steps.
-        num_train_epochs: Epochs over ``dataset`` (when ``max_steps`` is None).
-        max_steps: Optimizer steps (overrides ``num_train_epochs``).
-        per_device_train_batch_size: Conversations per step (times ``gradient_accumulation_steps``).
-        gradient_accumulation_steps: Micro-batches per optimizer step.
-        lr_scheduler_type: ``"cosine"``, ``"linear"`` (decay to ``min_lr_ratio`` times the peak)
-            or ``"constant"``, after ``warmup_steps`` of linear warmup. With a time budget the
-            decay follows the larger of the step fraction and the spent share of the budget, so
-            a run stopped by the budget ends at the bottom of its schedule.
-        warmup_steps: Linear warmup steps.
-        min_lr_ratio: The floor of the decay, as a share of ``learning_rate``.
-        weight_decay: AdamW weight decay.
-        max_grad_norm: Gradient clipping.
-        max_length: Conversations are truncated to this many tokens (keep it above the longest).
-        logging_steps: Log (loss, lr, tokens) every this many steps.
+        settings: How to train (:class:`~trainers.sft.settings.SFTSettings`; the fields that
+            say where transcripts come from are not read here).
+        short_dataset: The transcripts of the short-context phase (None: ``dataset``'s).
         seed: Seed of the initialisation of everything random (data order included).
-        time_budget_s: Stop after this many seconds of the training loop (dataset preparation
-            not counted); ``None``: no limit.
-        loss_mask: ``"rl"``: train exactly the tokens RL trains (assistant content and its
-            end-of-turn token): for TRL's Qwen2.5 template through
-            :mod:`trainers.chat_template`, for any other the rows as the rollout tokenizes them
-            (:func:`trainers.sft.data.rl_token_rows`); ``"trl"``: TRL's training template (also
-            the newline before and after each assistant turn).
-        use_cpu: Train on the CPU (default: when CUDA is not available).
-        bf16: bf16 autocast (the weights stay fp32 and are saved fp32). Off by default; on a
-            CPU with AMX it speeds up steps without ``shared_prefix``, not those with it.
-        shared_prefix: Run the token prefix that every conversation of a batch shares (the system
-            prompt with the tool specs: most of a ToolUseGame transcript) once per batch and
-            reuse its keys and values for every row: the same loss and gradients (to float
-            rounding), several times faster at large batches. Applies when that prefix holds no
-            trained token and is at least ``min_shared_prefix`` tokens long; otherwise the
-            batch runs as usual.
-        length_chunked: Run a batch as chunks of rows of similar length, each only as wide as its
-            longest row and with its own shared prefix
-            (:class:`trainers.grpo.length_chunks.LengthChunkedLM`): the same loss and gradients (to
-            float rounding), without the padding's FLOPs; the LM head then scores only the
-            labelled positions (:mod:`trainers.sft.labelled_head`, where the model allows it).
-        progress: Show transformers' progress bar.
         action_format: The action format of the conversations' tool calls: it writes the tools
             as text for a chat template that cannot render them
             (:mod:`llm_gym.policies.template_tools`). ``"auto"``: the one the model's chat
             template teaches, else hermes
             (:func:`~llm_gym.policies.template_format.episode_format`).
-        lora: Train a LoRA adapter instead of every weight: ``peft.LoraConfig`` arguments
-            (``{"r": 16, "lora_alpha": 32}``; ``target_modules`` defaults to ``"all-linear"``).
-            The saved model has the adapter merged in.
         chat_template: The chat template for a model without one (a base model): a named
             template (``"chatml"``, ``"gemma"``: its turn tokens added where missing, the
             embeddings resized, as TRL's ``clone_chat_template``) or a ``.jinja`` file; the
@@ -333,68 +280,65 @@ def sft_warm_start(
         health_action: What a health check that fires does (:mod:`trainers.grpo.health`; SFT runs
             ``nonfinite_loss``): ``"warn"``, ``"stop"`` (the loop ends; the model is saved) or
             ``"off"``.
-        **config_kwargs: More ``SFTConfig`` fields.
 
     Returns:
         ``output_dir``.
     """
-    trainer = build_sft_trainer(
-        model_path,
-        output_dir,
-        dataset,
-        learning_rate=learning_rate,
-        num_train_epochs=num_train_epochs,
-        max_steps=max_steps,
-        per_device_train_batch_size=per_device_train_batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        lr_scheduler_type=lr_scheduler_type,
-        warmup_steps=warmup_steps,
-        min_lr_ratio=min_lr_ratio,
-        weight_decay=weight_decay,
-        max_grad_norm=max_grad_norm,
-        max_length=max_length,
-        logging_steps=logging_steps,
+    phase = functools.partial(
+        _train_phase,
         seed=seed,
-        time_budget_s=time_budget_s,
-        loss_mask=loss_mask,
-        use_cpu=use_cpu,
-        bf16=bf16,
-        shared_prefix=shared_prefix,
-        length_chunked=length_chunked,
-        progress=progress,
         action_format=action_format,
-        lora=lora,
         chat_template=chat_template,
         health_action=health_action,
-        **config_kwargs,
     )
-    result = trainer.train()
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = trainer.processing_class
-    tokenizer.chat_template = trainer.original_chat_template  # type: ignore[attr-defined]
+    short_seconds = None
+    if settings.short_context_steps > 0:
+        start = time.perf_counter()
+        steps = settings.short_context_steps
+        print(f"   phase 1: {steps} steps without the system prompt", flush=True)
+        short = short_context_dataset(dataset if short_dataset is None else short_dataset)
+        short_out = out.with_name(f"{out.name}_short_context")
+        model_path = phase(model_path, short_out, short, short_context_phase(settings))
+        short_seconds = time.perf_counter() - start
+        print("   phase 2: the full transcripts", flush=True)
+    return phase(model_path, out, dataset, full_phase(settings, short_seconds))
+
+
+def _train_phase(
+    model_path: str | os.PathLike[str],
+    output_dir: Path,
+    dataset: Dataset,
+    settings: SFTSettings,
+    **context: Any,
+) -> Path:
+    """One phase of :func:`sft_warm_start`: trains, saves the model and ``sft_info.json``."""
+    run = build_sft_run(model_path, output_dir, dataset, settings, **context)
+    trainer = run.trainer
+    result = trainer.train()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    run.tokenizer.chat_template = run.chat_template
     model = trainer.accelerator.unwrap_model(trainer.model)
-    if lora is not None:  # the adapter merged in: the output is an ordinary model folder
+    if settings.lora is not None:  # the adapter merged in: the output is an ordinary model folder
         model = model.merge_and_unload()
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    run.tokenizer.save_pretrained(output_dir)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     tokens = [e["num_tokens"] for e in trainer.state.log_history if "num_tokens" in e]
-    budget = trainer.time_budget  # type: ignore[attr-defined]
-    if budget is not None and budget.stopped:
-        planned = trainer.state.max_steps
+    stopped = run.time_budget is not None and run.time_budget.stopped
+    if stopped:
         print(
-            f"[sft] stopped by time_budget_s={budget.budget_s:g} after "
-            f"{trainer.state.global_step} of {planned} steps: this machine trains slower than "
-            "the budget allows for, so this run is not the recipe as configured (raise "
-            "time_budget_s to run it whole)",
+            f"[sft] stopped by time_budget_s={settings.time_budget_s:g} after "
+            f"{trainer.state.global_step} of {trainer.state.max_steps} steps: this machine "
+            "trains slower than the budget allows for, so this run is not the recipe as "
+            "configured (raise time_budget_s to run it whole)",
             file=sys.stderr,
             flush=True,
         )
     info = {
         "model_path": str(model_path),
         "examples": len(dataset),
-        "action_format": action_format,
+        "action_format": run.action_format,
         "steps": trainer.state.global_step,
         "epochs": trainer.state.epoch,
         "train_seconds": result.metrics.get("train_runtime"),
@@ -403,25 +347,8 @@ def sft_warm_start(
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "train_loss": result.metrics.get("train_loss"),
-        "stopped_by_time_budget": bool(budget is not None and budget.stopped),
-        "settings": {
-            "learning_rate": learning_rate,
-            "per_device_train_batch_size": per_device_train_batch_size,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "num_train_epochs": num_train_epochs,
-            "max_steps": max_steps,
-            "lr_scheduler_type": lr_scheduler_type,
-            "warmup_steps": warmup_steps,
-            "min_lr_ratio": min_lr_ratio,
-            "weight_decay": weight_decay,
-            "time_budget_s": time_budget_s,
-            "loss_mask": loss_mask,
-            "bf16": bf16,
-            "shared_prefix": shared_prefix,
-            "length_chunked": length_chunked,
-            "lora": lora,
-            "seed": seed,
-        },
+        "stopped_by_time_budget": stopped,
+        "settings": dataclasses.asdict(settings),
     }
-    (out / "sft_info.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return out
+    (output_dir / "sft_info.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return output_dir

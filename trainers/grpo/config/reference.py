@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trl import GRPOConfig as _TRLGRPOConfig
 
+from llm_gym.errors import InvalidArgumentError
 from trainers.distillation.config import DistillationConfig
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
 
@@ -57,8 +58,9 @@ def _type(field: dataclasses.Field) -> str:
 
 def render() -> str:
     """The reference as markdown: the fields :class:`MultiTurnGRPOConfig` adds to TRL's
-    ``GRPOConfig`` or changes, :class:`DistillationConfig`'s keys, document 002's ``[train]``
-    keys, then how ``"module:attr"`` references resolve."""
+    ``GRPOConfig`` or changes, :class:`DistillationConfig`'s keys, the ``sft:`` table's keys,
+    document 002's ``[train]`` keys, an ``envs:`` entry's keys, then how ``"module:attr"``
+    references resolve."""
     trl_defaults = {f.name: f for f in dataclasses.fields(_TRLGRPOConfig)}
     lines = [
         "# `MultiTurnGRPOConfig` reference",
@@ -106,8 +108,37 @@ def render() -> str:
         lines.append(
             f"| `{field.name}` | {_type(field)} | {_default(field)} | {docs.get(field.name, '')} |"
         )
-    sections = [*_train_table_section(), *_mixture_section(), *_references_section()]
+    sections = [
+        *_sft_section(),
+        *_train_table_section(),
+        *_mixture_section(),
+        *_references_section(),
+    ]
     return "\n".join([*lines, *sections]) + "\n"
+
+
+def _sft_section() -> list[str]:
+    """The keys of the ``sft:`` table (:class:`trainers.sft.settings.SFTSettings`)."""
+    from trainers.sft.settings import SFTSettings
+
+    lines = [
+        "",
+        "## `sft`: the warm start",
+        "",
+        "A `train.py` config may warm-start the model by SFT before GRPO (an `sft:` section).",
+        "Its keys are the fields of `trainers.sft.settings.SFTSettings`, the one record that",
+        "`trainers.sft.train.sft_warm_start` takes from Python and `llm-gym sft` builds from its",
+        "flags; each is checked when the config is read.",
+        "",
+        "| key | type | default | what it does |",
+        "| --- | --- | --- | --- |",
+    ]
+    docs = _attribute_docs(SFTSettings)
+    for field in dataclasses.fields(SFTSettings):
+        lines.append(
+            f"| `{field.name}` | {_type(field)} | {_default(field)} | {docs.get(field.name, '')} |"
+        )
+    return lines
 
 
 def _mixture_section() -> list[str]:
@@ -197,10 +228,11 @@ def _attribute_docs(cls: type) -> dict[str, str]:
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    (statement,) = ast.parse(inspect.getsource(cls)).body  # a class's source: its statement
+    if not isinstance(statement, ast.ClassDef):
+        raise InvalidArgumentError(f"Expected a dataclass, actual value: {cls!r}.")
     docs = {}
-    for node, following in itertools.pairwise(body):
+    for node, following in itertools.pairwise(statement.body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

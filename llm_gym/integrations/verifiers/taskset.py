@@ -41,7 +41,7 @@ from llm_gym.core.registry import env_entry
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.verifiers_rollout import MODEL_NAME, to_message
+from llm_gym.integrations.verifiers.rollout import MODEL_NAME, to_message
 
 try:
     import verifiers.v1 as vf

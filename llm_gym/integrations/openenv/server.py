@@ -22,7 +22,7 @@ only describe our episodes in its terms:
   source's options (``task_options``) are fixed when the server starts: a client cannot
   rewrite tasks or their answers;
 * ``GET /llm_gym/tasks?split=val`` lists the split's task ids and prompts (never targets), so a
-  client (:class:`~llm_gym.integrations.openenv_client.RemoteEnv`) can build its task list.
+  client (:class:`~llm_gym.integrations.openenv.client.RemoteEnv`) can build its task list.
 
 Only this machine's clients and web pages are served unless ``access`` allows more
 (:mod:`llm_gym.serving.access`; ``--allowed-hosts`` and ``--allowed-origins`` on the command
@@ -34,12 +34,12 @@ Each step runs on the server's event loop (our envs are async), within ``step_ti
 Clients are hostile: at most ``max_connections`` connections are served at once (one more gets
 a 503 before any session or env exists); a connection whose request head (or HTTP body) does
 not arrive within ``request_timeout_s`` is closed;
-:class:`~llm_gym.integrations.openenv_protocol.FrameGuard` reads every frame first (a bad one
+:class:`~llm_gym.integrations.openenv.guard.FrameGuard` reads every frame first (a bad one
 gets an error, the session goes on) and closes a connection silent for ``idle_timeout_s``; a
 reset is checked before the running episode is touched. So is the env: an env that fails,
 hangs (even one that ignores its cancellation) or returns nonsense (``check_step``, a finite
 reward, an observation past the protocol's limits:
-:func:`~llm_gym.integrations.openenv_session.sendable`) has its episode closed. MCP is not
+:func:`~llm_gym.integrations.openenv.session.sendable`) has its episode closed. MCP is not
 served. Any OpenEnv client plays it:
 
     from openenv.core import GenericEnvClient
@@ -58,14 +58,9 @@ from llm_gym.core.factories import SPLITS
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task, task_key
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.openenv_protocol import (
-    MAX_FRAME_BYTES,
-    EnvAction,
-    EnvObservation,
-    FrameGuard,
-    clip_validation_errors,
-)
-from llm_gym.integrations.openenv_session import (
+from llm_gym.integrations.openenv.guard import FrameGuard, clip_validation_errors
+from llm_gym.integrations.openenv.protocol import MAX_FRAME_BYTES, EnvAction, EnvObservation
+from llm_gym.integrations.openenv.session import (
     ServedEnv,
     ServedEnvError,
     finish_closing,

@@ -49,8 +49,8 @@ from llm_gym.core.tool import ToolResult, decode_arguments
 from llm_gym.core.tool_env import MAX_TOOL_RESULT_CHARS
 from llm_gym.core.types import JsonSchema
 from llm_gym.errors import InvalidArgumentError, MCPServerError, ToolCallError
-from llm_gym.integrations.mcp_params import MCPServerParams
-from llm_gym.integrations.mcp_stdio import bounded_stdio
+from llm_gym.integrations.mcp.params import MCPServerParams
+from llm_gym.integrations.mcp.stdio import bounded_stdio
 
 try:
     import httpx2

@@ -1,41 +1,8 @@
-"""verifiers (0.4) environments in llm_gym's loop, evaluator and trainer, and back.
-
-verifiers 0.4 (``import verifiers.v1 as vf``) describes an environment as a
-:class:`~verifiers.v1.Taskset` (its ``load()`` yields :class:`~verifiers.v1.Task` s: the data
-with ``prompt``/``system_prompt`` and any fields of the task's own ``TaskData``, ``@vf.reward``
-and ``@vf.metric`` scoring, ``@vf.stop`` and ``@vf.intercept`` hooks, ``Toolset`` s of
-``@vf.tool`` functions) plus, optionally, a :class:`~verifiers.v1.Env` whose ``run(task,
-agents)`` owns the episode's control flow (an ``interaction`` answered turn by turn is its
-multi-turn environment). :func:`from_verifiers` turns either into an env factory and a task
-source, and importing this module lets every place that takes an environment take them as
-they are (``collect_groups(vf_env, ...)``, ``run_and_report``, the trainer's ``env_factory``)::
-
-    from llm_gym.integrations.verifiers import from_verifiers, register_verifiers_env
-
-    register_verifiers_env("MyVf-v0", vf_env)            # gym.make("MyVf-v0"), run_and_report
-    factory = from_verifiers(vf_env)                      # or collect_groups(factory, ...)
-    groups = collect_groups(factory, factory.tasks("train"), policy, max_turns=4)
-
-llm_gym's loop is the model: the adapter drives verifiers' env side in-process (its hooks
-through verifiers' own ``RolloutSession``, its message graph, its tool servers registered on an
-in-process MCP server, ``Task.score``) and never calls a verifiers model client
-(:mod:`~llm_gym.integrations.verifiers_env` says how an episode maps, how it is scored, and how
-one cut short by llm_gym is scored). Our action format parses tool calls against the tools'
-OpenAI function specs (``<server>_<tool>``, as verifiers' chat harness names them).
-
-What runs without a sandbox only: the task's ``setup``/``finalize`` and rewards get
-``runtime=None`` (signals that require a runtime are skipped by verifiers' own ``Task.score``),
-and harness-provided tools (``bash``, ``edit``) are not offered; the adapter plays verifiers'
-tool-less ``null`` harness plus the task's toolsets.
-
-Lifetime: the env's ``start()`` and the taskset's shared tool servers are held per event loop
-and stopped (``vf.Env.stop()``, then the servers' teardown) when that loop shuts down, so each
-``collect_groups`` call, evaluation and trainer step releases its own; code that drives episodes
-on a long-lived loop of its own awaits ``factory.aclose()`` when it is done
-(:class:`~llm_gym.integrations.verifiers_tools.SharedResources`).
-
-The other direction, an llm_gym environment as a verifiers taskset and environment, is
-:mod:`~llm_gym.integrations.verifiers_taskset` (:func:`load_environment`).
+"""verifiers environments as llm_gym env factories and task sources: :func:`from_verifiers`
+(a ``vf.Env``, a ``vf.Taskset`` or a ``vf.EnvConfig`` in, a :class:`VerifiersEnvFactory` with
+its :class:`VerifiersTasks` out) and :func:`register_verifiers_env` (the same under an env id).
+Importing this module registers the adapter with :func:`~llm_gym.core.factories.
+register_env_adapter`, so every place that takes an environment takes a verifiers one as it is.
 """
 
 from __future__ import annotations
@@ -51,14 +18,8 @@ from llm_gym.core.task import Task
 from llm_gym.environments.factory import MultiTurnTaskSource
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym.registration import register_env
-from llm_gym.integrations.verifiers_env import VerifiersEnv
-from llm_gym.integrations.verifiers_taskset import (
-    LlmGymTaskset,
-    llm_gym_taskset,
-    load_environment,
-    trace_from_messages,
-)
-from llm_gym.integrations.verifiers_tools import SharedResources, ToolServer
+from llm_gym.integrations.verifiers.env import VerifiersEnv
+from llm_gym.integrations.verifiers.tools import SharedResources, ToolServer
 
 try:
     import verifiers.v1 as vf
@@ -69,16 +30,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 __all__ = [
-    "LlmGymTaskset",
-    "VerifiersEnv",
     "VerifiersEnvFactory",
     "VerifiersTasks",
     "from_verifiers",
-    "llm_gym_taskset",
-    "load_environment",
     "register_verifiers_env",
     "to_task",
-    "trace_from_messages",
 ]
 
 DEFAULT_MAX_TURNS = 8
@@ -271,6 +227,7 @@ def from_verifiers(
     ``EnvConfig``; see :class:`VerifiersEnvFactory`.
 
     Example:
+        >>> from llm_gym.integrations.verifiers import load_environment
         >>> factory = from_verifiers(load_environment("ToolUseGame-v0", split="val", limit=2))
         >>> [task.id for task in factory.tasks("val")], factory.max_turns
         (['tool_use_game/val/0000', 'tool_use_game/val/0001'], 8)

@@ -18,8 +18,7 @@ was (GuessNumber's 1,000 training tasks share 28 openings), so the rollout reads
 through TRL's ``environment_factory``, whose instances TRL resets with the row:
 
     from trl import GRPOConfig, GRPOTrainer
-    from llm_gym.integrations.trl import trl_dataset
-    from llm_gym.integrations.trl_rollout import rollout_func, rollout_reward
+    from llm_gym.integrations.trl import rollout_func, rollout_reward, trl_dataset
 
     rollout = rollout_func("ToolUseGame-v0", max_turns=4, max_new_tokens=64)
     trainer = GRPOTrainer(
@@ -53,7 +52,7 @@ from llm_gym.core.env import TruncationCause
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task, task_key
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.trl import TASK_ID
+from llm_gym.integrations.trl.environment import TASK_ID
 from llm_gym.policies import Policy, policy_from_spec
 from llm_gym.policies.chat import render_chat
 from llm_gym.policies.template_format import episode_format

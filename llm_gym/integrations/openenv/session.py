@@ -1,7 +1,7 @@
 """One OpenEnv session's environment on an llm_gym server: :class:`ServedEnv`.
 
 OpenEnv's server makes one per session (its factory is built by
-:func:`~llm_gym.integrations.openenv_server.build_env_app`); it plays episodes of one
+:func:`~llm_gym.integrations.openenv.server.build_env_app`); it plays episodes of one
 registered env's tasks on the server's event loop, every call of the env within
 ``step_timeout_s`` (a deadline that holds even for an env that ignores its cancellation) and
 its result checked as the episode driver checks one. What it sends is what the protocol's
@@ -24,12 +24,12 @@ from llm_gym.core.factories import SPLITS
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_json
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.openenv_checks import check_observation
-from llm_gym.integrations.openenv_protocol import (
+from llm_gym.integrations.openenv.protocol import (
     MAX_FRAME_BYTES,
     MAX_MESSAGES,
     EnvAction,
     EnvObservation,
+    check_observation,
     json_safe,
     read_frame,
 )
@@ -342,7 +342,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 def sendable(observation: EnvObservation, where: str) -> EnvObservation:
     """``observation`` when a client that keeps the protocol's rules can read it, as
-    :class:`~llm_gym.integrations.openenv_client.RemoteEnv` reads it: its JSON within a frame
+    :class:`~llm_gym.integrations.openenv.client.RemoteEnv` reads it: its JSON within a frame
     (:data:`MAX_FRAME_BYTES`, less :data:`ENVELOPE_BYTES`), read by :func:`read_frame` (count
     of values, depth) and :func:`check_observation` (at most :data:`MAX_MESSAGES` messages in
     OpenAI's format, tool specs); the server keeps the rules it holds its clients to.

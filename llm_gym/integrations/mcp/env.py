@@ -11,7 +11,7 @@ Either way the servers are connected at reset, for that episode alone (its tools
 a stdio server is a fresh process per episode, so no state leaks between episodes) and closed
 with it. A server that cannot be reached fails the reset (the episode ends, cause ``ENV``);
 everything a server does later is a ``tool_error`` message to the model
-(:mod:`llm_gym.integrations.mcp_client` lists the cases). The final step's metrics add
+(:mod:`llm_gym.integrations.mcp.client` lists the cases). The final step's metrics add
 ``mcp_tools`` (tools served), ``mcp_tools_refused`` and, for :func:`with_mcp_tools`,
 ``mcp_tool_calls`` and ``mcp_tool_errors``.
 """
@@ -29,8 +29,8 @@ from llm_gym.core.tool import Tool, run_tool, tool_to_spec
 from llm_gym.core.tool_env import ToolEnv, bound_tool_text, tool_error_text
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.mcp_client import MCPConnection, MCPTool
-from llm_gym.integrations.mcp_params import MCPServerParams, as_server_list
+from llm_gym.integrations.mcp.client import MCPConnection, MCPTool
+from llm_gym.integrations.mcp.params import MCPServerParams, as_server_list
 
 __all__ = ["MCPToolEnv", "MCPToolsWrapper", "open_mcp_tools", "with_mcp_tools"]
 
@@ -76,7 +76,7 @@ class MCPToolEnv(ToolEnv):
     Args:
         tools: Tools of its own (default: the class's :attr:`tools`).
         system_prompt: As for ``ToolEnv``.
-        mcp_servers: :class:`~llm_gym.integrations.mcp_client.MCPServerParams`, a config entry
+        mcp_servers: :class:`~llm_gym.integrations.mcp.params.MCPServerParams`, a config entry
             (``{"command": ..., "args": [...]}`` or ``{"url": ...}``), a list of them or a
             mapping ``name -> entry`` (default: the class's :attr:`mcp_servers`).
     """
@@ -273,7 +273,7 @@ class _WithMCPTools:
 def with_mcp_tools(env: Any, servers: Any) -> _WithMCPTools:
     """An env factory ``task -> Env``: ``env`` (a registered id, an ``Env`` class, a factory, an
     instance or ``"module:attr"``) with the tools of ``servers`` (what
-    :func:`~llm_gym.integrations.mcp_client.as_server_list` accepts) added, for
+    :func:`~llm_gym.integrations.mcp.params.as_server_list` accepts) added, for
     ``collect_groups``, ``run_and_report``, ``train_multi_turn`` or ``gym.make``'s ``env``.
 
     Example:

@@ -1,5 +1,5 @@
 """``llm-gym serve-mcp ENV_ID``: the command's arguments and what it runs
-(:mod:`llm_gym.integrations.mcp_server`; the ``mcp`` SDK is imported only when it runs)."""
+(:mod:`llm_gym.integrations.mcp.server`; the ``mcp`` SDK is imported only when it runs)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def run(
 ) -> int:
     """Serve over stdio until the client leaves, or over HTTP until Ctrl-C (``assignments``
     reads ``--task-option KEY=VALUE`` items)."""
-    from llm_gym.integrations import mcp_server
+    from llm_gym.integrations.mcp import server as mcp_server
 
     task = {"split": args.split, "index": args.index, "task_id": args.task_id}
     options = {

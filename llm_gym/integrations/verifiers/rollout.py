@@ -11,12 +11,12 @@ of calling a model:
   verifiers' own :class:`~verifiers.v1.session.RolloutSession`); a stop ends the rollout there.
 * The reply is committed to the trace as a sampled turn (verifiers' message graph); response
   interceptors and stops run on it, then the request hooks on each proposed tool call.
-* Tool calls run as the chat harness runs them (:mod:`~llm_gym.integrations.verifiers_tools`);
+* Tool calls run as the chat harness runs them (:mod:`~llm_gym.integrations.verifiers.tools`);
   a reply without tool calls ends the segment, as it ends the chat program.
 * Closing the rollout runs the task's ``finalize`` and its scoring (``Task.score``: the
   ``@vf.reward`` and ``@vf.metric`` methods), both without a runtime (no sandbox exists here).
 
-The agents an ``Env.run`` program drives are in :mod:`~llm_gym.integrations.verifiers_agents`.
+The agents an ``Env.run`` program drives are in :mod:`~llm_gym.integrations.verifiers.env`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from llm_gym.core.types import Message
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.integrations.verifiers_tools import ToolBox, ToolServer
+from llm_gym.integrations.verifiers.tools import ToolBox, ToolServer
 
 try:
     import verifiers.v1 as vf

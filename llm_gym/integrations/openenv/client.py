@@ -4,27 +4,23 @@ One episode is one OpenEnv WebSocket session (openenv-core's ``GenericEnvClient`
 opens it, every step is one message with a per-call deadline, and ``close`` (which the loop
 always calls) ends it, within a bound even when the server ignores the close. The server is
 hostile: a server that dies, hangs, answers with an error or answers nonsense (every frame is
-read by :func:`~llm_gym.integrations.openenv_protocol.read_frame`, an llm_gym server's
-observation checked by :func:`~llm_gym.integrations.openenv_checks.check_observation`: no
+read by :func:`~llm_gym.integrations.openenv.protocol.read_frame`, an llm_gym server's
+observation checked by :func:`~llm_gym.integrations.openenv.protocol.check_observation`: no
 NaN reward, no message that is not OpenAI's, no ``start`` outside the conversation) raises
 :class:`~llm_gym.errors.RemoteEnvError`, which the episode driver turns into the end of that
 episode only (cause ``ENV``, the error recorded); the session is dropped (cut off) then.
+Each session is a :class:`SessionClient`: openenv-core's ``GenericEnvClient`` with every frame
+read that way, a close bounded in time, and a connection cheap to open (one per episode).
 
 Two kinds of server are understood, told apart by the first observation:
 
-* an llm_gym server (``llm-gym serve-env``, :mod:`llm_gym.integrations.openenv_server`):
+* an llm_gym server (``llm-gym serve-env``, :mod:`llm_gym.integrations.openenv.server`):
   messages, tool specs, rewards and truncation cross unchanged, so a remote episode is the same
   episode as an in-process one (tool calls parsed by our action format, the same rewards);
 * any other OpenEnv environment, played as text: the assistant's reply goes into one action
   field (``action_field``, default ``"message"``), the observation comes back as a user message
   (``observation_field``, or the observation's JSON), ``done`` ends the episode, and its reward
   is the last step's (or the sum: ``reward="sum"``).
-
-Tasks come from the server (:class:`RemoteTasks`: ``GET /llm_gym/tasks`` on ours; seeds on any
-other, ``train`` 0..n-1, ``val`` from 1,000,000, ``test`` from 2,000,000: each server decides
-what a seed means). :func:`register_remote_env` registers a server under an id, so
-``gym.make``, ``collect_groups``, ``run_and_report`` and the trainer take it like a local env;
-``gym.make("OpenEnv-v0", base_url=...)`` does the same without an id.
 """
 
 from __future__ import annotations
@@ -32,34 +28,130 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import Mapping
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from llm_gym.core.env import Env, StepResult, finite_reward
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import InvalidArgumentError, RemoteEnvError
-from llm_gym.gym.registration import register_env
-from llm_gym.gym.text_env import TextEnv
-from llm_gym.integrations.openenv_checks import check_listing, check_observation
-from llm_gym.integrations.openenv_connection import SessionClient, is_loopback
-from llm_gym.integrations.openenv_protocol import read_frame
+from llm_gym.integrations.openenv.protocol import MAX_FRAME_BYTES, check_observation, read_frame
 
-__all__ = ["RemoteEnv", "RemoteEnvFactory", "RemoteTasks", "make_text_env", "register_remote_env"]
+try:
+    from openenv.core.generic_client import GenericEnvClient
+    from websockets.asyncio.client import connect as ws_connect
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "llm_gym's OpenEnv integration needs openenv-core: pip install -e '.[interop]'"
+    ) from exc
+
+__all__ = ["LOOPBACK_HOSTS", "RemoteEnv", "SessionClient", "is_loopback"]
 
 DEFAULT_CALL_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
-SEED_OFFSETS = {"train": 0, "val": 1_000_000, "test": 2_000_000}
-"""Where each split's seeds start on a server that lists no tasks."""
-DEFAULT_SEED_TASKS = 64
 REWARD_MODES = ("last", "sum")
-MAX_LISTING_BYTES = 64 * 1024 * 1024
-"""The largest task listing read (``GET /llm_gym/tasks``)."""
-MAX_LISTING_VALUES = 1_000_000
-"""The most JSON values in a task listing (counted before it is parsed)."""
+
+
+# --- one session, seen from the client ---------------------------------------------------------
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+"""Hosts that are this machine (never reached through a proxy)."""
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine (never reached through a proxy)."""
+    return (urlsplit(url).hostname or "").lower() in LOOPBACK_HOSTS
+
+
+def _json_type(value: Any) -> str:
+    """``value``'s JSON type in words (``a JSON list``; ``nothing`` for a missing value)."""
+    if value is None:
+        return "nothing (null or missing)"
+    names = {dict: "object", list: "list", str: "string", bool: "boolean"}
+    return f"a JSON {names.get(type(value), 'number')}"
+
+
+class SessionClient(GenericEnvClient):
+    """openenv's dict client: every frame read by ``read_frame``, its ``type`` the one its
+    request calls for (``observation``, or ``error``) and its ``data`` an object (with an
+    ``observation`` object), a close bounded in time."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options, max_message_size_mb=MAX_FRAME_BYTES / 2**20)
+        self._asked = "reset"
+        """The type of the last message sent (its answer's type follows from it)."""
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        self._asked = str(message.get("type"))
+        await super()._send(message)
+
+    async def connect(self) -> SessionClient:
+        """Open the WebSocket as openenv's ``connect`` does, but cheaper per session (one per
+        episode): openenv sets and restores ``NO_PROXY`` around every loopback connection (a
+        process-wide change that overlapping connections leave behind), where this tells the
+        connection itself: no proxy and no keepalive pings on loopback (other hosts keep
+        websockets' proxy lookup and pings; every call has its deadline anyway); and frames
+        are not compressed (permessage-deflate cost the client about a tenth of its CPU per
+        call, for frames of a few KB)."""
+        if self._ws is not None:
+            return self
+        local = is_loopback(self._ws_url)
+        try:
+            self._ws = await ws_connect(
+                self._ws_url,
+                open_timeout=self._connect_timeout,
+                max_size=self._max_message_size,
+                compression=None,
+                proxy=None if local else True,
+                ping_interval=None if local else 20.0,
+            )
+        except Exception as exc:
+            raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        return self
+
+    async def _receive(self) -> dict[str, Any]:
+        assert self._ws is not None
+        async with asyncio.timeout(self._message_timeout):  # no task per call, as wait_for has
+            raw = await self._ws.recv()
+        frame = read_frame(raw)[0]
+        kind, data = frame.get("type"), frame.get("data")
+        expected = "state" if self._asked == "state" else "observation"
+        if kind not in (expected, "error"):
+            raise InvalidArgumentError(
+                f"The answer to {self._asked!r:.20} must be a frame of type {expected!r} (or "
+                f"'error'), actual: type {kind!r:.40}."
+            )
+        if not isinstance(data, dict):
+            raise InvalidArgumentError(
+                f"The frame's data must be a JSON object, actual: {_json_type(data)}."
+            )
+        if kind == "observation" and not isinstance(data.get("observation"), dict):
+            raise InvalidArgumentError(
+                "The frame's data.observation must be a JSON object, actual: "
+                f"{_json_type(data.get('observation'))}."
+            )
+        return frame
+
+    async def close_session(self, timeout_s: float) -> None:
+        """Send ``close`` and wait up to ``timeout_s`` for the server to close the socket (it
+        ends the session then), so neither side closes into the other (a server-side error in
+        the log); then, or at once when ``timeout_s`` is 0, the connection is cut."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            if timeout_s > 0:
+                async with asyncio.timeout(timeout_s):
+                    await ws.send(json.dumps({"type": "close"}))
+                    await ws.wait_closed()
+        except Exception:  # a server that does not close in time is cut off below
+            pass
+        finally:
+            ws.transport.abort()
+
+
+# --- the environment ---------------------------------------------------------------------------
 
 
 class RemoteEnv(Env):
@@ -272,148 +364,3 @@ class RemoteEnv(Env):
     @property
     def messages(self) -> list[Message]:
         return [dict(m) for m in self._messages]  # type: ignore[misc]
-
-
-class RemoteEnvFactory:
-    """``task -> RemoteEnv`` for one server (picklable; what an id registers)."""
-
-    def __init__(self, base_url: str, **options: Any) -> None:
-        RemoteEnv(base_url, **options)  # check the options now
-        self.base_url, self.options = base_url, options
-
-    def __call__(self, task: Task) -> RemoteEnv:
-        return RemoteEnv(self.base_url, **self.options)
-
-
-class RemoteTasks:
-    """A server's task source ``split -> tasks``: its listing (an llm_gym server), else
-    ``n_seed_tasks`` seeds per split (see the module docstring)."""
-
-    def __init__(
-        self, base_url: str, *, n_seed_tasks: int = DEFAULT_SEED_TASKS, timeout_s: float = 30.0
-    ) -> None:
-        self.base_url, self.n_seed_tasks, self.timeout_s = (
-            base_url.rstrip("/"),
-            n_seed_tasks,
-            timeout_s,
-        )
-        self._cache: dict[str, list[Task]] = {}
-        self.listing: dict[str, Any] | None = None
-
-    def fetch(self, split: str) -> dict[str, Any] | None:
-        """The server's listing of ``split`` (None when it has no ``/llm_gym/tasks``), read
-        within ``timeout_s`` (all of it) and :data:`MAX_LISTING_BYTES`, and checked
-        (:func:`~llm_gym.integrations.openenv_checks.check_listing`)."""
-        url = self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
-        where = f"{self.base_url}: GET /llm_gym/tasks?split={split}"
-        deadline, body = time.monotonic() + self.timeout_s, bytearray()
-        try:
-            with httpx.stream("GET", f"{url}/llm_gym/tasks", params={"split": split},
-                              timeout=self.timeout_s,
-                              trust_env=not is_loopback(url)) as answer:  # fmt: skip
-                if answer.status_code == 404:
-                    return None
-                for chunk in answer.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_LISTING_BYTES:
-                        raise RemoteEnvError(f"{where}: over {MAX_LISTING_BYTES:,} bytes.")
-                    if time.monotonic() > deadline:
-                        raise RemoteEnvError(f"{where}: not read within {self.timeout_s} s.")
-        except httpx.HTTPError as exc:
-            raise RemoteEnvError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
-        if answer.status_code != 200:
-            text = body[:300].decode("utf-8", "replace")
-            raise RemoteEnvError(f"{where} answered {answer.status_code}: {text}")
-        try:
-            listing = read_frame(bytes(body), "task listing", MAX_LISTING_VALUES)[0]
-            return check_listing(listing)
-        except InvalidArgumentError as exc:
-            raise RemoteEnvError(f"{where}: {exc}") from None
-
-    def __call__(self, split: str) -> list[Task]:
-        if split not in SEED_OFFSETS:
-            raise InvalidArgumentError(f"split must be one of {tuple(SEED_OFFSETS)}: {split!r}.")
-        if split not in self._cache:
-            listing = self.fetch(split)
-            if listing is None:
-                offset = SEED_OFFSETS[split]
-                self._cache[split] = [
-                    Task("", id=f"openenv/{split}/{i}", metadata={"reset": {"seed": offset + i}})
-                    for i in range(self.n_seed_tasks)
-                ]
-            else:
-                self.listing = {k: v for k, v in listing.items() if k != "tasks"}
-                self._cache[split] = [
-                    Task(t["prompt"], id=t["id"], metadata={"split": split})
-                    for t in listing["tasks"]
-                ]
-        return list(self._cache[split])
-
-
-def _served_settings(tasks: RemoteTasks) -> dict[str, Any]:
-    """The turn limit and action format an llm_gym server announces (else the defaults)."""
-    listing = tasks.fetch("train")
-    if listing is None:
-        return {}
-    return {k: listing[k] for k in ("max_turns", "action_format") if listing[k] is not None}
-
-
-def register_remote_env(
-    env_id: str,
-    base_url: str,
-    *,
-    description: str = "",
-    n_seed_tasks: int = DEFAULT_SEED_TASKS,
-    **options: Any,
-) -> Any:
-    """Register the OpenEnv server at ``base_url`` as ``env_id``; returns its ``EnvEntry``.
-
-    The turn limit and action format are the server's (an llm_gym server announces them);
-    pass ``max_turns=`` or ``action_format=`` to override. Other ``options`` go to
-    :class:`RemoteEnv` (``call_timeout_s``, ``action_field``, ...).
-    """
-    tasks = RemoteTasks(base_url, n_seed_tasks=n_seed_tasks)
-    settings = _served_settings(tasks)
-    for key in ("max_turns", "action_format"):
-        if key in options:
-            settings[key] = options.pop(key)
-    return register_env(
-        env_id,
-        env=RemoteEnvFactory(base_url, **options),
-        tasks=tasks,
-        description=description or f"The OpenEnv server at {base_url}.",
-        **settings,
-    )
-
-
-def make_text_env(
-    base_url: str | None = None, *, n_seed_tasks: int = DEFAULT_SEED_TASKS, **kwargs: Any
-) -> Any:
-    """``gym.make("OpenEnv-v0", base_url=...)``: a :class:`~llm_gym.gym.TextEnv` over the server.
-
-    ``kwargs`` go to :class:`RemoteEnv` when they are its options (``call_timeout_s``,
-    ``action_field``, ...), else to ``TextEnv`` (``split``, ``max_turns``, ``render_mode``, ...).
-
-    Raises:
-        InvalidArgumentError: no ``base_url`` (the error says what to pass).
-    """
-    if base_url is None:
-        raise InvalidArgumentError(
-            "gym.make('OpenEnv-v0') needs base_url, the URL of an OpenEnv server: "
-            "gym.make('OpenEnv-v0', base_url='http://127.0.0.1:8001') (serve one with "
-            "`llm-gym serve-env ToolUseGame-v0`)."
-        )
-    remote = {
-        k: kwargs.pop(k)
-        for k in (
-            "call_timeout_s",
-            "connect_timeout_s",
-            "action_field",
-            "observation_field",
-            "reward",
-        )
-        if k in kwargs
-    }
-    tasks = RemoteTasks(base_url, n_seed_tasks=n_seed_tasks)
-    settings = {**_served_settings(tasks), **kwargs}
-    return TextEnv(RemoteEnvFactory(base_url, **remote), tasks, **settings)

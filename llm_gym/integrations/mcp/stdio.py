@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from llm_gym.integrations.mcp_params import DEFAULT_MAX_MESSAGE_BYTES
+from llm_gym.integrations.mcp.params import DEFAULT_MAX_MESSAGE_BYTES
 
 try:
     import mcp_types
