@@ -372,27 +372,26 @@ def _trainer(model_dir, output_dir, env_factory=None, tasks=None, **config):
 
 
 def _rows_batch(versions: list[int]):
-    from trainers.grpo.batch import Row, rows_to_tensors
+    from llm_gym.rollout import TokenSample
+    from trainers.grpo.batch import samples_to_tensors
 
-    rows = [
-        Row(
+    samples = [
+        TokenSample(
             [11, 12, 13],
             [20, 21, 30, 22],
-            [1, 1, 0, 1],
-            [-1.0, -2.0, 0.0, -0.5],
-            [1.0, 1.0, 0.0, 1.0],
-            [versions[0]] * 2 + [-1] + [versions[0]],
+            env_mask=[1, 1, 0, 1],
+            logprobs=[-1.0, -2.0, 0.0, -0.5],
+            policy_versions=[versions[0]] * 2 + [-1] + [versions[0]],
         ),
-        Row(
+        TokenSample(
             [11, 12],
             [23, 24, 25],
-            [1, 1, 1],
-            [-3.0, -1.0, -0.2],
-            [-1.0, -1.0, -1.0],
-            [versions[1]] * 3,
+            env_mask=[1, 1, 1],
+            logprobs=[-3.0, -1.0, -0.2],
+            policy_versions=[versions[1]] * 3,
         ),
     ]
-    return rows_to_tensors(rows, pad_id=0)
+    return samples_to_tensors(samples, [(1.0, None, True), (-1.0, None, True)], pad_id=0)
 
 
 def _loss_and_grads(trainer, batch):

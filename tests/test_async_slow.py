@@ -188,7 +188,7 @@ def init(self, *args, **kwargs):
 
 def take(self, n):
     groups, waited = original_take(self, n)
-    print("TAKEN " + " ".join(str(g.start_version) for g in groups), flush=True)
+    print("TAKEN " + " ".join(str(version) for version, _ in groups), flush=True)
     return groups, waited
 
 collect.AsyncCollector.__init__, rollout.RolloutWorker.take = init, take

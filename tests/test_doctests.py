@@ -23,7 +23,7 @@ MODULES = [
     "llm_gym.policies.kv_budget",
     "llm_gym.policies.openai_reply",
     "llm_gym.policies.template_history",
-    "llm_gym.rollout.driver",
+    "llm_gym.rollout.episode",
     "llm_gym.rollout.records",
     "llm_gym.eval.metrics",
     "llm_gym.eval.episode_records",

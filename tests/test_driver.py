@@ -15,7 +15,7 @@ from llm_gym.core.factories import as_env_factory
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.gym import TextEnv
 from llm_gym.policies import Generation, Policy, PolicyRequest
-from llm_gym.rollout import EpisodeDriver, EpisodeEnd, collect_groups
+from llm_gym.rollout import Episode, EpisodeDriver, collect_groups
 
 CALL = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
 GARBLED = "<tool_call>{not json</tool_call>"
@@ -80,9 +80,18 @@ class SyncPing(SyncEnv):
 TASK = Task("ping until done")
 
 
-def play(driver: EpisodeDriver, texts: Sequence[str], mode: str) -> list[EpisodeEnd | None]:
+def ending(episode: Episode | None) -> tuple | None:
+    """How ``episode`` ended: ``(reward, terminated, truncation_cause, metrics)``; None while it
+    goes on (an act's None)."""
+    if episode is None:
+        return None
+    assert episode.truncated is not episode.terminated  # exactly one of the two
+    return episode.reward, episode.terminated, episode.truncation_cause, episode.metrics
+
+
+def play(driver: EpisodeDriver, texts: Sequence[str], mode: str) -> list[Episode | None]:
     """Start an episode and act with ``texts`` until it ends; the act results."""
-    results: list[EpisodeEnd | None] = []
+    results: list[Episode | None] = []
     if mode == "sync":
         driver.start_sync(TASK)
         for text in texts:
@@ -113,7 +122,7 @@ def test_terminated_keeps_the_env_reward_and_metrics(mode: str) -> None:
     driver = EpisodeDriver(as_env_factory(PingEnv))
     results = play(driver, [CALL, CALL, "done"], mode)
     assert results[:2] == [None, None]
-    assert results[2] == EpisodeEnd(1.0, terminated=True, metrics={"answered": 1})
+    assert ending(results[2]) == (1.0, True, None, {"answered": 1})
     assert driver.turn == 3 and driver.replies() == []
     roles = [m["role"] for m in driver.messages]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
@@ -121,7 +130,7 @@ def test_terminated_keeps_the_env_reward_and_metrics(mode: str) -> None:
 
 def test_env_truncation_is_env_with_its_reward(mode: str) -> None:
     end = play(EpisodeDriver(as_env_factory(PingEnv)), ["stop"], mode)[-1]
-    assert end == EpisodeEnd(0.5, False, TruncationCause.ENV, {"why": 1})
+    assert ending(end) == (0.5, False, TruncationCause.ENV, {"why": 1})
     assert end.truncated
 
 
@@ -129,8 +138,9 @@ def test_parse_failure_ends_with_the_reward_and_reason_and_never_reaches_the_env
     driver = EpisodeDriver(as_env_factory(PingEnv), failed_parse_reward=-0.25)
     end = play(driver, [CALL, GARBLED], mode)[-1]
     assert end is not None and end.reward == -0.25 and not end.terminated
-    assert end.truncation_cause is TruncationCause.PARSE_FAILURE and end.parse_error
+    assert end.truncation_cause is TruncationCause.PARSE_FAILURE
     assert driver.parsed is not None and driver.parsed.kind is ParseKind.PARSE_FAILURE
+    assert driver.parsed.error
     assert driver.messages[-1] == driver.action and driver.replies() == []
     assert sum(m["role"] == "assistant" for m in driver.messages) == 2
 
@@ -138,7 +148,7 @@ def test_parse_failure_ends_with_the_reward_and_reason_and_never_reaches_the_env
 def test_raw_text_envs_get_the_text_and_never_fail_to_parse(mode: str) -> None:
     driver = EpisodeDriver(lambda task: PingEnv(raw=True), record_parse=True)
     results = play(driver, [GARBLED, "done"], mode)
-    assert results == [None, EpisodeEnd(1.0, True, metrics={"answered": 1})]
+    assert [ending(r) for r in results] == [None, (1.0, True, None, {"answered": 1})]
     assert driver.action == {"role": "assistant", "content": "done"}
     assert driver.parsed is not None and driver.parsed.kind is ParseKind.FINAL_ANSWER
     unrecorded = EpisodeDriver(lambda task: PingEnv(raw=True))
@@ -148,7 +158,7 @@ def test_raw_text_envs_get_the_text_and_never_fail_to_parse(mode: str) -> None:
 
 def test_turn_limit_is_the_smaller_of_the_run_and_the_env_cap(mode: str) -> None:
     end = play(EpisodeDriver(as_env_factory(PingEnv), max_turns=3), [CALL] * 9, mode)
-    assert len(end) == 3 and end[-1] == EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS)
+    assert len(end) == 3 and ending(end[-1]) == (0.0, False, TruncationCause.MAX_TURNS, {})
     capped = play(EpisodeDriver(lambda task: PingEnv(cap=2), max_turns=9), [CALL] * 9, mode)
     assert len(capped) == 2 and capped[-1].truncation_cause is TruncationCause.MAX_TURNS
     # an env cap of 5 no longer overrides a run's max_turns=2
@@ -168,7 +178,8 @@ def test_the_caller_ends_an_episode_and_acting_after_the_end_is_refused() -> Non
     driver = EpisodeDriver(as_env_factory(PingEnv))
     driver.start_sync(TASK)
     end = driver.end(TruncationCause.CONTEXT_OVERFLOW)
-    assert end == EpisodeEnd(0.0, False, TruncationCause.CONTEXT_OVERFLOW) == driver.ending
+    assert ending(end) == (0.0, False, TruncationCause.CONTEXT_OVERFLOW, {})
+    assert end is driver.episode and driver.ended
     with pytest.raises(InvalidArgumentError, match="start"):
         driver.act_sync("done")
     driver.close_sync()
@@ -180,7 +191,7 @@ def test_the_caller_ends_an_episode_and_acting_after_the_end_is_refused() -> Non
 def test_a_sync_env_runs_without_an_event_loop() -> None:
     driver = EpisodeDriver(as_env_factory(SyncPing))
     end = play(driver, [CALL, "done"], "sync")[-1]
-    assert end == EpisodeEnd(1.0, True, metrics={"answered": 1})
+    assert ending(end) == (1.0, True, None, {"answered": 1})
     assert driver.runner is None or not driver.runner.has_loop  # never needed one
 
 
@@ -211,8 +222,22 @@ def test_text_env_and_the_loop_reach_the_same_end(texts: list[str]) -> None:
     assert episode.truncated == truncated
     assert episode.truncation_cause == info.get("truncation_cause")
     assert episode.metrics == info["metrics"] and episode.num_turns == info["turn"]
+    assert info.get("parse_error") == episode.turns[-1].parse_error  # the parser's reason
     with pytest.raises(gymnasium.error.ResetNeeded):
         env.step("done")
+
+
+def test_the_act_that_ends_an_episode_returns_the_drivers_record_of_it(mode: str) -> None:
+    """One record from start to end: the driver writes the task, the opening, the tools and
+    the ending into it; the next start makes a new record and leaves the finished one as is."""
+    driver = EpisodeDriver(as_env_factory(PingEnv))
+    first = play(driver, [CALL, "done"], mode)[-1]
+    assert first is not None and first.task is TASK and first.num_opening_messages == 1
+    assert first.tool_specs == [] and first.action_format is driver.action_format
+    second = play(driver, ["stop"], mode)[-1]
+    assert second is driver.episode and second is not first
+    assert ending(first) == (1.0, True, None, {"answered": 1})
+    assert ending(second) == (0.5, False, TruncationCause.ENV, {"why": 1})
 
 
 class SilentEcho(PingEnv):
@@ -262,9 +287,8 @@ def test_a_pickled_driver_keeps_playing_an_async_env() -> None:
     driver.start_sync(TASK)
     assert driver.act_sync(CALL) is None
     copy = pickle.loads(pickle.dumps(driver))
-    assert copy.runner is None and copy.act_sync("done") == EpisodeEnd(
-        1.0, True, metrics={"answered": 1}
-    )
+    assert copy.runner is None
+    assert ending(copy.act_sync("done")) == (1.0, True, None, {"answered": 1})
 
 
 class TypedPing(PingEnv):
@@ -371,10 +395,10 @@ class SuspendsThenAsksForTheLoop(PingEnv):
 def test_a_synchronous_step_that_suspends_is_finished_on_the_loop() -> None:
     driver = EpisodeDriver(as_env_factory(SuspendsThenAsksForTheLoop))
     end = play(driver, ["done"], "sync")[-1]
-    assert end == EpisodeEnd(1.0, True, metrics={"answered": 1})
+    assert ending(end) == (1.0, True, None, {"answered": 1})
     assert not driver.runner.has_loop  # nothing suspended: no loop was made
     end = play(driver, [CALL, "done"], "sync")[-1]
-    assert end == EpisodeEnd(1.0, True, metrics={"answered": 1})
+    assert ending(end) == (1.0, True, None, {"answered": 1})
     assert driver.runner.has_loop
 
 

@@ -241,7 +241,7 @@ def test_agent_outcomes_become_episode_records(small_model, replies) -> None:
     reward, answer = by_kind["reward"][0], by_kind["answer"][0]
     assert reward.reward == 0.25 and reward.terminated and reward.num_turns == 1
     assert answer.reward == 1.0 and answer.terminated  # graded by ToolUseGame
-    assert [s.reward for s in answer.samples] == [1.0]
+    assert len(answer.samples) == 1  # it trains with its episode's reward
     (sample,) = reward.samples
     trained = [t for t, m in zip(sample.completion_ids, sample.env_mask, strict=True) if m]
     assert trained == reward.turns[0].token_ids

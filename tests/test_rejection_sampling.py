@@ -13,7 +13,7 @@ from llm_gym import Task, TruncationCause
 from llm_gym.actions import ParseKind
 from llm_gym.eval.metrics import episode_succeeded
 from llm_gym.rollout.episode import Episode, Turn
-from trainers.grpo.advantages import EpisodeOutcome, advantage_estimator, shaped_reward
+from trainers.grpo.advantages import advantage_estimator, shaped_reward
 from trainers.grpo.dynamic_sampling import GroupPool, refill_tasks, varied_rewards
 from trainers.grpo.rejection_sampling import (
     SUCCESS_REWARD,
@@ -99,9 +99,10 @@ def test_an_env_success_that_shaping_pulled_below_the_threshold_is_kept() -> Non
     solved = _episode(1.0, cause=TruncationCause.MAX_TURNS)
     failed = _episode(0.0, index=1)
     penalised = shaped_reward(
-        EpisodeOutcome.of(solved),
+        solved.reward,
+        solved.truncation_cause,
+        solved.total_tokens,
         max_model_length=2048,
-        max_turns=6,
         overlong_buffer=128,
         overlong_penalty_factor=1.0,
     )
@@ -265,12 +266,11 @@ def _async_take(credit_assignment: str, script: list[list[float]], wanted: int):
     worker that hands out groups with the env rewards of ``script`` in order: the groups taken,
     and the pool."""
     from trainers.async_rl.collect import AsyncCollector
-    from trainers.async_rl.rollout import RolloutGroup
 
     queue = [[_episode(r, index=e) for e, r in enumerate(rewards)] for rewards in script]
 
     def take(need: int):
-        groups = [RolloutGroup(queue.pop(0), 0, 0, 0, 0.0) for _ in range(need)]
+        groups = [(0, queue.pop(0)) for _ in range(need)]  # (start version, episodes)
         return groups, 0.0
 
     collector = AsyncCollector.__new__(AsyncCollector)  # its worker only: no generators

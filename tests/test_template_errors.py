@@ -102,10 +102,10 @@ def test_a_collection_the_template_fails_entirely_raises(tokenizer) -> None:
 
 
 def test_training_metrics_name_template_and_tokenizer_endings(tokenizer) -> None:
-    from trainers.grpo.metrics import RolloutPart, rollout_metrics
+    from trainers.grpo.metrics import rollout_metrics
 
     episodes = _run(tokenizer, ["boom", "calm"])
-    part = RolloutPart(episodes, [0.0, 1.0], collected_groups=2, zero_variance=0, dropped=0)
+    part = (episodes, [0.0, 1.0], 2, 0, 0)  # 2 groups collected, none set aside or dropped
     logged = rollout_metrics([part], 1.0, math.nan)
     assert logged["episodes/template_ratio"] == 0.5
     assert logged["episodes/tokenizer_ratio"] == 0.0

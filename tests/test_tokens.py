@@ -443,11 +443,10 @@ def test_an_env_reply_far_past_the_context_is_cut_after_reading_a_prefix(small_m
     assert time.perf_counter() - start < 10
     assert episode.overflow_tokens > 4096 - 64  # what the reply needed, at least: the soft
     trainers = pytest.importorskip("trainers.grpo.advantages")  # overlong penalty sees it in full
-    outcome = trainers.EpisodeOutcome.of(episode)
-    assert outcome.total_tokens == episode.overflow_tokens
+    assert episode.total_tokens == episode.overflow_tokens
     assert trainers.shaped_reward(
-        outcome, max_model_length=4096, max_turns=3, overlong_buffer=512,
-        overlong_penalty_factor=1.0, max_new_tokens=64,
+        episode.reward, episode.truncation_cause, episode.total_tokens, max_model_length=4096,
+        overlong_buffer=512, overlong_penalty_factor=1.0, max_new_tokens=64,
     ) == -1.0  # fmt: skip
     [[fits]] = collect_groups(  # a reply that fits joins the stream
         odd_env(reply={"role": "user", "content": "short"}), [Task("x")], Counting(),

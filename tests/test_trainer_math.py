@@ -17,15 +17,21 @@ from llm_gym.policies import HFPolicy
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from llm_gym.rollout import TokenSample
 from trainers.grpo.advantages import (
-    EpisodeOutcome,
     group_advantages,
     is_zero_variance,
     per_turn_group_advantages,
     shaped_reward,
     soft_overlong_penalty,
 )
-from trainers.grpo.batch import episode_rows, group_rows, padding_row, rows_to_tensors
+from trainers.grpo.batch import (
+    episode_batch,
+    pad_rows,
+    padding_sample,
+    samples_to_tensors,
+    without_silent_rows,
+)
 from trainers.grpo.scoring import reference_logps, training_batch
 
 EPS = 1e-4
@@ -77,23 +83,29 @@ def test_soft_overlong_penalty_values() -> None:
     ],
 )
 def test_shaped_reward_penalises_only_length_budget_causes(cause, tokens, expected) -> None:
-    outcome = EpisodeOutcome(reward=1.0, truncation_cause=cause, total_tokens=tokens, turns=3)
     value = shaped_reward(
-        outcome,
-        max_model_length=2000,
-        max_turns=3,
-        overlong_buffer=200,
-        overlong_penalty_factor=1.0,
+        1.0, cause, tokens, max_model_length=2000, overlong_buffer=200, overlong_penalty_factor=1.0
     )
     assert value == pytest.approx(expected)
     off = shaped_reward(
-        outcome,
-        max_model_length=2000,
-        max_turns=3,
-        overlong_buffer=None,
-        overlong_penalty_factor=1.0,
+        1.0, cause, tokens, max_model_length=2000, overlong_buffer=None, overlong_penalty_factor=1.0
     )
     assert off == 1.0
+
+
+def test_an_episodes_total_tokens_are_its_longest_sample_or_its_overflow() -> None:
+    from llm_gym import Task
+    from llm_gym.rollout import Episode
+
+    episode = Episode(Task("q"), 0, 0, [], [], 0.0, False, True)
+    assert episode.total_tokens == 0  # no sample, no overflow
+    episode.samples = [
+        _sample([1, 2], [3, 4, 5], [1, 0, 1], [0, -1, 1]),
+        _sample([1], [2], [1], [0]),
+    ]
+    assert episode.total_tokens == 5  # 2 + 3
+    episode.overflow_tokens = 9  # a reply too long for the context needed 9
+    assert episode.total_tokens == 9
 
 
 def test_zero_variance() -> None:
@@ -101,14 +113,20 @@ def test_zero_variance() -> None:
     assert not is_zero_variance([1.0, 0.0])
 
 
-def _sample(prompt, completion, mask, turns):
-    return SimpleNamespace(
+def _sample(prompt, completion, mask, turns, versions=None):
+    return TokenSample(
         prompt_ids=prompt,
         completion_ids=completion,
         env_mask=mask,
-        logprobs=[0.0] * len(completion),
+        logprobs=[-0.5] * len(completion),
         turn_index=turns,
+        policy_versions=versions or [],
     )
+
+
+def _tensors(samples, advantages):
+    """The batch of ``samples``, one row each, every row training with its advantage."""
+    return samples_to_tensors(samples, [(a, None, True) for a in advantages], pad_id=0)
 
 
 def test_overlong_masking_keeps_the_baseline() -> None:
@@ -116,40 +134,82 @@ def test_overlong_masking_keeps_the_baseline() -> None:
     (adv,) = group_advantages([[1.0, 0.0, 0.0]], scale_rewards="none")
     assert adv == pytest.approx([2 / 3, -1 / 3, -1 / 3])
     sample = _sample([1, 2], [5, 6, 7], [1, 0, 1], [0, -1, 1])
-    kept, _ = episode_rows([sample], advantage=adv[0], turn_advantages=None, train=True, max_rows=1)
-    masked, _ = episode_rows(
-        [sample], advantage=adv[2], turn_advantages=None, train=False, max_rows=1
-    )
-    assert kept[0].env_mask == [1, 0, 1] and kept[0].advantages == pytest.approx([2 / 3, 0, 2 / 3])
-    assert masked[0].env_mask == [0, 0, 0] and masked[0].advantages == [0.0, 0.0, 0.0]
+    batch = samples_to_tensors([sample, sample], [(adv[0], None, True), (adv[2], None, False)], 0)
+    assert batch["tool_mask"].tolist() == [[1, 0, 1], [0, 0, 0]]
+    assert batch["advantages"][0].tolist() == pytest.approx([2 / 3, 0, 2 / 3])
+    assert batch["advantages"][1].tolist() == [0.0, 0.0, 0.0]
+    assert batch["completion_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]  # still the tokens
 
 
 def test_rows_per_turn_advantages_and_padding() -> None:
-    sample = _sample([1, 2], [5, 6, 7, 8], [1, 0, 1, 1], [0, -1, 1, 1])
-    rows, dropped = episode_rows(
-        [sample, sample], advantage=9.0, turn_advantages=[0.5, -1.0], train=True, max_rows=1
+    sample = _sample([1, 2], [5, 6, 7, 8], [1, 0, 1, 1], [0, -1, 1, 2], versions=[3, -1, 4, 4])
+    episode = SimpleNamespace(samples=[sample, sample], truncated=False)
+    # Turn 2 has no per-turn advantage (two values for three turns): its tokens get 0.
+    batch, dropped = episode_batch(
+        [[episode]], [[9.0]], [[[0.5, -1.0]]], overlong_masking=True, max_rows=1, pad_id=0
     )
-    assert dropped == 1 and rows[0].advantages == [0.5, 0.0, -1.0, -1.0]
-    batch = rows_to_tensors([rows[0], padding_row(0)], pad_id=0)
+    assert dropped == 1 and batch["advantages"].tolist() == [[0.5, 0.0, -1.0, 0.0]]
+    batch = samples_to_tensors([sample, padding_sample(0)], [(9.0, None, True)] * 2, pad_id=0)
     assert batch["prompt_ids"].tolist() == [[1, 2], [0, 0]]
     assert batch["prompt_mask"].tolist() == [[1, 1], [0, 1]]
     assert batch["completion_ids"].tolist() == [[5, 6, 7, 8], [0, 0, 0, 0]]
     assert batch["completion_mask"].tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
     assert batch["tool_mask"].tolist() == [[1, 0, 1, 1], [0, 0, 0, 0]]
-    assert batch["advantages"].tolist() == [[0.5, 0.0, -1.0, -1.0], [0.0, 0.0, 0.0, 0.0]]
+    assert batch["advantages"].tolist() == [[9.0, 0.0, 9.0, 9.0], [0.0, 0.0, 0.0, 0.0]]
+    assert batch["sampling_per_token_logps"].tolist() == [[-0.5] * 4, [0.0] * 4]
+    assert batch["policy_versions"].tolist() == [[3, -1, 4, 4], [-1] * 4]
 
 
-def test_group_rows_pad_every_episode_and_mask_truncated_ones() -> None:
+def test_episode_batch_pads_every_episode_and_masks_truncated_ones() -> None:
     sample = _sample([1, 2], [5, 6], [1, 1], [0, 0])
     done = SimpleNamespace(samples=[sample], truncated=False)
     cut = SimpleNamespace(samples=[sample, sample, sample], truncated=True)
-    rows, dropped = group_rows(
+    batch, dropped = episode_batch(
         [[done, cut]], [[0.5, -0.5]], [[None, None]], overlong_masking=True, max_rows=2, pad_id=0
     )
-    assert dropped == 1 and len(rows) == 4  # two rows per episode, the third sample dropped
-    assert [r.env_mask for r in rows] == [[1, 1], [0], [0, 0], [0, 0]]
-    assert rows[0].advantages == [0.5, 0.5] and rows[1] == padding_row(0, [1, 2])
-    assert rows[1].prompt_ids == [1, 2]  # the episode's prompt: the batch's prefix stays shared
+    assert dropped == 1  # two rows per episode, the third sample dropped
+    assert batch["tool_mask"].tolist() == [[1, 1], [0, 0], [0, 0], [0, 0]]
+    assert batch["completion_mask"].tolist() == [[1, 1], [1, 0], [1, 1], [1, 1]]
+    assert batch["advantages"].tolist() == [[0.5, 0.5], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+    # the padding row holds the episode's prompt: the batch's prefix stays shared
+    assert batch["prompt_ids"].tolist() == [[1, 2]] * 4
+
+
+def test_silent_rows_leave_the_batch_and_its_width_with_them() -> None:
+    long_silent = _sample([7, 8, 9, 10], [1, 2, 3, 4, 5], [1] * 5, [0] * 5)
+    signal = _sample([8, 9], [6, 7], [1, 0], [0, -1])
+    batch = _tensors([long_silent, signal, padding_sample(0)], [0.0, 1.5, 0.0])
+    kept, loss_tokens = without_silent_rows(batch)
+    assert loss_tokens == 6  # every row's trained tokens: the loss's normaliser
+    assert kept.keys() == batch.keys()
+    assert kept["prompt_ids"].tolist() == [[8, 9]] and kept["prompt_mask"].tolist() == [[1, 1]]
+    assert kept["completion_ids"].tolist() == [[6, 7]] and kept["tool_mask"].tolist() == [[1, 0]]
+    assert kept["advantages"].tolist() == [[1.5, 0.0]]
+    assert without_silent_rows(kept)[0] is kept  # nothing silent: the same tensors
+    none, tokens = without_silent_rows(_tensors([long_silent], [0.0]))
+    assert tokens == 5 and none["completion_ids"].shape == (0, 0)
+    assert pad_rows(none, multiple=2, at_least=1, pad_id=0)["prompt_ids"].tolist() == [[0], [0]]
+
+
+def test_pad_rows_fill_whole_micro_batches_on_the_first_rows_prompt() -> None:
+    short = _sample([5], [6], [1], [0])
+    long = _sample([1, 2, 3], [4, 5, 6], [1, 1, 0], [0, 0, -1], versions=[2, 2, -1])
+    batch = pad_rows(_tensors([short, long], [1.0, -1.0]), multiple=4, at_least=3, pad_id=0)
+    assert batch["prompt_ids"].tolist() == [[0, 0, 5], [1, 2, 3], [0, 0, 5], [0, 0, 5]]
+    assert batch["prompt_mask"].tolist() == [[0, 0, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]]
+    assert batch["completion_mask"][2:].tolist() == [[1, 0, 0]] * 2
+    assert batch["tool_mask"][2:].sum() == 0 and batch["advantages"][2:].abs().sum() == 0
+    assert batch["policy_versions"].tolist()[1:] == [[2, 2, -1], [-1] * 3, [-1] * 3]
+    same = pad_rows(batch, multiple=2, at_least=4, pad_id=0)
+    assert same is batch  # already whole micro-batches
+
+
+def test_a_sample_whose_columns_disagree_is_refused() -> None:
+    ragged = _sample([1], [5, 6, 7], [1, 1], [0, 0, 0])  # two mask values for three tokens
+    with pytest.raises(InvalidArgumentError, match="env_mask.*completion token"):
+        _tensors([_sample([1], [2], [1], [0]), ragged], [1.0, 1.0])
+    with pytest.raises(InvalidArgumentError, match="one credit per sample"):
+        samples_to_tensors([ragged], [], pad_id=0)
 
 
 def test_promote_staged_checkpoint(tmp_path) -> None:
@@ -197,21 +257,9 @@ def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
 
     trainer = _small_trainer(small_model_dir, "/tmp/llm_gym_test_loss", loss_type="grpo")
     # Two rows whose last tokens are environment tokens (after every policy token).
-    rows = [
-        episode_rows(
-            [_sample([11, 12, 13], [20, 21, 22, 30, 31], [1, 1, 1, 0, 0], [0, 0, 0, -1, -1])],
-            advantage=1.0,
-            turn_advantages=None,
-            train=True,
-            max_rows=1,
-        )[0][0],
-        episode_rows(
-            [_sample([11, 14], [23, 24, 32, 33, 34], [1, 1, 0, 0, 0], [0, 0, -1, -1, -1])],
-            advantage=-1.0,
-            turn_advantages=None,
-            train=True,
-            max_rows=1,
-        )[0][0],
+    samples = [
+        _sample([11, 12, 13], [20, 21, 22, 30, 31], [1, 1, 1, 0, 0], [0, 0, 0, -1, -1]),
+        _sample([11, 14], [23, 24, 32, 33, 34], [1, 1, 0, 0, 0], [0, 0, -1, -1, -1]),
     ]
 
     def loss_and_grads(batch):
@@ -225,7 +273,7 @@ def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
             p.grad.clone() for p in trainer.model.parameters() if p.grad is not None
         ]
 
-    base = rows_to_tensors(rows, pad_id=0)
+    base = _tensors(samples, [1.0, -1.0])
     perturbed = {k: v.clone() for k, v in base.items()}
     env = perturbed["tool_mask"] == 0
     perturbed["completion_ids"][env & (perturbed["completion_mask"] == 1)] = 99
@@ -254,17 +302,7 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
         ([*shared, 7], [23, 24, 32, 33, 34], [1, 1, 0, 0, 1]),
         ([*shared, 10, 11], [25, 26], [1, 1]),
     ]
-    rows = [
-        episode_rows(
-            [_sample(p, c, m, [0] * len(c))],
-            advantage=a,
-            turn_advantages=None,
-            train=True,
-            max_rows=1,
-        )[0][0]
-        for (p, c, m), a in zip(specs, (1.0, -0.5, 0.25), strict=True)
-    ]
-    batch = rows_to_tensors(rows, pad_id=0)
+    batch = _tensors([_sample(p, c, m, [0] * len(c)) for p, c, m in specs], [1.0, -0.5, 0.25])
     batch.pop("sampling_per_token_logps")
     batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -386,20 +424,14 @@ def test_lora_reference_logps_with_kl(small_model_dir) -> None:
         small_model_dir, "/tmp/llm_gym_test_lora_ref", loss_type="dapo", beta=0.05, use_lora=True
     )
     shared = list(range(5, 45))
-    rows = [
-        episode_rows(
-            [_sample([*shared, 7 + i], [20 + i, 21, 30, 22], [1, 1, 0, 1], [0, 0, -1, 1])],
-            advantage=1.0 - i,
-            turn_advantages=None,
-            train=True,
-            max_rows=1,
-        )[0][0]
+    samples = [
+        _sample([*shared, 7 + i], [20 + i, 21, 30, 22], [1, 1, 0, 1], [0, 0, -1, 1])
         for i in range(2)
     ]
     logps = []
     for shared_prefix in (False, True):
         trainer.args.shared_prefix = shared_prefix
-        batch = rows_to_tensors(rows, pad_id=0)
+        batch = _tensors(samples, [1.0, 0.0])
         reference_logps(trainer, batch)
         logps.append(batch["ref_per_token_logps"])
     assert torch.allclose(logps[0], logps[1], atol=1e-5)
@@ -461,11 +493,11 @@ def test_choices_are_checked_against_their_registries(field, value, message, tmp
 def test_context_overflow_is_penalised_at_the_length_it_needed(
     tokens, turn_budget, buffer, expected
 ) -> None:
-    outcome = EpisodeOutcome(1.0, TruncationCause.CONTEXT_OVERFLOW, total_tokens=tokens)
     value = shaped_reward(
-        outcome,
+        1.0,
+        TruncationCause.CONTEXT_OVERFLOW,
+        tokens,
         max_model_length=2048,
-        max_turns=6,
         overlong_buffer=buffer,
         overlong_penalty_factor=1.0,
         max_new_tokens=turn_budget,

@@ -20,15 +20,20 @@ from llm_gym.environments import (
 from llm_gym.errors import InvalidArgumentError
 from llm_gym.policies import Generation, Policy
 from llm_gym.rollout import collect_groups
-from trainers.grpo.advantages import EpisodeOutcome, shaped_reward
+from trainers.grpo.advantages import shaped_reward
 
 TASK = Task(prompt="Keep going.", target=0, id="t")
-PENALTY = {"max_model_length": None, "max_turns": 8, "overlong_buffer": 16}
+PENALTY = {"max_model_length": None, "overlong_buffer": 16}
 
 
 def shaped(episode) -> float:
-    outcome = EpisodeOutcome.of(episode)
-    return shaped_reward(outcome, **PENALTY, overlong_penalty_factor=1.0)
+    return shaped_reward(
+        episode.reward,
+        episode.truncation_cause,
+        episode.total_tokens,
+        **PENALTY,
+        overlong_penalty_factor=1.0,
+    )
 
 
 class Stopper(Env):

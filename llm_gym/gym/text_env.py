@@ -19,7 +19,7 @@ import gymnasium
 
 from llm_gym.actions import ActionFormat
 from llm_gym.aio import LoopRunner
-from llm_gym.core.env import Env
+from llm_gym.core.env import Env, TruncationCause
 from llm_gym.core.factories import (
     SPLITS,
     EnvFactory,
@@ -38,9 +38,9 @@ from llm_gym.rollout.driver import (
     DEFAULT_FAILED_PARSE_REWARD,
     MAX_ACTION_CHARS,
     EpisodeDriver,
-    EpisodeEnd,
     require_turn_limit,
 )
+from llm_gym.rollout.episode import Episode
 
 __all__ = ["TextEnv", "render_transcript"]
 
@@ -265,7 +265,7 @@ class TextEnv(gymnasium.Env[str, str]):
         if not self._live:
             raise gymnasium.error.ResetNeeded(
                 "The episode has ended; call reset() before step() again."
-                if self._driver.ending is not None
+                if self._driver.ended
                 else "Call reset() before step()."
             )
         if type(action) is not str and not isinstance(action, str):
@@ -323,13 +323,14 @@ class TextEnv(gymnasium.Env[str, str]):
         return self._driver.task
 
     def _end(
-        self, ending: EpisodeEnd, observation: str
+        self, ending: Episode, observation: str
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._live = False
         info = self._info()
         info["metrics"] = ending.metrics  # the driver's own copy of the env's metrics
-        if ending.parse_error is not None:
-            info["parse_error"] = ending.parse_error
+        parsed = self._driver.parsed  # the parse that failed, on a parse failure
+        if ending.truncation_cause is TruncationCause.PARSE_FAILURE and parsed is not None:
+            info["parse_error"] = parsed.error
         if ending.error is not None:
             info["env_error"] = ending.error
         cause = ending.truncation_cause

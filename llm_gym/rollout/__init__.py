@@ -3,7 +3,7 @@
 Policies (what writes the assistant's turns) live in :mod:`llm_gym.policies`.
 """
 
-from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver, EpisodeEnd
+from llm_gym.rollout.driver import DEFAULT_FAILED_PARSE_REWARD, EpisodeDriver
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.loop import collect_groups, collect_groups_async
 from llm_gym.rollout.settings import EpisodeGroups, RolloutSettings, RolloutStats
@@ -12,7 +12,6 @@ from llm_gym.rollout.tokens import TokenSample, TokenTracker, episode_to_samples
 __all__ = [
     # the driver: every rule of an episode
     "EpisodeDriver",
-    "EpisodeEnd",
     "DEFAULT_FAILED_PARSE_REWARD",
     # the loop
     "collect_groups",
@@ -20,7 +19,7 @@ __all__ = [
     "RolloutSettings",
     "RolloutStats",
     "EpisodeGroups",
-    # records
+    # records: an episode (its turns, its ending, its token samples)
     "Episode",
     "Turn",
     "TokenSample",

@@ -2,15 +2,17 @@
 
 :class:`EpisodeDriver` plays one environment through episodes: :meth:`~EpisodeDriver.start` a task,
 :meth:`~EpisodeDriver.act` with the assistant's text, and when an act ends the episode it returns
-an :class:`EpisodeEnd` saying how. ``TextEnv`` (the gymnasium face) is a text view over one driver;
-``collect_groups`` drives many concurrently. The rules, here and nowhere else:
+the episode's :class:`~llm_gym.rollout.Episode` record with its ending written (reward,
+terminated or truncated, cause, metrics, error: :meth:`~llm_gym.rollout.Episode.end`).
+``TextEnv`` (the gymnasium face) is a text view over one driver; ``collect_groups`` drives many
+concurrently. The rules, here and nowhere else:
 
 * Text is valid UTF-8 both ways: the assistant's text, the opening messages, the tool specs and
   each message a step adds pass :mod:`llm_gym.core.text` (a lone surrogate becomes U+FFFD).
 * The text is parsed with the action format. Text that cannot be parsed ends the episode:
   truncated, ``PARSE_FAILURE``, reward ``failed_parse_reward``, the parser's reason in
-  ``parse_error``; the environment never sees it. Text longer than ``max_action_chars`` is such
-  a failure too, before any parsing.
+  :attr:`~EpisodeDriver.parsed`; the environment never sees it. Text longer than
+  ``max_action_chars`` is such a failure too, before any parsing.
 * An environment with ``raw_text_actions`` gets the raw text as the assistant message's
   ``content`` and parses it itself, so there is no parse failure (the parse is kept as a record
   when ``record_parse`` is set).
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.actions import ActionFormat, ParsedAction, ParseKind, get_action_format
@@ -59,12 +60,12 @@ from llm_gym.core.task import Task
 from llm_gym.core.text import clean_json, clean_messages, clean_text
 from llm_gym.core.types import Message, ToolSpec
 from llm_gym.errors import EnvTimeoutError, InvalidArgumentError
+from llm_gym.rollout.episode import Episode
 
 __all__ = [
     "DEFAULT_FAILED_PARSE_REWARD",
     "MAX_ACTION_CHARS",
     "EpisodeDriver",
-    "EpisodeEnd",
     "require_turn_limit",
 ]
 
@@ -72,38 +73,6 @@ DEFAULT_FAILED_PARSE_REWARD = -0.1
 """The reward of an episode whose last action could not be parsed (the seeds' default)."""
 MAX_ACTION_CHARS = 1_000_000
 """The longest assistant text the driver hands to a parser (longer: a parse failure)."""
-
-
-@dataclass(slots=True)
-class EpisodeEnd:
-    """How an episode ended: what the act (or :meth:`EpisodeDriver.end`) that ended it says.
-
-    A record to read. Not frozen on purpose: a frozen one is several times slower to build, and
-    one is built per episode (``benchmarks/before_after.py``).
-
-    Example:
-        >>> EpisodeEnd(0.0, terminated=False, truncation_cause=TruncationCause.MAX_TURNS).truncated
-        True
-    """
-
-    reward: float
-    """The episode's reward: the environment's on its ending step, ``failed_parse_reward`` on a
-    parse failure, 0.0 when the driver or its caller cut it short."""
-    terminated: bool
-    """The environment ended it (task logic)."""
-    truncation_cause: TruncationCause | None = None
-    """Why it was truncated; None exactly when :attr:`terminated`."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """The environment's metrics from the ending step (empty otherwise)."""
-    parse_error: str | None = None
-    """The parser's reason, for a parse failure."""
-    error: str | None = None
-    """The traceback, when the environment raised."""
-
-    @property
-    def truncated(self) -> bool:
-        """It ended any way other than the environment terminating it."""
-        return not self.terminated
 
 
 class EpisodeDriver:
@@ -140,11 +109,12 @@ class EpisodeDriver:
         "_step_sync",
         "action",
         "action_format",
-        "ending",
+        "ended",
         "env",
         "env_cap",
         "env_factory",
         "env_timeout_s",
+        "episode",
         "failed_parse_reward",
         "limit",
         "max_action_chars",
@@ -211,8 +181,13 @@ class EpisodeDriver:
         """The last parse (None for a raw-text env without ``record_parse``)."""
         self.reply_start = 0
         """Where the environment's replies to the last action start in :attr:`messages`."""
-        self.ending: EpisodeEnd | None = None
-        """How the episode ended, once it has."""
+        self.episode: Episode | None = None
+        """The current episode's record (None before the first start). The driver writes its
+        task, opening size, tool specs and action format, and its ending (:meth:`Episode.end`)
+        when the episode ends; its transcript, turns and token samples are the caller's to fill
+        (``collect_groups`` does)."""
+        self.ended = False
+        """Whether the current episode has ended (its record's ending is written)."""
         self._acting = self._cut = self._dirty = False
 
     # --- starting -----------------------------------------------------------------------------
@@ -228,7 +203,10 @@ class EpisodeDriver:
         self.messages = cleaned or list(opening)
         self.tool_specs = clean_json(list(env.tool_specs or ()))
         self.parser = self.action_format.with_tool_specs(self.tool_specs)
-        self.task, self.turn, self.ending, self._acting = task, 0, None, True
+        self.task, self.turn, self.ended, self._acting = task, 0, False, True
+        episode = self.episode
+        assert episode is not None  # made by _new_env
+        episode.num_opening_messages, episode.tool_specs = len(self.messages), self.tool_specs
         self.action, self.parsed, self.reply_start = None, None, len(self.messages)
         self.raw_text = bool(env.raw_text_actions)
         self.env_cap = turn_cap(env)
@@ -236,7 +214,9 @@ class EpisodeDriver:
         return self.messages
 
     def _new_env(self, task: Task) -> Env:
-        self.ending, self._acting, self._cut = None, False, False
+        self.ended, self._acting, self._cut = False, False, False
+        fmt = self.action_format
+        self.episode = Episode(task, 0, 0, [], [], 0.0, False, False, action_format=fmt)
         self.env = env = self.env_factory(task)
         if not isinstance(env, Env):
             raise InvalidArgumentError(
@@ -293,10 +273,10 @@ class EpisodeDriver:
         self.messages = [*self.messages, parsed.message]
         self.reply_start = len(self.messages)
         cause = TruncationCause.PARSE_FAILURE
-        self._finish(EpisodeEnd(self.failed_parse_reward, False, cause, parse_error=parsed.error))
+        self._finish(self.failed_parse_reward, cause)
 
-    def _absorb(self, result: StepResult) -> EpisodeEnd | None:
-        """Take the environment's step result; the ending, if this step ended the episode."""
+    def _absorb(self, result: StepResult) -> Episode | None:
+        """Take the environment's step result; the ended episode, if this step ended it."""
         # No copy per step: the driver never edits the list, and every consumer that keeps it
         # past the next act copies it (the loop's records, TextEnv's info).
         start = check = self.reply_start
@@ -315,50 +295,58 @@ class EpisodeDriver:
         if result.terminated or result.truncated:  # positional arguments: it runs at every end
             cause = None if result.terminated else TruncationCause.ENV
             reward, metrics = step_outcome(result, f"{type(self.env).__name__}.step")
-            return self._finish(EpisodeEnd(reward, cause is None, cause, clean_json(metrics)))
+            return self._finish(reward, cause, clean_json(metrics))
         if self.turn >= self.limit:
             self._cut = True  # the loop's limit, not the env: the env may score what it has
-            return self._finish(EpisodeEnd(0.0, False, TruncationCause.MAX_TURNS))
+            return self._finish(0.0, TruncationCause.MAX_TURNS)
         return None
 
     def _conclusion(self) -> Any:
         """The env's ``conclude(cause)`` coroutine when the last ending cut its episode short
         and the env scores cut episodes; else None."""
-        if not self._cut or self.ending is None:
+        if not self._cut or not self.ended:
             return None
         self._cut = False
-        return self.env.conclude(str(self.ending.truncation_cause))
+        assert self.episode is not None
+        return self.env.conclude(str(self.episode.truncation_cause))
 
-    def _concluded(self, result: StepResult | None) -> EpisodeEnd:
-        ending = self.ending
-        assert ending is not None
+    def _concluded(self, result: StepResult | None) -> Episode:
+        episode = self.episode
+        assert episode is not None
         if result is not None:
-            ending.reward, metrics = step_outcome(result, f"{type(self.env).__name__}.conclude")
-            ending.metrics = clean_json(metrics)
-        return ending
+            episode.reward, metrics = step_outcome(result, f"{type(self.env).__name__}.conclude")
+            episode.metrics = clean_json(metrics)
+        return episode
 
-    async def _conclude(self) -> EpisodeEnd | None:
+    async def _conclude(self) -> Episode | None:
         conclusion = self._conclusion()
         if conclusion is None:
-            return self.ending
+            return self.episode if self.ended else None
         try:
             return self._concluded(await self._bounded(conclusion, "conclude"))
         except Exception:
-            return self._finish(
-                EpisodeEnd(0.0, False, TruncationCause.ENV, error=traceback.format_exc())
-            )
+            return self._finish(0.0, TruncationCause.ENV, error=traceback.format_exc())
 
-    def _raised(self, action: Message) -> EpisodeEnd:
+    def _raised(self, action: Message) -> Episode:
         self.messages = [*self.messages, action]
         self.reply_start = len(self.messages)
-        error = traceback.format_exc()
-        return self._finish(EpisodeEnd(0.0, False, TruncationCause.ENV, error=error))
+        return self._finish(0.0, TruncationCause.ENV, error=traceback.format_exc())
 
-    def _finish(self, ending: EpisodeEnd) -> EpisodeEnd:
-        if ending.error is not None:  # a traceback may quote the env's invalid text
-            ending.error = clean_text(ending.error)
-        self.ending, self._acting = ending, False
-        return ending
+    def _finish(
+        self,
+        reward: float,
+        cause: TruncationCause | None,
+        metrics: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> Episode:
+        """End the episode: its record's ending (:meth:`Episode.end`); returns the record."""
+        if error is not None:  # a traceback may quote the env's invalid text
+            error = clean_text(error)
+        episode = self.episode
+        assert episode is not None
+        episode.end(reward, cause, metrics, error)
+        self.ended, self._acting = True, False
+        return episode
 
     async def _bounded(self, call: Awaitable[Any], name: str, env: Any = None) -> Any:
         """Await an env call within ``env_timeout_s`` (cancelled after, as EnvTimeoutError)."""
@@ -367,40 +355,41 @@ class EpisodeDriver:
         what = f"{type(env or self.env).__name__}.{name} did not return within env_timeout_s"
         return await within(call, limit, lambda: EnvTimeoutError(f"{what}={limit} s: cancelled."))
 
-    async def act(self, text: str) -> EpisodeEnd | None:
-        """Act with the assistant's ``text``: None while the episode goes on, else its end."""
+    async def act(self, text: str) -> Episode | None:
+        """Act with the assistant's ``text``: None while the episode goes on, else the episode's
+        record with its ending written."""
         action = self._prepare(text)
         if action is None:
-            return self.ending
+            return self.episode
         try:
             result = await self._bounded(self.env.step(action), "step")  # type: ignore[union-attr]
-            ended = self._absorb(result)
+            done = self._absorb(result)
         except Exception:
             return self._raised(action)
-        if ended is not None and self._cut:
+        if done is not None and self._cut:
             return await self._conclude()
-        return self.ending
+        return done
 
-    def act_sync(self, text: str) -> EpisodeEnd | None:
+    def act_sync(self, text: str) -> Episode | None:
         """:meth:`act` without an event loop for a ``synchronous`` env (else on
         :attr:`runner`)."""
         action = self._prepare(text)
         if action is None:
-            return self.ending
+            return self.episode
         try:
-            ended = self._absorb(self._step_sync(action))
+            done = self._absorb(self._step_sync(action))
         except Exception:
             return self._raised(action)
-        if ended is not None and self._cut:
+        if done is not None and self._cut:
             return self._run(self._conclude(), self.env.synchronous)
-        return self.ending
+        return done
 
-    def end(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:
+    def end(self, cause: TruncationCause, error: str | None = None) -> Episode:
         """End the episode from outside (``CONTEXT_OVERFLOW``, or ``ENV`` with the traceback of
-        a failure around it): truncated, reward 0."""
-        return self._finish(EpisodeEnd(0.0, False, cause, error=error))
+        a failure around it): truncated, reward 0; returns its record."""
+        return self._finish(0.0, cause, error=error)
 
-    async def cut(self, cause: TruncationCause, error: str | None = None) -> EpisodeEnd:
+    async def cut(self, cause: TruncationCause, error: str | None = None) -> Episode:
         """:meth:`end` the episode for a budget or a failure outside the env
         (``CONTEXT_OVERFLOW``, ``DEADLINE``, ``POLICY_ERROR`` with its ``error``); an env that
         scores cut episodes is concluded, and the ending takes its reward and metrics."""

@@ -1,14 +1,24 @@
-"""Records of finished episodes: ``Turn`` and ``Episode``."""
+"""The record of an episode: ``Episode`` (its turns, its ending, its token samples) and ``Turn``.
+
+One :class:`Episode` carries an episode from its start to the trainer's batch: the
+:class:`~llm_gym.rollout.driver.EpisodeDriver` makes it and writes its ending (:meth:`Episode.end`),
+the rollout loop adds the transcript, the turns and the token samples
+(:class:`~llm_gym.rollout.tokens.TokenSample`), and what reward shaping reads is its properties
+(:attr:`Episode.total_tokens`, :attr:`Episode.per_turn_rewards`, ...).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.actions import ActionFormat, ParseKind, get_action_format
 from llm_gym.core.env import TruncationCause
 from llm_gym.core.task import Task
 from llm_gym.core.types import Message, ToolSpec
+
+if TYPE_CHECKING:
+    from llm_gym.rollout.tokens import TokenSample
 
 __all__ = ["Episode", "Turn"]
 
@@ -46,7 +56,14 @@ class Turn:
 
 @dataclass
 class Episode:
-    """One finished episode: the transcript, how it ended, and its reward."""
+    """One episode: the transcript, how it ended, its reward and its token samples.
+
+    Example:
+        >>> episode = Episode(Task("q"), 0, 0, [], [], 0.0, False, False)
+        >>> episode.end(1.0, metrics={"solved": 1})
+        >>> episode.terminated, episode.truncated, episode.reward, episode.metrics
+        (True, False, 1.0, {'solved': 1})
+    """
 
     task: Task
     """The task it played."""
@@ -81,8 +98,9 @@ class Episode:
     """Tokens the policy sampled over the whole episode."""
     wall_time_s: float = 0.0
     """Seconds from reset to close."""
-    samples: list[Any] = field(default_factory=list)
-    """Token samples built by the loop (token-in/token-out policies)."""
+    samples: list[TokenSample] = field(default_factory=list)
+    """Token samples built by the loop (token-in/token-out policies); they train with this
+    episode's :attr:`reward` and :attr:`per_turn_rewards`."""
     action_format: ActionFormat = field(default_factory=lambda: get_action_format("hermes"))
     """The action format the episode's replies were parsed with (it also writes the tools into
     the prompt of a template that cannot render them): the instance, so a custom format renders
@@ -94,6 +112,24 @@ class Episode:
     """When an environment reply too long for the context ended it (``CONTEXT_OVERFLOW``) and
     was read only in part: the tokens the context would have held at least, which the soft
     overlong penalty measures (the samples stop before that reply); else 0."""
+
+    def end(
+        self,
+        reward: float,
+        truncation_cause: TruncationCause | None = None,
+        metrics: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Write how the episode ended: ``reward``; terminated exactly when ``truncation_cause``
+        is None, else truncated for that cause; ``metrics`` (None: none); an ``error``
+        (a traceback) goes before any error already recorded."""
+        self.reward = reward
+        self.terminated = truncation_cause is None
+        self.truncated = not self.terminated
+        self.truncation_cause = truncation_cause
+        self.metrics = {} if metrics is None else metrics
+        if error is not None:
+            self.error = error + (self.error or "")
 
     def transcript(self) -> list[Message]:
         """The conversation as the policy wrote it: the opening messages, then each turn's raw
@@ -117,6 +153,14 @@ class Episode:
         if not rewards or any(r is None for r in rewards):
             return None
         return [float(r) for r in rewards]  # type: ignore[arg-type]
+
+    @property
+    def total_tokens(self) -> int:
+        """Its length in tokens when it ended, as the soft overlong penalty measures it: its
+        longest token sample (prompt and completion), or what an environment reply too long for
+        the context needed (:attr:`overflow_tokens`), whichever is more; 0 without either."""
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in self.samples]
+        return max([*lengths, self.overflow_tokens or 0])
 
     @property
     def tool_calls(self) -> int:

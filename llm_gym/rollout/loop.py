@@ -27,7 +27,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from llm_gym.aio import run_sync
-from llm_gym.core.env import TruncationCause
+from llm_gym.core.env import Env, TruncationCause
 from llm_gym.core.factories import EnvFactory, Oracle, as_env_factory
 from llm_gym.core.task import Task
 from llm_gym.core.text import clean_text
@@ -36,15 +36,12 @@ from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerErr
 from llm_gym.policies.base import Generation, Policy, PolicyError, PolicyRequest, PolicyStream
 from llm_gym.policies.template_format import episode_format
 from llm_gym.rollout.batching import Streamed, Waves
-from llm_gym.rollout.driver import (
-    EpisodeDriver,
-)
-from llm_gym.rollout.episode import Episode, Turn
+from llm_gym.rollout.driver import EpisodeDriver
+from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.records import (
-    Ended,
     every_episode_failed,
-    finalize,
     score_group,
+    take_per_turn_rewards,
     take_tokens,
     turn_record,
     unsent_turn,
@@ -100,20 +97,13 @@ async def _run_episode(
     settings: RolloutSettings,
     oracle: Oracle | None,
     tokenizer: Any,
-) -> Ended:
-    """One episode: the driver keeps the rules; this adds the policy, tokens and the record."""
+) -> tuple[Episode, Env | None, PolicyError | ChatTemplateError | TokenizerError | None]:
+    """One episode: the driver keeps the rules and writes the ending into the episode's record;
+    this adds the policy, the turns and the tokens. Returns the record with its env (None when
+    the factory failed; for the group's scoring) and the error that ended it outside the
+    environment: the policy's (``POLICY_ERROR``), the chat template's (``TEMPLATE``) or the
+    tokenizer's (``TOKENIZER``)."""
     start = time.perf_counter()
-    turns: list[Turn] = []
-    episode = Episode(
-        task=task,
-        group=group,
-        index=index,
-        messages=[],
-        turns=turns,
-        reward=0.0,
-        terminated=False,
-        truncated=True,
-    )
     tracker: TokenTracker | None = None
     limit = None  # the most context tokens a prompt may have: one generated token must fit
     if settings.max_model_length is not None:
@@ -124,12 +114,11 @@ async def _run_episode(
     failure: PolicyError | ChatTemplateError | TokenizerError | None = None
     try:
         messages = await driver.start(task)
+        episode = driver.episode
+        assert episode is not None
         env = driver.env
         env.defer_scoring()  # an env that scores a whole group (document 002's score_episodes)
-        episode.num_opening_messages = len(messages)
         tool_specs = driver.tool_specs
-        episode.tool_specs = tool_specs
-        episode.action_format = driver.action_format
         if tokenizer is not None:
             tracker = TokenTracker(
                 tokenizer,
@@ -177,19 +166,20 @@ async def _run_episode(
             if generation.finish_reason == "length" and budget != settings.max_new_tokens:
                 # The context, not max_new_tokens, cut this reply: the conversation filled
                 # max_model_length before the episode ended.
-                unsent = unsent_turn(driver, generation, turns, episode, tracker)
+                unsent = unsent_turn(driver, generation, episode, tracker)
                 ending = await driver.cut(TruncationCause.CONTEXT_OVERFLOW)
                 break
             if tracker is not None:  # document 002's total_tokens
                 env.note_tokens(tracker.context_length + len(generation.token_ids or ()))
             ending = await driver.act(generation.text)
-            turns.append(turn_record(driver, generation))
-            take_tokens(episode, generation, turns, tracker)
+            turn = turn_record(driver, generation)
+            episode.turns.append(turn)
+            take_tokens(episode, generation, tracker)
             # The reply joins the token stream while the episode goes on, and when the turn cap
             # ended it (a reply the policy would have read next), not when the env ended it.
             capped = ending is None or ending.truncation_cause is TruncationCause.MAX_TURNS
-            if tracker is not None and turns[-1].env_messages and capped:
-                tracker.add_environment(turns[-1].env_messages, limit)
+            if tracker is not None and turn.env_messages and capped:
+                tracker.add_environment(turn.env_messages, limit)
     except asyncio.CancelledError:
         raise
     except PolicyError as exc:
@@ -197,25 +187,31 @@ async def _run_episode(
             raise
         failure = exc  # this episode's turn failed in the policy: the others go on
         error = "".join(traceback.format_exception(exc))
-        ending = await driver.cut(TruncationCause.POLICY_ERROR, error)
+        await driver.cut(TruncationCause.POLICY_ERROR, error)
     except ChatTemplateError as exc:  # the model's template, not the environment
         failure = exc
-        ending = driver.end(TruncationCause.TEMPLATE, error=traceback.format_exc())
+        driver.end(TruncationCause.TEMPLATE, error=traceback.format_exc())
     except TokenizerError as exc:
         failure = exc
-        ending = driver.end(TruncationCause.TOKENIZER, error=traceback.format_exc())
+        driver.end(TruncationCause.TOKENIZER, error=traceback.format_exc())
     except Exception:
-        ending = driver.end(TruncationCause.ENV, error=traceback.format_exc())
+        driver.end(TruncationCause.ENV, error=traceback.format_exc())
     finally:
+        episode = driver.episode  # start makes it before anything can fail
+        assert episode is not None
         episode.messages = list(driver.messages)  # before close: the env may own that list
         if unsent is not None:
             episode.messages.append(unsent)
         try:
             await driver.close()
         except Exception:
-            episode.error = clean_text(traceback.format_exc())
+            episode.error = (episode.error or "") + clean_text(traceback.format_exc())
         waves.episode_done(key)
-    return Ended(episode, ending, tracker, env, start, failure)
+    episode.group, episode.index = group, index
+    if tracker is not None:
+        episode.samples = tracker.finish()
+    episode.wall_time_s = time.perf_counter() - start
+    return episode, env, failure
 
 
 async def collect_groups_async(
@@ -300,7 +296,7 @@ async def collect_groups_async(
     model_failures: list[ChatTemplateError | TokenizerError] = []  # its template, tokenizer
     answered = 0  # turns the policy answered
 
-    async def one(group: int, index: int, task: Task) -> Ended:
+    async def one(group: int, index: int, task: Task) -> tuple[Episode, Env | None]:
         driver = EpisodeDriver(
             factory,
             action_format=fmt,
@@ -310,23 +306,25 @@ async def collect_groups_async(
             env_timeout_s=settings.env_timeout_s,
         )
         key = (group, index) if key_space is None else (key_space, group, index)
-        ended = await _run_episode(
+        episode, env, failure = await _run_episode(
             driver, task, group, index, key, waves, settings, oracle, tokenizer
         )
         if bar is not None:
             bar.update(1)
         nonlocal answered
-        answered += len(ended.episode.turns)
-        if isinstance(ended.failure, PolicyError):
-            failures.append(ended.failure)
-        elif ended.failure is not None:
-            model_failures.append(ended.failure)
-        return ended
+        answered += episode.num_turns
+        if isinstance(failure, PolicyError):
+            failures.append(failure)
+        elif failure is not None:
+            model_failures.append(failure)
+        return episode, env
 
     async def whole_group(group: int, task: Task) -> list[Episode]:
         ended = await asyncio.gather(*(one(group, i, task) for i in range(episodes_per_task)))
         await score_group(ended)  # once every episode of the group has ended
-        return [finalize(e) for e in ended]
+        for episode, _ in ended:
+            take_per_turn_rewards(episode)
+        return [episode for episode, _ in ended]
 
     start = time.perf_counter()
     try:

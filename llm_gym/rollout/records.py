@@ -1,37 +1,32 @@
-"""The records of the episode loop: a turn's record, an ended episode, its group's scoring.
-
-The loop (:mod:`llm_gym.rollout.loop`) runs an episode to its end (:class:`Ended`), scores the
-group's deferred episodes together once all have ended (:func:`score_group`, document 002's
-``score_episodes``), then writes each :class:`~llm_gym.rollout.episode.Episode` record
-(:func:`finalize`).
+"""What the episode loop writes into an :class:`~llm_gym.rollout.episode.Episode`: its turns
+(:func:`turn_record`, :func:`unsent_turn`), its token counts and token stream (:func:`take_tokens`),
+its group's scoring (:func:`score_group`, document 002's ``score_episodes``, once every episode of
+the group has ended) and its per-turn rewards (:func:`take_per_turn_rewards`).
 """
 
 from __future__ import annotations
 
 import math
-import time
 import traceback
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.core.env import Env, TruncationCause, step_outcome
 from llm_gym.core.text import clean_json, clean_text
 from llm_gym.core.types import Message
 from llm_gym.errors import ChatTemplateError, InvalidArgumentError, TokenizerError
-from llm_gym.policies.base import Generation, PolicyError
-from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
+from llm_gym.policies.base import Generation
+from llm_gym.rollout.driver import EpisodeDriver
 from llm_gym.rollout.episode import Episode, Turn
 from llm_gym.rollout.tokens import TokenTracker
 
 __all__ = [
     "MAX_TOKEN_COUNT",
-    "Ended",
     "count_tokens",
     "every_episode_failed",
-    "finalize",
     "score_group",
+    "take_per_turn_rewards",
     "take_tokens",
     "turn_record",
     "unsent_turn",
@@ -56,10 +51,18 @@ def _is_finite_number(value: Any) -> bool:
         return False
 
 
-def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None:
-    rewards = metrics.pop("per_turn_rewards", None)
+def take_per_turn_rewards(episode: Episode) -> None:
+    """Move the ``per_turn_rewards`` an environment reports in its metrics (one finite number
+    per assistant turn) onto the episode's turns (:attr:`Turn.reward`); a list of the wrong
+    length or with a value that is not a finite number is left out with a warning and the
+    metric ``per_turn_rewards_invalid``, and the episode uses episode-level credit."""
+    if "per_turn_rewards" not in episode.metrics:
+        return
+    episode.metrics = metrics = dict(episode.metrics)
+    rewards = metrics.pop("per_turn_rewards")
     if rewards is None:
         return
+    turns = episode.turns
     valid = (
         isinstance(rewards, list | tuple)
         and len(rewards) == len(turns)
@@ -77,61 +80,31 @@ def _assign_per_turn_rewards(turns: list[Turn], metrics: dict[str, Any]) -> None
         turn.reward = float(reward)
 
 
-@dataclass
-class Ended:
-    """An episode that has ended, before its reward is final (its group may score it)."""
-
-    episode: Episode
-    ending: EpisodeEnd
-    tracker: TokenTracker | None
-    env: Env | None
-    """The episode's env (None when its factory failed)."""
-    start: float
-    failure: PolicyError | ChatTemplateError | TokenizerError | None = None
-    """The error that ended the episode outside the environment: the policy's
-    (``POLICY_ERROR``), the chat template's (``TEMPLATE``) or the tokenizer's
-    (``TOKENIZER``)."""
-
-
-async def score_group(ended: list[Ended]) -> None:
+async def score_group(ended: Sequence[tuple[Episode, Env | None]]) -> None:
     """Score the group's deferred episodes together (one ``score_episodes`` call per shared
-    environment); a failure ends only the episodes it concerns, as ``ENV`` with the error."""
-    pending = [e for e in ended if e.env is not None and e.env.scoring_pending]
-    by_environment: dict[int, list[Ended]] = {}
-    for item in pending:
-        by_environment.setdefault(id(item.env.scoring_key), []).append(item)
+    environment), each given with its env (None when its factory failed); a failure ends only
+    the episodes it concerns, as ``ENV`` with the error."""
+    by_environment: dict[int, list[tuple[Episode, Env]]] = {}
+    for episode, env in ended:
+        if env is not None and env.scoring_pending:
+            by_environment.setdefault(id(env.scoring_key), []).append((episode, env))
     for members in by_environment.values():
+        envs = [env for _, env in members]
         try:
-            results = await members[0].env.score_group([m.env for m in members])
+            results = await envs[0].score_group(envs)
         except Exception as exc:
             results = [exc] * len(members)
-        for member, result in zip(members, results, strict=True):
+        for (episode, env), result in zip(members, results, strict=True):
             if not isinstance(result, BaseException):
                 try:  # a NaN reward, say: that episode's failure
-                    reward, metrics = step_outcome(result, f"{type(member.env).__name__}.score")
+                    reward, metrics = step_outcome(result, f"{type(env).__name__}.score")
                 except InvalidArgumentError as exc:
                     result = exc
             if isinstance(result, BaseException):
                 error = clean_text("".join(traceback.format_exception(result)))
-                member.ending = EpisodeEnd(0.0, False, TruncationCause.ENV, error=error)
+                episode.end(0.0, TruncationCause.ENV, error=error)
             else:
-                member.ending.reward, member.ending.metrics = reward, clean_json(metrics)
-
-
-def finalize(ended: Ended) -> Episode:
-    """The episode record, once its reward is final."""
-    episode, ending, tracker = ended.episode, ended.ending, ended.tracker
-    episode.reward = ending.reward
-    episode.terminated, episode.truncated = ending.terminated, ending.truncated
-    episode.truncation_cause = ending.truncation_cause
-    episode.metrics = dict(ending.metrics)
-    if ending.error is not None:
-        episode.error = ending.error + (episode.error or "")
-    _assign_per_turn_rewards(episode.turns, episode.metrics)
-    if tracker is not None:
-        episode.samples = tracker.finish(episode.reward, episode.per_turn_rewards)
-    episode.wall_time_s = time.perf_counter() - ended.start
-    return episode
+                episode.reward, episode.metrics = reward, clean_json(metrics)
 
 
 def turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
@@ -154,18 +127,14 @@ def turn_record(driver: EpisodeDriver, generation: Generation) -> Turn:
 
 
 def unsent_turn(
-    driver: EpisodeDriver,
-    generation: Generation,
-    turns: list[Turn],
-    episode: Episode,
-    tracker: TokenTracker | None,
+    driver: EpisodeDriver, generation: Generation, episode: Episode, tracker: TokenTracker | None
 ) -> Message:
     """Record a reply the full context cut short, which the environment never gets: its
     :class:`Turn` (parsed for the record, no environment messages), its tokens in the episode's
     counts and token stream (so it is trained on, with the context's ending). Returns its
     message, for the episode's transcript."""
-    parsed = driver.parser.parse(generation.text, call_id_prefix=f"call_t{len(turns) + 1}")
-    turns.append(
+    parsed = driver.parser.parse(generation.text, call_id_prefix=f"call_t{episode.num_turns + 1}")
+    episode.turns.append(
         Turn(
             text=generation.text,
             parse_kind=parsed.kind,
@@ -178,21 +147,19 @@ def unsent_turn(
             policy_versions=generation.policy_versions,
         )
     )
-    take_tokens(episode, generation, turns, tracker)
+    take_tokens(episode, generation, tracker)
     return parsed.message
 
 
-def take_tokens(
-    episode: Episode, generation: Generation, turns: list[Turn], tracker: TokenTracker | None
-) -> None:
+def take_tokens(episode: Episode, generation: Generation, tracker: TokenTracker | None) -> None:
     """Count the last turn's ``generation`` in ``episode`` and append it to the token stream."""
-    count_tokens(episode, generation, first=len(turns) == 1)
+    count_tokens(episode, generation, first=episode.num_turns == 1)
     if tracker is not None and generation.token_ids is not None:
         tracker.add_generation(
             generation.token_ids,
             generation.logprobs,
             generation.text,
-            len(turns) - 1,
+            episode.num_turns - 1,
             generation.policy_versions,
         )
 

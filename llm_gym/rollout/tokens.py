@@ -43,7 +43,9 @@ class TokenSample:
     """One training sequence: a prompt and a completion with a loss mask.
 
     Shapes: ``completion_ids``, ``env_mask``, ``logprobs``, ``turn_index`` and
-    ``policy_versions`` all have length T.
+    ``policy_versions`` all have length T. Its rewards are its episode's
+    (:attr:`~llm_gym.rollout.Episode.reward`, :attr:`~llm_gym.rollout.Episode.per_turn_rewards`,
+    indexed by ``turn_index``); the trainer's batch adds the advantages.
     """
 
     prompt_ids: list[int]
@@ -59,10 +61,6 @@ class TokenSample:
     policy_versions: list[int] = field(default_factory=list)
     """The weight version that sampled each token (async training); -1 under environment
     tokens and where the policy's weights are not versioned."""
-    reward: float = 0.0
-    """The episode's reward."""
-    per_turn_rewards: list[float] | None = None
-    """The episode's per-turn rewards, when it has them (indexed by ``turn_index``)."""
 
     @property
     def num_policy_tokens(self) -> int:
@@ -305,13 +303,9 @@ class TokenTracker:
         self.samples.append(TokenSample(prompt_ids=_encode(self.tokenizer, full)))
         return True
 
-    def finish(self, reward: float, per_turn_rewards: list[float] | None) -> list[TokenSample]:
-        """The samples with at least one sampled token, stamped with the episode's rewards."""
-        done = [s for s in self.samples if s.num_policy_tokens > 0]
-        for sample in done:
-            sample.reward = reward
-            sample.per_turn_rewards = per_turn_rewards
-        return done
+    def finish(self) -> list[TokenSample]:
+        """The samples with at least one sampled token."""
+        return [s for s in self.samples if s.num_policy_tokens > 0]
 
 
 def episode_to_samples(
@@ -350,7 +344,7 @@ def episode_to_samples(
         tracker.add_generation(ids, logprobs, turn.text, index, versions)
         if turn.env_messages:
             tracker.add_environment(turn.env_messages)
-    return tracker.finish(episode.reward, episode.per_turn_rewards)
+    return tracker.finish()
 
 
 def _end_of_turn(tokenizer: Any) -> list[int]:

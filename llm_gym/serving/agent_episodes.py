@@ -226,8 +226,6 @@ async def _episode(
         cause = record.truncation
     elif cause is None:
         reward, metrics, cause, error = await _outcome(run, task, result)
-    for sample in record.samples:
-        sample.reward, sample.per_turn_rewards = reward, None
     first = record.calls[0] if record.calls else None
     return Episode(
         task=task,

@@ -147,7 +147,7 @@ class Recorder:
                 return RecordedEpisode(episode_id)
             episode.ended = episode.closed = True
             if episode.tracker is not None:
-                episode.record.samples.extend(episode.tracker.finish(0.0, None))
+                episode.record.samples.extend(episode.tracker.finish())
                 episode.tracker = None
             return episode.record
 
@@ -312,7 +312,7 @@ class Recorder:
                 tracker.add_environment(new, limit)
             else:
                 if tracker is not None:
-                    episode.record.samples.extend(tracker.finish(0.0, None))
+                    episode.record.samples.extend(tracker.finish())
                 tracker = episode.tracker = TokenTracker(
                     self.engine.tokenizer,
                     request.tools or [],

@@ -270,15 +270,15 @@ class AsyncCollector:
                 break
             groups, waited = self.worker.take(need)
             out.wait_s += waited
-            for group in groups:
+            for start_version, episodes in groups:
                 out.taken += 1
-                age = self.version - group.start_version
+                age = self.version - start_version
                 if age > limit:
                     out.dropped_stale += 1
                     continue
                 out.ages.append(age)
                 usable += 1
-                pool.add(group.episodes, rewards(group.episodes))
+                pool.add(episodes, rewards(episodes))
         out.pool = pool
         return out
 

@@ -28,7 +28,6 @@ import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.core.task import Task
@@ -36,24 +35,11 @@ from llm_gym.policies import Policy
 from llm_gym.policies.base import PolicyStream
 from llm_gym.rollout.episode import Episode
 
-__all__ = ["CollectGroup", "RolloutGroup", "RolloutWorker", "task_order"]
+__all__ = ["CollectGroup", "RolloutWorker", "task_order"]
 
 CollectGroup = Callable[[Policy, PolicyStream | None, int, Hashable], Awaitable[list[Episode]]]
 """``(policy, stream, task_index, key_space) -> episodes``: one group of episodes of the task
 at ``task_index``."""
-
-
-@dataclass
-class RolloutGroup:
-    """A finished group and where it came from."""
-
-    episodes: list[Episode]
-    task_index: int
-    start_version: int
-    """The weight version of the replica when the group's rollout started."""
-    replica: int
-    seconds: float
-    """Wall time of its rollout."""
 
 
 def task_order(num_tasks: int, seed: Any, rank: int = 0, world: int = 1) -> Iterator[int]:
@@ -124,7 +110,7 @@ class RolloutWorker:
         self.threads = threads
         self._order = order if order is not None else task_order(len(self.tasks), seed, rank, world)
         self._cond = threading.Condition()
-        self._done: deque[RolloutGroup] = deque()
+        self._done: deque[tuple[int, list[Episode]]] = deque()
         self._error: BaseException | None = None
         self._stopping = False
         self._started = 0
@@ -150,10 +136,11 @@ class RolloutWorker:
         self._thread.start()
         ready.wait()
 
-    def take(self, n: int) -> tuple[list[RolloutGroup], float]:
-        """The next ``n`` finished groups, and the seconds spent waiting for them."""
+    def take(self, n: int) -> tuple[list[tuple[int, list[Episode]]], float]:
+        """The next ``n`` finished groups, each as ``(start_version, episodes)`` (the replica's
+        weight version when its rollout started), and the seconds spent waiting for them."""
         start = time.perf_counter()
-        out: list[RolloutGroup] = []
+        out: list[tuple[int, list[Episode]]] = []
         with self._cond:
             while len(out) < n:
                 if self._error is not None:
@@ -300,7 +287,6 @@ class RolloutWorker:
             await asyncio.gather(*leftovers, return_exceptions=True)
 
     async def _group(self, replica: int, index: int, key: int) -> None:
-        start = time.perf_counter()
         version = self.versions(replica)
         self.groups_started += 1
         try:
@@ -317,9 +303,8 @@ class RolloutWorker:
             return
         finally:
             self._running[replica] -= 1
-        group = RolloutGroup(episodes, index, version, replica, time.perf_counter() - start)
         with self._cond:
-            self._done.append(group)
+            self._done.append((version, episodes))
             self.groups_finished += 1
             self._cond.notify_all()
         assert self._wake is not None

@@ -22,7 +22,6 @@ __all__ = [
     "group_advantages",
     "per_turn_group_advantages",
     "is_zero_variance",
-    "EpisodeOutcome",
     # estimators, by the name of the config's credit_assignment
     "Advantages",
     "AdvantageEstimator",
@@ -59,43 +58,20 @@ def soft_overlong_penalty(length: int, max_length: int, buffer: int, factor: flo
     return -factor * min(1.0, (length - expected) / buffer)
 
 
-@dataclass(frozen=True)
-class EpisodeOutcome:
-    """What reward shaping needs to know about one finished episode."""
-
-    reward: float
-    """The environment's reward (``failed_parse_reward`` for parse failures)."""
-    truncation_cause: TruncationCause | None
-    """How it was cut short, or None when it terminated."""
-    total_tokens: int = 0
-    """Prompt plus every turn, in tokens, when it ended."""
-    turns: int = 0
-    """Assistant turns taken."""
-
-    @classmethod
-    def of(cls, episode: Any) -> EpisodeOutcome:
-        """The outcome of a finished :class:`llm_gym.rollout.Episode` (its total tokens: its
-        longest token sample's, or an overflowing reply's need, ``episode.overflow_tokens``)."""
-        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in episode.samples]
-        total = max([*lengths, getattr(episode, "overflow_tokens", 0) or 0])
-        return cls(
-            reward=episode.reward,
-            truncation_cause=episode.truncation_cause,
-            total_tokens=total,
-            turns=episode.num_turns,
-        )
-
-
 def shaped_reward(
-    outcome: EpisodeOutcome,
+    reward: float,
+    truncation_cause: TruncationCause | None,
+    total_tokens: int,
     *,
     max_model_length: int | None,
-    max_turns: int,
     overlong_buffer: int | None,
     overlong_penalty_factor: float,
     max_new_tokens: int = 0,
 ) -> float:
     """The reward that enters the advantage: the env's reward plus the soft overlong penalty.
+
+    The arguments are an episode's (:class:`~llm_gym.rollout.Episode`'s ``reward``,
+    ``truncation_cause`` and ``total_tokens``: its length in tokens when it ended).
 
     The penalty applies only to the two length-budget causes (``CONTEXT_OVERFLOW`` and
     ``MAX_TURNS``), never to ``ENV`` or ``PARSE_FAILURE``. ``CONTEXT_OVERFLOW`` is measured in
@@ -107,19 +83,21 @@ def shaped_reward(
     full ``-overlong_penalty_factor``. ``overlong_buffer=None`` turns the penalty off.
 
     Example:
-        >>> overflow = EpisodeOutcome(1.0, TruncationCause.CONTEXT_OVERFLOW, total_tokens=1800)
-        >>> shaped_reward(overflow, max_model_length=2048, max_turns=6, overlong_buffer=128,
-        ...               overlong_penalty_factor=1.0, max_new_tokens=256)
+        >>> shaped_reward(1.0, TruncationCause.CONTEXT_OVERFLOW, 1800, max_model_length=2048,
+        ...               overlong_buffer=128, overlong_penalty_factor=1.0, max_new_tokens=256)
         0.0
+        >>> shaped_reward(1.0, TruncationCause.MAX_TURNS, 300, max_model_length=2048,
+        ...               overlong_buffer=128, overlong_penalty_factor=0.5)
+        0.5
     """
-    reward = float(outcome.reward)
-    cause = outcome.truncation_cause
+    reward = float(reward)
+    cause = truncation_cause
     if overlong_buffer is None or cause is None or not cause.gets_overlong_penalty:
         return reward
     if cause is TruncationCause.MAX_TURNS or max_model_length is None:
         return reward - overlong_penalty_factor
     buffer = min(overlong_buffer, max_model_length)
-    length = outcome.total_tokens + max_new_tokens
+    length = total_tokens + max_new_tokens
     return reward + soft_overlong_penalty(length, max_model_length, buffer, overlong_penalty_factor)
 
 

@@ -1,105 +1,171 @@
-"""Episodes to the tensors TRL's GRPO loss reads: rows, masks, advantages.
+"""Episodes to the tensors TRL's GRPO loss reads: the episodes' token samples, one row each, with
+the advantages added as a column.
 
 Shape names: ``B`` rows, ``P`` prompt length (left-padded), ``C`` completion length (right-padded).
-A row is one token sample of one episode; rows that must not train (overlong masking, padding up to
-a fixed batch) carry an all-zero ``tool_mask``; a zero-variance group's rows carry all-zero
-advantages (:func:`without_silent_rows` leaves both out of the passes when that is exact).
+A row is one :class:`~llm_gym.rollout.TokenSample` of one episode, put straight into the tensors
+(:func:`episode_batch`); rows that must not train (overlong masking, padding up to a fixed batch)
+carry an all-zero ``tool_mask``; a zero-variance group's rows carry all-zero advantages
+(:func:`without_silent_rows` leaves both out of the passes when that is exact); :func:`pad_rows`
+fills the batch up to whole micro-batches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from itertools import chain
+from typing import Any, TypeAlias
+
+from llm_gym.errors import InvalidArgumentError
+from llm_gym.rollout.tokens import TokenSample
 
 __all__ = [
-    "logprob_gap",
-    "Row",
-    "episode_rows",
-    "group_rows",
+    "BATCH_FILL",
+    "episode_batch",
     "importance_sampling_ratio",
+    "logprob_gap",
     "off_policy_weights",
-    "padding_row",
-    "rows_to_tensors",
+    "pad_rows",
+    "padding_sample",
+    "samples_to_tensors",
     "silent_rows_skippable",
-    "without_silent_rows",
     "stale_token_mask",
+    "without_silent_rows",
 ]
 
+Credit: TypeAlias = tuple[float, Sequence[float] | None, bool]
+"""One row's credit: the episode's advantage, its per-turn advantages (None: the episode's for
+every token) and whether the row trains."""
 
-@dataclass
-class Row:
-    """One training row."""
-
-    prompt_ids: list[int]
-    """Context before the first completion token."""
-    completion_ids: list[int]
-    """Sampled tokens interleaved with environment tokens."""
-    env_mask: list[int]
-    """1 where the token trains (sampled by the policy), 0 elsewhere."""
-    logprobs: list[float]
-    """The sampler's logprobs (0.0 under environment tokens)."""
-    advantages: list[float] = field(default_factory=list)
-    """One advantage per completion token (0.0 where ``env_mask`` is 0)."""
-    policy_versions: list[int] = field(default_factory=list)
-    """The weight version that sampled each token (-1: environment token or unversioned)."""
+BATCH_FILL = {
+    "prompt_mask": 0,
+    "completion_mask": 0,
+    "tool_mask": 0,
+    "advantages": 0.0,
+    "sampling_per_token_logps": 0.0,
+    "policy_versions": -1,
+}
+"""The value of each tensor of a batch where a row has no token (``prompt_ids`` and
+``completion_ids`` hold the pad id there)."""
 
 
-def episode_rows(
-    samples: Sequence[Any],
-    *,
-    advantage: float,
-    turn_advantages: Sequence[float] | None,
-    train: bool,
-    max_rows: int | None,
-) -> tuple[list[Row], int]:
-    """The rows of one episode and how many of its samples were dropped over ``max_rows``
-    (None: every sample is a row; each carries the episode's advantages).
-
-    With ``turn_advantages`` each token takes its turn's advantage (per-turn credit); otherwise
-    every policy token takes ``advantage``. ``train=False`` keeps the rows but masks them out.
-    """
-    rows = []
-    for sample in list(samples)[:max_rows]:
-        mask = list(sample.env_mask) if train else [0] * len(sample.env_mask)
-        if turn_advantages is not None:
-            advantages = [
-                float(turn_advantages[t]) if m and 0 <= t < len(turn_advantages) else 0.0
-                for t, m in zip(sample.turn_index, mask, strict=True)
-            ]
-        else:
-            advantages = [float(advantage) if m else 0.0 for m in mask]
-        rows.append(
-            Row(
-                prompt_ids=list(sample.prompt_ids),
-                completion_ids=list(sample.completion_ids),
-                env_mask=mask,
-                logprobs=list(sample.logprobs),
-                advantages=advantages,
-                policy_versions=list(getattr(sample, "policy_versions", None) or [])
-                or [-1] * len(sample.completion_ids),
-            )
-        )
-    return rows, 0 if max_rows is None else max(0, len(samples) - max_rows)
-
-
-def padding_row(pad_id: int, prompt_ids: Sequence[int] | None = None) -> Row:
-    """A row that trains nothing, to keep every batch the same size.
+def padding_sample(pad_id: int, prompt_ids: Sequence[int] | None = None) -> TokenSample:
+    """A sample that trains nothing (one environment token), to keep every batch the same size.
 
     ``prompt_ids``: a real row's prompt to start with (default ``[pad_id]``), so that the
     padding row shares the batch's prefix and shared-prefix scoring still applies to the batch.
     """
-    return Row(
+    return TokenSample(
         prompt_ids=list(prompt_ids) if prompt_ids else [pad_id],
         completion_ids=[pad_id],
         env_mask=[0],
         logprobs=[0.0],
-        advantages=[0.0],
+        turn_index=[-1],
         policy_versions=[-1],
     )
 
 
-def group_rows(
+def _checked(sample: TokenSample, where: str) -> int:
+    """The sample's completion length, its per-token columns checked to match it."""
+    length = len(sample.completion_ids)
+    for name in ("env_mask", "logprobs", "turn_index", "policy_versions"):
+        column = getattr(sample, name)  # the last two may be empty: unknown (-1 every token)
+        if len(column) != length and (column or name in ("env_mask", "logprobs")):
+            raise InvalidArgumentError(
+                f"{where}: expected one {name} value per completion token ({length}), got "
+                f"{len(column)}; a TokenSample's per-token columns all have the completion's "
+                "length (build samples with llm_gym.rollout.TokenTracker)."
+            )
+    return length
+
+
+def samples_to_tensors(
+    samples: Sequence[TokenSample], credits: Sequence[Credit], pad_id: int
+) -> dict[str, Any]:
+    """One row per sample, with its credit (:data:`Credit`) as the advantage column: left-padded
+    prompts, right-padded completions, everything TRL's loss reads.
+
+    Returns ``prompt_ids``/``prompt_mask`` (B, P), ``completion_ids``/``completion_mask``/
+    ``tool_mask`` (B, C), ``advantages`` (B, C), ``sampling_per_token_logps`` (B, C) and
+    ``policy_versions`` (B, C; -1 where unknown). ``completion_mask`` is 1 on real tokens
+    (sampled or environment), ``tool_mask`` is 1 only where the token trains (its ``env_mask``,
+    in a row that trains), so their product is the loss mask. A token's advantage is 0 where
+    ``tool_mask`` is 0; elsewhere its turn's per-turn advantage (0 for a turn without one), or
+    the episode's advantage.
+
+    Example:
+        >>> sample = TokenSample([1, 2], [5, 6, 7], env_mask=[1, 0, 1], logprobs=[-1.0, 0.0, -2.0],
+        ...                      turn_index=[0, -1, 1])
+        >>> credits = [(0.5, None, True), (0.0, [1.0, -1.0], True)]
+        >>> batch = samples_to_tensors([sample, sample], credits, pad_id=0)
+        >>> batch["advantages"].tolist(), batch["tool_mask"].tolist()
+        ([[0.5, 0.0, 0.5], [1.0, 0.0, -1.0]], [[1, 0, 1], [1, 0, 1]])
+    """
+    import numpy
+    import torch
+
+    numpy_type = {torch.long: numpy.int64, torch.float32: numpy.float32}
+    if len(samples) != len(credits):
+        raise InvalidArgumentError(
+            f"Expected one credit per sample ({len(samples)}), got {len(credits)}."
+        )
+    lengths = [_checked(s, f"sample {i}") for i, s in enumerate(samples)]
+    rows = len(samples)
+    prompt_len = torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long)
+    completion_len = torch.tensor(lengths, dtype=torch.long)
+    width_p = int(prompt_len.max()) if rows else 0
+    width_c = int(completion_len.max()) if rows else 0
+    # Boolean-mask assignment fills row by row, left to right: the samples' tokens, in order.
+    prompt_at = torch.arange(width_p) >= (width_p - prompt_len)[:, None]
+    completion_at = torch.arange(width_c) < completion_len[:, None]
+
+    def column(values: Any, fill: Any, dtype: Any, at: Any = completion_at) -> Any:
+        out = torch.full(at.shape, fill, dtype=dtype)
+        flat = numpy.fromiter(
+            chain.from_iterable(values), dtype=numpy_type[dtype], count=int(at.sum())
+        )
+        out[at] = torch.from_numpy(flat)
+        return out
+
+    trains = torch.tensor([credit[2] for credit in credits], dtype=torch.long)
+    tool_mask = column((s.env_mask for s in samples), 0, torch.long) * trains[:, None]
+    # The advantage column: the episode's advantage on every token, or each token's turn's.
+    episode_advantage = torch.tensor(
+        [a if turns is None else 0.0 for a, turns, _ in credits], dtype=torch.float32
+    )
+    advantages = episode_advantage[:, None].expand(rows, width_c).clone()
+    per_turn = [(i, turns) for i, (_, turns, _) in enumerate(credits) if turns is not None]
+    if per_turn:
+        rows_t = [i for i, _ in per_turn]
+        most = max(len(turns) for _, turns in per_turn)
+        table = torch.zeros((len(per_turn), most + 1), dtype=torch.float32)  # last: no turn
+        for k, (_, turns) in enumerate(per_turn):
+            table[k, : len(turns)] = torch.tensor(list(turns), dtype=torch.float32)
+        turn_index = column(
+            (samples[i].turn_index or [-1] * lengths[i] for i in rows_t),
+            -1,
+            torch.long,
+            completion_at[rows_t],
+        )
+        turn_index = torch.where(turn_index >= 0, turn_index.clamp(max=most), most)
+        advantages[rows_t] = torch.gather(table, 1, turn_index)
+    advantages = advantages * tool_mask
+    return {
+        "prompt_ids": column((s.prompt_ids for s in samples), pad_id, torch.long, prompt_at),
+        "prompt_mask": prompt_at.long(),
+        "completion_ids": column((s.completion_ids for s in samples), pad_id, torch.long),
+        "completion_mask": completion_at.long(),
+        "tool_mask": tool_mask,
+        "advantages": advantages,
+        "sampling_per_token_logps": column((s.logprobs for s in samples), 0.0, torch.float32),
+        "policy_versions": column(
+            (s.policy_versions or [-1] * n for s, n in zip(samples, lengths, strict=True)),
+            -1,
+            torch.long,
+        ),
+    }
+
+
+def episode_batch(
     groups: Sequence[Sequence[Any]],
     episode_advantages: Sequence[Sequence[float]],
     turn_advantages: Sequence[Sequence[Sequence[float] | None]],
@@ -107,47 +173,88 @@ def group_rows(
     overlong_masking: bool,
     max_rows: int | None,
     pad_id: int,
-) -> tuple[list[Row], int]:
-    """The rows of a batch of episode groups, ``max_rows`` per episode, and the samples dropped.
+) -> tuple[dict[str, Any], int]:
+    """The tensors of a batch of episode groups (:func:`samples_to_tensors`), ``max_rows`` rows
+    per episode, and how many samples were dropped over ``max_rows``.
 
-    Each episode gives its :func:`episode_rows` (masked out when ``overlong_masking`` is on and
-    the episode was truncated), then :func:`padding_row` s up to ``max_rows``, so every episode
-    holds the same rows of the batch. ``max_rows=None``: every sample of every episode, no
-    padding (the row count varies; see :func:`pad_rows`). ``episode_advantages[g][e]`` and
-    ``turn_advantages[g][e]`` belong to episode ``e`` of group ``g``.
+    Each episode gives its first ``max_rows`` token samples (None: all of them), masked out
+    when ``overlong_masking`` is on and the episode was truncated, then :func:`padding_sample`
+    s up to ``max_rows`` on its first sample's prompt, so every episode holds the same rows of
+    the batch (``max_rows=None``: no padding; the row count varies, see :func:`pad_rows`).
+    ``episode_advantages[g][e]`` and ``turn_advantages[g][e]`` belong to episode ``e`` of group
+    ``g``: with per-turn advantages each token takes its turn's (per-turn credit), otherwise
+    every trained token takes the episode's.
     """
-    rows: list[Row] = []
+    samples: list[TokenSample] = []
+    credits: list[Credit] = []
     dropped = 0
+    silent: Credit = (0.0, None, False)
     for g, group in enumerate(groups):
         for e, episode in enumerate(group):
-            own, lost = episode_rows(
-                episode.samples,
-                advantage=episode_advantages[g][e],
-                turn_advantages=turn_advantages[g][e],
-                train=not (overlong_masking and episode.truncated),
-                max_rows=max_rows,
+            own = list(episode.samples)
+            kept = own if max_rows is None else own[:max_rows]
+            dropped += len(own) - len(kept)
+            credit = (
+                float(episode_advantages[g][e]),
+                turn_advantages[g][e],
+                not (overlong_masking and episode.truncated),
             )
-            dropped += lost
-            rows.extend(own)
-            if max_rows is not None:
-                prompt = own[0].prompt_ids if own else None
-                rows.extend(padding_row(pad_id, prompt) for _ in range(max_rows - len(own)))
-    return rows, dropped
+            samples.extend(kept)
+            credits.extend([credit] * len(kept))
+            if max_rows is not None and len(kept) < max_rows:
+                prompt = kept[0].prompt_ids if kept else None
+                samples.extend(padding_sample(pad_id, prompt) for _ in range(max_rows - len(kept)))
+                credits.extend([silent] * (max_rows - len(kept)))
+    return samples_to_tensors(samples, credits, pad_id), dropped
 
 
-def pad_rows(rows: list[Row], *, multiple: int, at_least: int, pad_id: int) -> list[Row]:
-    """``rows`` and :func:`padding_row` s (on the first row's prompt) up to at least
-    ``at_least`` rows and a multiple of ``multiple`` (the micro-batches of a step must split
-    evenly).
+def _widened(batch: dict[str, Any], width_p: int, width_c: int, pad_id: int) -> dict[str, Any]:
+    """``batch`` with its prompts left-padded to ``width_p`` and its completions right-padded to
+    ``width_c`` (each tensor with its :data:`BATCH_FILL` value)."""
+    import torch.nn.functional as F
+
+    out = {}
+    for key, tensor in batch.items():
+        fill = BATCH_FILL.get(key, pad_id)
+        if key.startswith("prompt_"):
+            out[key] = F.pad(tensor, (width_p - tensor.size(1), 0), value=fill)
+        else:
+            out[key] = F.pad(tensor, (0, width_c - tensor.size(1)), value=fill)
+    return out
+
+
+def pad_rows(batch: dict[str, Any], *, multiple: int, at_least: int, pad_id: int) -> dict[str, Any]:
+    """``batch`` (:func:`episode_batch`'s tensors) and rows of :func:`padding_sample` s (on the
+    first row's prompt) up to at least ``at_least`` rows and a multiple of ``multiple`` (the
+    micro-batches of a step must split evenly).
 
     Example:
-        >>> len(pad_rows([padding_row(0)] * 5, multiple=2, at_least=1, pad_id=0))
+        >>> batch = samples_to_tensors([padding_sample(0)] * 5, [(0.0, None, False)] * 5, 0)
+        >>> len(pad_rows(batch, multiple=2, at_least=1, pad_id=0)["prompt_ids"])
         6
     """
-    target = max(len(rows), at_least, 1)
+    import torch
+
+    rows = len(batch["prompt_ids"])
+    target = max(rows, at_least, 1)
     target = -(-target // multiple) * multiple
-    prompt = rows[0].prompt_ids if rows else None
-    return rows + [padding_row(pad_id, prompt) for _ in range(target - len(rows))]
+    if target == rows:
+        return batch
+    prompt = None
+    if rows:
+        prompt = batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist()
+    padding = samples_to_tensors(
+        [padding_sample(pad_id, prompt)] * (target - rows),
+        [(0.0, None, False)] * (target - rows),
+        pad_id,
+    )
+    if not rows:
+        return padding
+    width_p = max(batch["prompt_ids"].size(1), padding["prompt_ids"].size(1))
+    width_c = max(batch["completion_ids"].size(1), padding["completion_ids"].size(1))
+    batch = _widened(batch, width_p, width_c, pad_id)
+    padding = _widened(padding, width_p, width_c, pad_id)
+    return {key: torch.cat([batch[key], padding[key]]) for key in batch}
 
 
 def silent_rows_skippable(
@@ -186,8 +293,9 @@ def silent_rows_skippable(
     )
 
 
-def without_silent_rows(rows: Sequence[Row]) -> tuple[list[Row], int]:
-    """The rows that carry a non-zero advantage, and the loss tokens of all ``rows``.
+def without_silent_rows(batch: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The rows of ``batch`` that carry a non-zero advantage (the tensors only as wide as they
+    need), and the loss tokens of all its rows.
 
     A zero-variance group's episodes (and padding rows) have all-zero advantages: under a loss
     :func:`silent_rows_skippable` accepts, each of their tokens adds exactly 0 to the loss and
@@ -197,62 +305,25 @@ def without_silent_rows(rows: Sequence[Row]) -> tuple[list[Row], int]:
     entropy and clip ratios and async training's stale-token ratio, then cover the kept rows.)
 
     Example:
-        >>> rows = [Row([1], [2, 3], [1, 1], [0.0, 0.0], [0.5, 0.5]),
-        ...         Row([1], [4, 5], [1, 0], [0.0, 0.0], [0.0, 0.0])]
-        >>> kept, loss_tokens = without_silent_rows(rows)
-        >>> [r.completion_ids for r in kept], loss_tokens
-        ([[2, 3]], 3)
+        >>> a = TokenSample([1], [2, 3], env_mask=[1, 1], logprobs=[0.0, 0.0])
+        >>> b = TokenSample([1], [4, 5, 6], env_mask=[1, 0, 1], logprobs=[0.0, 0.0, 0.0])
+        >>> batch = samples_to_tensors([a, b], [(0.5, None, True), (0.0, None, True)], 0)
+        >>> kept, loss_tokens = without_silent_rows(batch)
+        >>> kept["completion_ids"].tolist(), loss_tokens
+        ([[2, 3]], 4)
     """
-    kept = [row for row in rows if any(a != 0.0 for a in row.advantages)]
-    return kept, sum(sum(row.env_mask) for row in rows)
-
-
-def rows_to_tensors(rows: Sequence[Row], pad_id: int, device: Any = "cpu") -> dict[str, Any]:
-    """Left-pad prompts, right-pad completions, and stack everything TRL's loss reads.
-
-    Returns ``prompt_ids``/``prompt_mask`` (B, P), ``completion_ids``/``completion_mask``/
-    ``tool_mask`` (B, C), ``advantages`` (B, C), ``sampling_per_token_logps`` (B, C) and
-    ``policy_versions`` (B, C; -1 where unknown).
-    ``completion_mask`` is 1 on real tokens (sampled or environment), ``tool_mask`` is 1 only
-    where the token trains, so their product is the loss mask.
-    """
-    import torch
-
-    if not rows:
-        raise ValueError("rows_to_tensors needs at least one row.")
-    width_p = max(len(r.prompt_ids) for r in rows)
-    width_c = max(len(r.completion_ids) for r in rows)
-    batch = len(rows)
-    prompt_ids = torch.full((batch, width_p), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((batch, width_p), dtype=torch.long)
-    completion_ids = torch.full((batch, width_c), pad_id, dtype=torch.long)
-    completion_mask = torch.zeros((batch, width_c), dtype=torch.long)
-    tool_mask = torch.zeros((batch, width_c), dtype=torch.long)
-    advantages = torch.zeros((batch, width_c), dtype=torch.float32)
-    logprobs = torch.zeros((batch, width_c), dtype=torch.float32)
-    versions = torch.full((batch, width_c), -1, dtype=torch.long)
-    for i, row in enumerate(rows):
-        p, c = len(row.prompt_ids), len(row.completion_ids)
-        prompt_ids[i, width_p - p :] = torch.tensor(row.prompt_ids, dtype=torch.long)
-        prompt_mask[i, width_p - p :] = 1
-        completion_ids[i, :c] = torch.tensor(row.completion_ids, dtype=torch.long)
-        completion_mask[i, :c] = 1
-        tool_mask[i, :c] = torch.tensor(row.env_mask, dtype=torch.long)
-        advantages[i, :c] = torch.tensor(row.advantages, dtype=torch.float32)
-        logprobs[i, :c] = torch.tensor(row.logprobs, dtype=torch.float32)
-        if row.policy_versions:
-            versions[i, :c] = torch.tensor(row.policy_versions, dtype=torch.long)
-    out = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "tool_mask": tool_mask,
-        "advantages": advantages,
-        "sampling_per_token_logps": logprobs,
-        "policy_versions": versions,
-    }
-    return {k: v.to(device) for k, v in out.items()}
+    loss_tokens = int(batch["tool_mask"].sum())
+    keep = batch["advantages"].ne(0).any(dim=1)
+    if bool(keep.all()):
+        return batch, loss_tokens
+    prompt_mask, completion_mask = batch["prompt_mask"][keep], batch["completion_mask"][keep]
+    width_p = int(prompt_mask.sum(dim=1).max()) if len(prompt_mask) else 0
+    width_c = int(completion_mask.sum(dim=1).max()) if len(completion_mask) else 0
+    start = batch["prompt_ids"].size(1) - width_p
+    return {
+        key: tensor[keep][:, start:] if key.startswith("prompt_") else tensor[keep][:, :width_c]
+        for key, tensor in batch.items()
+    }, loss_tokens
 
 
 def importance_sampling_ratio(

@@ -11,8 +11,7 @@ and ``val/<name>/``. ``docs/metrics.md`` lists every key.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from llm_gym.eval.metrics import summarize_episodes
 
@@ -109,21 +108,12 @@ def env_metrics(episodes: Sequence[Any]) -> dict[str, float]:
     return metrics
 
 
-@dataclass(frozen=True)
-class RolloutPart:
-    """One process's share of a step's rollouts (the parts are gathered over processes)."""
-
-    episodes: list[Any]
-    """The episodes of the groups that went into the batch."""
-    shaped: list[float]
-    """Their shaped rewards, in the same order."""
-    collected_groups: int
-    """Groups collected, dynamic-sampling refills included."""
-    zero_variance: int
-    """Collected groups without a learning signal, set aside by dynamic sampling (GRPO: their
-    shaped rewards are all equal; RFT: no episode succeeded)."""
-    dropped: int
-    """Token samples dropped over ``max_samples_per_episode``."""
+RolloutPart: TypeAlias = tuple[list[Any], list[float], int, int, int]
+"""One process's share of a step's rollouts, gathered over processes: the episodes of the groups
+that went into the batch, their shaped rewards (in the same order), the groups collected
+(dynamic-sampling refills included), the collected groups without a learning signal that dynamic
+sampling set aside (GRPO: their shaped rewards are all equal; RFT: no episode succeeded), and
+the token samples dropped over ``max_samples_per_episode``."""
 
 
 def rollout_metrics(
@@ -132,13 +122,19 @@ def rollout_metrics(
     """A step's rollout metrics from every process's part.
 
     Args:
-        parts: The gathered parts.
+        parts: The gathered parts (:data:`RolloutPart`).
         rollout_seconds: This process's collection time.
         train_seconds: Time since the previous collection ended (NaN on the first step: not
             logged).
     """
-    episodes = [e for part in parts for e in part.episodes]
-    shaped = [r for part in parts for r in part.shaped]
+    episodes: list[Any] = []
+    shaped: list[float] = []
+    collected_groups = zero_variance = dropped = 0
+    for part_episodes, part_shaped, collected, set_aside, lost in parts:
+        episodes += part_episodes
+        shaped += part_shaped
+        collected_groups, zero_variance = collected_groups + collected, zero_variance + set_aside
+        dropped += lost
     summary = summarize_episodes(episodes)
     metrics = {key: summary[key] for key in SEED_EPISODE_KEYS}
     metrics.update({f"episodes/{key}": summary[key] for key in EPISODE_KEYS})
@@ -146,11 +142,8 @@ def rollout_metrics(
     metrics["reward_std"] = summary["reward_std"]
     metrics["episodes/shaped_reward_mean"] = sum(shaped) / max(1, len(shaped))
     metrics["episodes/capped_turn_ratio"] = capped_turn_ratio(episodes)
-    collected_groups = sum(part.collected_groups for part in parts)
-    metrics["zero_variance_skip_ratio"] = sum(part.zero_variance for part in parts) / max(
-        1, collected_groups
-    )
-    metrics["episodes/dropped_samples"] = sum(part.dropped for part in parts)
+    metrics["zero_variance_skip_ratio"] = zero_variance / max(1, collected_groups)
+    metrics["episodes/dropped_samples"] = dropped
     metrics.update(env_metrics(episodes))
     metrics["timing/rollout_seconds"] = rollout_seconds
     if train_seconds == train_seconds:  # not NaN: there was a previous step

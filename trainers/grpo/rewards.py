@@ -138,13 +138,14 @@ class GroupRewards:
 
     def shaped(self, episode: Any) -> float:
         """The episode's environment reward after reward shaping (failed parse, overlong)."""
-        from trainers.grpo.advantages import EpisodeOutcome, shaped_reward
+        from trainers.grpo.advantages import shaped_reward
 
         config = self.config
         return shaped_reward(
-            EpisodeOutcome.of(episode),
+            episode.reward,
+            episode.truncation_cause,
+            episode.total_tokens,
             max_model_length=config.max_model_length,
-            max_turns=config.max_turns or 1,
             overlong_buffer=config.overlong_buffer,
             overlong_penalty_factor=config.overlong_penalty_factor,
             max_new_tokens=config.max_tokens_per_turn,

@@ -22,12 +22,11 @@ import torch
 
 from trainers.distillation.config import build_teacher, distill_batch
 from trainers.grpo.batch import (
-    group_rows,
+    episode_batch,
     importance_sampling_ratio,
     logprob_gap,
     off_policy_weights,
     pad_rows,
-    rows_to_tensors,
     silent_rows_skippable,
     stale_token_mask,
     without_silent_rows,
@@ -58,7 +57,7 @@ def training_batch(
     over ``max_samples_per_episode``, and metrics (distillation's, async's)."""
     args = trainer.grpo_args
     pad_id = trainer.pad_token_id
-    rows, dropped = group_rows(
+    batch, dropped = episode_batch(
         groups,
         advantages.episode,
         advantages.turns,
@@ -76,20 +75,20 @@ def training_batch(
         per_token_advantages_added=args.distillation_settings is not None,
     )
     if skip_silent:  # the same loss and gradients, without their passes
-        rows, loss_tokens = without_silent_rows(rows)
+        batch, loss_tokens = without_silent_rows(batch)
     else:
-        loss_tokens = sum(sum(row.env_mask) for row in rows)
+        loss_tokens = int(batch["tool_mask"].sum())
     # As many rows on every rank (a row per sample varies; void episodes leave gaps), in
     # whole micro-batches; at least the batch TRL expects unless silent rows were left out.
-    most = accelerator.gather(torch.tensor([len(rows)], device=accelerator.device))
+    most = accelerator.gather(torch.tensor([len(batch["advantages"])], device=accelerator.device))
     expected = args.per_device_train_batch_size * args.steps_per_generation
-    rows = pad_rows(
-        rows,
+    batch = pad_rows(
+        batch,
         multiple=args.steps_per_generation,
         at_least=int(most.max()) if skip_silent else max(int(most.max()), expected),
         pad_id=pad_id,
     )
-    batch = rows_to_tensors(rows, pad_id, accelerator.device)
+    batch = {key: tensor.to(accelerator.device) for key, tensor in batch.items()}
     metrics: dict[str, float] = {}
     settings = args.distillation_settings
     if settings is not None:

@@ -284,18 +284,18 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             extend_completion_logs(self._logs, rows, gather_object)
         batch, dropped, batch_metrics = training_batch(self, groups, advantages)
         async_metrics.update(batch_metrics)
-        part = RolloutPart(
-            episodes=[e for g in all_groups for e in g],
-            shaped=[r for g in all_rewards for r in g],
-            collected_groups=pool.collected,
-            zero_variance=pool.zero_variance,
-            dropped=dropped,
+        part: RolloutPart = (
+            [e for g in all_groups for e in g],
+            [r for g in all_rewards for r in g],
+            pool.collected,
+            pool.zero_variance,
+            dropped,
         )
         parts = gather_object([part])
         metrics = rollout_metrics(parts, rollout_seconds, train_seconds)
         if args.save_episodes and mode == "train" and self.accelerator.is_main_process:
             policy = {"name": args.rollout_backend, "model": self.model.name_or_path}
-            episodes = [e for p in parts for e in p.episodes]
+            episodes = [e for p in parts for e in p[0]]
             step = self.state.global_step + 1
             factories = self.mixture.factories if self.mixture is not None else self.env_factory
             save_step_episodes(args.save_episodes, step, episodes, factories, policy)

@@ -121,7 +121,7 @@ def rl_token_rows(
             "input_ids": sample.prompt_ids + sample.completion_ids,
             "assistant_masks": [0] * len(sample.prompt_ids) + sample.env_mask,
         }
-        for sample in tracker.finish(0.0, None)
+        for sample in tracker.finish()
     ]
 
 

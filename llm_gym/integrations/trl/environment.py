@@ -38,7 +38,8 @@ from llm_gym.core.env import TruncationCause, require_turn_limit
 from llm_gym.core.registry import as_env_entry
 from llm_gym.core.task import Task, task_key
 from llm_gym.errors import InvalidArgumentError
-from llm_gym.rollout.driver import EpisodeDriver, EpisodeEnd
+from llm_gym.rollout.driver import EpisodeDriver
+from llm_gym.rollout.episode import Episode
 
 __all__ = ["env_reward", "environment_factory", "our_rendering", "task_key", "trl_dataset"]
 
@@ -122,8 +123,8 @@ class _Episode:
         self._calls = 0
         self.reward: float | None = None
         """The environment's reward once the episode ended (else None)."""
-        self.ending: EpisodeEnd | None = None
-        """How the episode ended, once it has."""
+        self.ending: Episode | None = None
+        """The episode's record once it has ended (how: its ``truncation_cause``, ``error``)."""
         self.done = False
 
     def reset(self, **row: Any) -> None:
@@ -189,7 +190,7 @@ class _Episode:
             self._end(ending)
         return float(self.reward or 0.0)
 
-    def _end(self, ending: EpisodeEnd) -> None:
+    def _end(self, ending: Episode) -> None:
         self.done, self.ending, self.reward = True, ending, float(ending.reward)
         self._close()
 
