@@ -251,13 +251,17 @@ def per_turn_credit(
         [[[0.5], [-0.5]], [None, None]]
     """
     credit = per_episode_credit(rewards, turn_rewards, scale_rewards)
-    eligible = [g for g, group in enumerate(turn_rewards) if all(t is not None for t in group)]
-    computed = per_turn_group_advantages(
-        [turn_rewards[g] for g in eligible],  # type: ignore[misc]
-        scale_rewards,
-    )
+    eligible: list[int] = []  # the groups where every episode has per-turn rewards
+    complete: list[list[Sequence[float]]] = []
+    for g, group in enumerate(turn_rewards):
+        rewarded = [t for t in group if t is not None]
+        if len(rewarded) == len(group):
+            eligible.append(g)
+            complete.append(rewarded)
+    computed = per_turn_group_advantages(complete, scale_rewards)
     for g, values in zip(eligible, computed, strict=True):
-        credit.turns[g] = values  # type: ignore[assignment]
+        turns: list[list[float] | None] = list(values)
+        credit.turns[g] = turns
     return credit
 
 
