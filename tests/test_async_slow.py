@@ -97,7 +97,7 @@ def init(self, *args, **kwargs):
 
 def take(self, n):
     groups, waited = original_take(self, n)
-    taken.extend(str(g.task_index) for g in groups)
+    taken.extend(episodes[0].task.id for _, episodes in groups)
     return groups, waited
 
 collect.AsyncCollector.__init__, rollout.RolloutWorker.take = init, take
