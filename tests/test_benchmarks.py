@@ -403,7 +403,7 @@ def test_difficulty_sampling_smoke(small_model_dir, tmp_path) -> None:
     assert [r["arm"] for r in result["runs"]] == ["uniform", "difficulty"]
     for r in result["runs"]:
         assert [v["step"] for v in r["validation"]] == [0, 1, 2]
-        assert set(r["steps_to"]) == {"0.3", "0.4", "0.5", "0.6"}
+        assert set(r["steps_to"]) == {"0.5", "0.6", "0.7"}
     assert result["runs"][1]["saved_estimate"] is not None
     assert result["runs"][0]["saved_estimate"] is None
     data = json.loads((tmp_path / "difficulty_sampling.json").read_text())
