@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     conditions.finish()
     log = [r for r in trainer.state.log_history if "reward" in r]
     keys = ("reward", "episodes/success_rate", "episodes/turns_mean", "truncated_ratio",
-            "episodes/tool_calls_mean", "step_time")  # fmt: skip
+            "episodes/tool_calls_mean", "zero_variance_skip_ratio", "step_time")  # fmt: skip
     steps = [{"step": r["step"], **{k: r[k] for k in keys if k in r}} for r in log]
     return {
         "benchmark": NAME,
@@ -191,8 +191,9 @@ def report(result: dict[str, Any]) -> str:
         f"{s['max_turns']} calls of {s['max_tokens_per_turn']} tokens an episode, learning rate "
         f"{s['learning_rate']:g}, max_steps_off_policy {s['max_steps_off_policy']}.",
         "",
-        "| step | reward | success | calls an episode | tool calls | truncated | step s |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| step | reward | success | calls an episode | tool calls | truncated | groups without "
+        "variance | step s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     nan = float("nan")
     for r in result["steps"]:
@@ -200,12 +201,14 @@ def report(result: dict[str, Any]) -> str:
             f"| {r['step']} | {r['reward']:.3f} | {r.get('episodes/success_rate', nan):.3f} | "
             f"{r.get('episodes/turns_mean', nan):.2f} | "
             f"{r.get('episodes/tool_calls_mean', nan):.2f} | "
-            f"{r.get('truncated_ratio', nan):.2f} | {r.get('step_time', nan):.1f} |"
+            f"{r.get('truncated_ratio', nan):.2f} | "
+            f"{r.get('zero_variance_skip_ratio', nan):.2f} | {r.get('step_time', nan):.1f} |"
         )
     lines += [
         "",
         f"Reward: first third {t['first_third']:.3f}, last third {t['last_third']:.3f}, "
-        f"least-squares slope {t['slope_per_step']:+.4f} a step.",
+        f"least-squares slope {t['slope_per_step']:+.4f} a step. A group whose episodes all "
+        "got the same reward has zero advantages: it teaches nothing (`groups without variance`).",
     ]
     return "\n".join(lines) + "\n"
 
