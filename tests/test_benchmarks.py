@@ -338,7 +338,7 @@ def test_main_job_smoke(small_model_dir, tmp_path) -> None:
     assert "new_world" in (tmp_path / "main_job.md").read_text()
 
 
-@pytest.mark.slow  # a GRPO step of an agent on the served tiny model: about 15 s
+@pytest.mark.slow  # a GRPO step of an agent against the served tiny model
 def test_agent_training_smoke(small_model_dir, tmp_path) -> None:
     """``--quick``: the agent plays one GRPO step from ``--model``; the JSON has the step's
     reward and the trend."""
