@@ -34,7 +34,7 @@ async def good_agent(base_url, task):
         ({"agent_timeout_s": 0}, "agent_timeout_s"),
         ({"agent_timeout_s": float("nan")}, "agent_timeout_s"),
         ({"agent_timeout_s": True}, "agent_timeout_s"),
-        ({"agent": "m:f", "max_steps_off_policy": 1}, "max_steps_off_policy"),
+        ({"agent": "m:f", "use_vllm": True}, "use_vllm"),
     ],
     ids=repr,
 )
@@ -60,6 +60,13 @@ def test_an_agent_that_cannot_take_base_url_and_task_is_refused() -> None:
         resolve_agent("not callable at all", config())
 
 
-def test_a_callable_agent_with_async_training_is_refused() -> None:
-    with pytest.raises(InvalidArgumentError, match="lockstep"):
-        resolve_agent(good_agent, config(max_steps_off_policy=1))
+def test_an_agent_with_async_training_is_accepted() -> None:
+    assert config(agent="m:f", max_steps_off_policy=1).is_async
+    assert resolve_agent(good_agent, config(max_steps_off_policy=1)) is good_agent
+
+
+def test_a_callable_agent_with_vllm_is_refused() -> None:
+    args = config()
+    args.use_vllm = True  # the field's own check refuses it with an agent reference
+    with pytest.raises(InvalidArgumentError, match="use_vllm False"):
+        resolve_agent(good_agent, args)

@@ -343,7 +343,7 @@ def test_background_publish_lets_turns_in_flight_finish_under_the_old_weights(sm
 # --- the trainer ----------------------------------------------------------------------------------
 
 
-def _trainer(model_dir, output_dir, env_factory=None, tasks=None, **config):
+def _trainer(model_dir, output_dir, env_factory=None, tasks=None, agent=None, **config):
     from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
     from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
@@ -368,6 +368,7 @@ def _trainer(model_dir, output_dir, env_factory=None, tasks=None, **config):
         env_factory=env_factory or ToolUseGameEnv,
         tasks=tasks or list(get_tasks("train")[:6]),
         val_tasks=list(get_tasks("val")[:2]),
+        agent=agent,
     )
 
 
@@ -616,3 +617,104 @@ def test_async_per_turn_credit_on_guess_number(small_model_dir, tmp_path) -> Non
     trainer.train()
     assert trainer.state.global_step == 2 and _no_worker_threads()
     assert "async/staleness_mean" in _log_keys(trainer)
+
+
+async def _two_call_agent(base_url: str, task: Task) -> float:
+    """Two calls on the training endpoint (the second continues the first); the reward is
+    the share of the token budget the replies used (it differs between episodes)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": task.prompt}]
+    used = 0
+    for question in ("", "And then?"):
+        if question:
+            messages.append({"role": "user", "content": question})
+        reply = await client.chat.completions.create(model="m", messages=messages, max_tokens=12)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        used += reply.usage.completion_tokens
+    return used / 24
+
+
+@pytest.mark.parametrize("mode", [SYNC, PIPELINE])
+def test_an_agent_trains_async_on_its_served_replica(
+    small_model_dir, tmp_path, monkeypatch, mode
+) -> None:
+    """max_steps_off_policy with an agent: its groups run against the generator replica's own
+    endpoint; every trained token is one the replica's engine sampled, with the version that
+    sampled it; the async metrics are logged; the last publication reaches the served copy
+    (SYNCHRONOUS: swapped in; deferred: staged, swapped in at the next call)."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("openai")
+    import llm_gym.serving.engine as engine_module
+    from trainers.async_rl.collect import AsyncCollector
+    from trainers.grpo.agent_rollouts import AgentCollector
+
+    sampled: list[list[int]] = []  # every generation's tokens, as the engine sampled them
+    real = engine_module.sample_tokens
+
+    def spy(model, prompt_ids, sampling, *, on_token, **kw) -> None:
+        tokens: list[int] = []
+        sampled.append(tokens)
+
+        def seen(token) -> bool:
+            tokens.append(token.token_id)
+            return on_token(token)
+
+        real(model, prompt_ids, sampling, on_token=seen, **kw)
+
+    monkeypatch.setattr(engine_module, "sample_tokens", spy)
+    collected = []
+    group = AgentCollector.group
+
+    async def keep(self, replica, task, key):
+        episodes = await group(self, replica, task, key)
+        collected.extend(episodes)
+        return episodes
+
+    monkeypatch.setattr(AgentCollector, "group", keep)
+    closing = {}
+    close = AsyncCollector.close
+
+    def check_replica(self) -> None:
+        close(self)
+        (replica,) = self.served
+        engine = replica.server.engine
+        closing["version"] = engine.weights.latest
+        engine.weights.take_latest()  # what the next call would do first
+        trainer_params = dict(self.trainer.accelerator.unwrap_model(self.trainer.model)
+                              .named_parameters())  # fmt: skip
+        closing["same"] = all(
+            torch.equal(p, trainer_params[n]) for n, p in engine.model.named_parameters()
+        )
+
+    monkeypatch.setattr(AsyncCollector, "close", check_replica)
+    trainer = _trainer(
+        small_model_dir, tmp_path, max_steps_off_policy=1, num_steps=2, logging_steps=1,
+        max_tokens_per_turn=12, agent_timeout_s=60, weight_sync_type=mode, agent=_two_call_agent,
+    )  # fmt: skip
+    trainer.val_tasks = []
+    trainer.train()
+    assert trainer.state.global_step == 2 and _no_worker_threads()
+    keys = _log_keys(trainer)
+    for key in ("async/staleness_mean", "async/staleness_max", "async/generator_idle_s"):
+        assert key in keys, key
+    assert closing == {"version": 2, "same": True}
+    assert collected and all(e.error is None for e in collected), [e.error for e in collected]
+    generations = [tuple(ids) for ids in sampled]
+    for episode in collected:
+        assert len(episode.turns) == 2
+        trained = [
+            (token, version)
+            for sample in episode.samples
+            for token, version, mask in zip(
+                sample.completion_ids, sample.policy_versions, sample.env_mask, strict=True
+            )
+            if mask
+        ]
+        assert [t for t, _ in trained] == [t for turn in episode.turns for t in turn.token_ids]
+        for turn in episode.turns:  # each call's ids: one generation's, as sampled
+            ids = tuple(turn.token_ids)
+            assert any(g[: len(ids)] == ids for g in generations)
+            assert len(set(turn.policy_versions)) == 1  # one version per call
+        assert all(0 <= version <= 1 for _, version in trained)

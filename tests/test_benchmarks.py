@@ -338,6 +338,24 @@ def test_main_job_smoke(small_model_dir, tmp_path) -> None:
     assert "new_world" in (tmp_path / "main_job.md").read_text()
 
 
+@pytest.mark.slow  # a GRPO step of an agent against the served tiny model
+def test_agent_training_smoke(small_model_dir, tmp_path) -> None:
+    """``--quick``: the agent plays one GRPO step from ``--model``; the JSON has the step's
+    reward and the trend."""
+    pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from benchmarks import agent_training
+
+    args = ["--quick", "--model", str(small_model_dir), "--out-dir", str(tmp_path)]
+    result = agent_training.main(args)
+    assert [s["step"] for s in result["steps"]] == [1] and "reward" in result["steps"][0]
+    data = json.loads((tmp_path / "agent_training.json").read_text())
+    assert data["conditions"]["quick"] and set(data["trend"]) == {
+        "slope_per_step", "first_third", "last_third",
+    }  # fmt: skip
+    assert "| step | reward |" in (tmp_path / "agent_training.md").read_text()
+
+
 def test_gpu_rollout_check_runs_on_cpu(small_model_dir) -> None:
     """The GPU rollout check, its code path on CPU: ours and the replay interleaved, the
     ratio with its interval and the roofline share."""

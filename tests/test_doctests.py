@@ -13,6 +13,7 @@ MODULES = [
     "trainers.wandb_setup",
     "trainers.sft.command",
     "trainers.sft.settings",
+    "benchmarks.agent_training",
     "benchmarks.before_after",
     "benchmarks.suite_tiny",
     "llm_gym.core.factories",

@@ -88,6 +88,9 @@ COVERED_ELSEWHERE = {
         "tests/test_mixture.py::"
         "test_a_mixture_of_five_envs_trains_logs_per_env_and_resumes_the_same_draw"
     ),
+    'weight_sync_type="WEIGHT_SYNC_TYPE_BACKGROUND_PUBLISH"': (
+        "tests/test_async.py::test_an_agent_trains_async_on_its_served_replica"
+    ),
     "env_factory=ToolUseGameEnv, agent=my_agent": (
         "tests/test_agent_training.py::"
         "test_an_agent_trains_and_its_samples_are_what_the_engine_sampled"

@@ -296,3 +296,50 @@ def test_responses_api_calls_are_recorded_in_their_episode(served, replies) -> N
     (call,) = served.recorder.close("resp").calls
     assert call.message["content"] == "a reply"
     assert call.completion_ids[-1] in served.engine.eos_ids
+
+
+def test_a_versioned_endpoint_swaps_a_staged_version_in_before_the_next_call(
+    small_model, replies
+) -> None:
+    """An async replica's endpoint: a version staged between two calls is swapped in when the
+    next call starts (not before), and each call's tokens record the version that sampled
+    them, in the call and in the training sample."""
+    import copy
+
+    import torch
+
+    from llm_gym.policies.weights import VersionedWeights
+
+    replies[:] = ["first", "second"]
+    model, tokenizer = small_model
+    replica = copy.deepcopy(model)
+    weights = VersionedWeights(replica, version=3)
+    newer = [(name, p.detach() + 1.0) for name, p in replica.named_parameters()]
+    with ChatCompletionServer(
+        replica, tokenizer, model_name="tiny", record=True, weights=weights
+    ) as server:
+        assert server.engine.lock is weights.in_use  # a SYNCHRONOUS swap waits for a call
+        api = client(server, "ep-v")
+        messages = [{"role": "user", "content": "one"}]
+        first = chat(api, messages)
+        weights.stage(newer, 4)
+        name, tensor = newer[0]
+        assert not torch.equal(dict(replica.named_parameters())[name], tensor)  # staged only
+        messages += [first.choices[0].message.model_dump(exclude_none=True)]
+        messages += [{"role": "user", "content": "two"}]
+        chat(api, messages)
+        record = server.recorder.close("ep-v")
+    assert weights.version == 4 and torch.equal(dict(replica.named_parameters())[name], tensor)
+    one, two = record.calls
+    assert one.policy_versions == [3] * len(one.completion_ids)
+    assert two.policy_versions == [4] * len(two.completion_ids)
+    (sample,) = record.samples
+    trained = [v for v, m in zip(sample.policy_versions, sample.env_mask, strict=True) if m]
+    assert trained == one.policy_versions + two.policy_versions
+
+
+def test_an_unversioned_endpoint_records_no_versions(served, replies) -> None:
+    replies[:] = ["ok"]
+    chat(client(served, "ep-u"), [{"role": "user", "content": "hi"}])
+    (call,) = served.recorder.close("ep-u").calls
+    assert call.policy_versions is None

@@ -395,8 +395,7 @@ class HFPolicy(Policy):
                 for ids, logprobs, finish in self.generate_ids(prompts, budgets, constraints)
             ]
         with weights.in_use:  # a wave is a turn boundary for every episode in it
-            weights.apply()
-            version = weights.version
+            version = weights.take_latest()
             generated = self.generate_ids(prompts, budgets, constraints)
         return [
             self._generation(ids, logprobs, finish, [version] * len(ids))

@@ -138,6 +138,13 @@ class VersionedWeights:
         self.apply_seconds += time.perf_counter() - start
         return True
 
+    def take_latest(self) -> int:
+        """Swap a staged version in, if one waits, and return the version held: what a
+        generation outside a stream calls first, holding :attr:`in_use` (a generation is a swap
+        point in both sync modes; a version staged meanwhile waits for it to end)."""
+        self.apply()
+        return self.version
+
     def wait_for(self, version: int, timeout: float | None = None) -> bool:
         """Block until the generator holds ``version`` or newer (False on timeout)."""
         with self._lock:

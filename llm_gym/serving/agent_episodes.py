@@ -170,6 +170,7 @@ def _turns(record: RecordedEpisode) -> list[Turn]:
             tool_calls=len(call.message.get("tool_calls") or ()),
             token_ids=list(call.completion_ids),
             logprobs=list(call.logprobs),
+            policy_versions=call.policy_versions,
             finish_reason="length" if call.finish_reason == "length" else "stop",
         )
         for call in record.calls

@@ -9,14 +9,14 @@ loop keeps accepting and answering connections. A chat request's prompt is rende
 a small pool of its own (:meth:`Engine.render`), each render stopped at ``render_deadline_s``
 (:mod:`llm_gym.policies.template_render`): a model's template that loops on one request's
 words costs that request a 400 and holds no other request, nor the model thread. Its methods
-raise
-:class:`~llm_gym.serving.protocol.APIError` for what the client got wrong.
+raise :class:`~llm_gym.serving.protocol.APIError` for what the client got wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import threading
 import time
@@ -54,6 +54,7 @@ from llm_gym.serving.responses import assistant_message, chat_body, logprobs_con
 
 if TYPE_CHECKING:
     from llm_gym.policies.constraint import GrammarCompiler
+    from llm_gym.policies.weights import VersionedWeights
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TOKENS_LIMIT", "ClientGone", "Engine"]
 
@@ -96,6 +97,9 @@ class Engine:
             or ``"require"`` (such a template is refused here).
         render_deadline_s: Seconds one render of the chat template may take, at start-up (the
             probes of :mod:`llm_gym.policies.template_tools`) and per request.
+        weights: ``model``'s versioned weights (async training's served replica): a chat
+            generation first swaps a staged version in (``lock`` is their ``in_use``), and
+            each token it samples records its version (``TokenOut.version``).
 
     Raises:
         TemplateTimeoutError: the chat template's probes ran past ``render_deadline_s``.
@@ -112,6 +116,7 @@ class Engine:
         chat_template_kwargs: Collection[str] = DEFAULT_CHAT_TEMPLATE_KWARGS,
         template_tools: str = "fallback",
         render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
+        weights: VersionedWeights | None = None,
     ) -> None:
         require_chat_template(tokenizer, model, what=f"model {model_name!r}")  # the remedy named
         if isinstance(default_max_tokens, bool) or default_max_tokens < 1:
@@ -143,7 +148,8 @@ class Engine:
         """The most tokens one completion may have when the context length is unknown."""
         self.lock_grammars = threading.Lock()
         self._grammars: dict[str, str | None] = {}
-        self.lock = threading.Lock()
+        self.weights = weights
+        self.lock = threading.Lock() if weights is None else weights.in_use
         """Held around every model call (the worker thread is the only caller; kept for
         :func:`~llm_gym.serving.completions.text_completion`'s scoring)."""
         self.eos_ids = self._find_eos_ids()
@@ -159,12 +165,9 @@ class Engine:
         )
 
     def _find_eos_ids(self) -> list[int]:
-        ids: set[int] = set()
         configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if isinstance(configured, int):
-            ids.add(configured)
-        elif isinstance(configured, list | tuple):
-            ids.update(int(i) for i in configured)
+        configured = [configured] if isinstance(configured, int) else configured
+        ids = {int(i) for i in configured} if isinstance(configured, list | tuple) else set()
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return sorted(ids)
@@ -284,14 +287,16 @@ class Engine:
 
         def on_token(token: TokenOut) -> bool:
             if seen is not None:
-                seen.append(token)
+                seen.append(token if version < 0 else dataclasses.replace(token, version=version))
             piece = assembler.feed(token)
             if piece is not None and (piece.text or piece.tokens):
                 on_piece(piece)
             return assembler.finish is not None or cancelled()
 
+        version = -1
         if sampling.max_tokens > 0 and not cancelled():
             with self.lock:
+                version = -1 if self.weights is None else self.weights.take_latest()
                 sample_tokens(
                     self.model,
                     prompt_ids,

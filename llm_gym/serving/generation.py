@@ -58,6 +58,8 @@ class TokenOut:
     """Its logprob (``None`` when not asked for)."""
     top: tuple[tuple[int, float], ...] = ()
     """The most likely ``(token id, logprob)`` at its position, best first."""
+    version: int = -1
+    """The weight version that sampled it (-1: the weights are not versioned)."""
 
 
 class _Capture:

@@ -56,7 +56,7 @@ import copy
 import os
 import socket
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.policies.template_render import DEFAULT_RENDER_DEADLINE_S
 from llm_gym.serving.access import AccessPolicy
@@ -73,6 +73,9 @@ from llm_gym.serving.threaded import (
     head_timeout_protocol,
     http_url,
 )
+
+if TYPE_CHECKING:
+    from llm_gym.policies.weights import VersionedWeights
 
 __all__ = [
     "DEFAULT_BACKLOG",
@@ -163,6 +166,8 @@ class ChatCompletionServer:
             :class:`~llm_gym.serving.recording.Recorder` options (``open_only``,
             ``max_calls``, ...), records every chat and Responses call per episode
             (:attr:`recorder`). False: nothing is kept.
+        weights: ``model``'s versioned weights (async training's served replica: each chat
+            generation swaps a staged version in first; :class:`~.engine.Engine`).
     """
 
     def __init__(
@@ -185,6 +190,7 @@ class ChatCompletionServer:
         access: AccessPolicy | None = None,
         render_deadline_s: float = DEFAULT_RENDER_DEADLINE_S,
         record: bool | Mapping[str, Any] = False,
+        weights: VersionedWeights | None = None,
     ) -> None:
         try:
             import uvicorn
@@ -199,6 +205,7 @@ class ChatCompletionServer:
             chat_template_kwargs=chat_template_kwargs,
             template_tools=template_tools,
             render_deadline_s=render_deadline_s,
+            weights=weights,
         )
         self.model = model
         self.tokenizer = tokenizer

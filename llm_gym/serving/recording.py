@@ -23,8 +23,9 @@ matched back to the text the model wrote (content and tool calls compared, ids i
 the agent rewrote history (dropped or edited a message, changed its tools or template options)
 or the template rewrites it, a new sample starts from the full rendering, as the rollout's
 tracker does. Every call records its prompt ids, its sampled ids (the end-of-sequence one
-included) and their logprobs (the model's distribution at temperature 1, as the server reports
-them).
+included), their logprobs (the model's distribution at temperature 1, as the server reports
+them) and, when the served weights are versioned (async training's replicas), the version
+that sampled each.
 
 Rules of the episode (the rollout loop's, on the endpoint): ``max_calls`` calls at most (the
 next is refused and the episode ends as ``MAX_TURNS``); a prompt past ``max_model_length``, or a
@@ -39,6 +40,7 @@ import dataclasses
 import itertools
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -122,6 +124,8 @@ class Recorder:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.top_p = top_p
+        self.generating_seconds = 0.0
+        """Seconds the engine spent on the recorded calls (so far)."""
         self._episodes: OrderedDict[str, _Episode] = OrderedDict()
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()  # the server's loop, its threads and the trainer's
@@ -362,18 +366,30 @@ class Recorder:
     ) -> dict[str, Any]:
         """Generate (in the engine's thread), record the call, answer as the client asked."""
         seen: list[TokenOut] = []
-        body = self.engine.chat_completion(forced, cancelled, prompt_ids, seen=seen)
+        start = time.perf_counter()
+        try:
+            body = self.engine.chat_completion(forced, cancelled, prompt_ids, seen=seen)
+        finally:
+            self.generating_seconds += time.perf_counter() - start
         choice = body["choices"][0]
         ids = list(choice["token_ids"])
         logprobs = [float(t.logprob or 0.0) for t in seen[: len(ids)]]
         logprobs += [0.0] * (len(ids) - len(logprobs))
+        versions = None  # the served weights' versions, when they are versioned
+        if self.engine.weights is not None:
+            versions = [t.version for t in seen[: len(ids)]]
+            versions += [versions[-1] if versions else -1] * (len(ids) - len(versions))
         kept = ids[:-1] if ids and ids[-1] in self.engine.eos_ids else ids
         text = self.engine.tokenizer.decode(
             kept, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         with self._lock:
             if not episode.closed and episode.tracker is not None:
-                self._record(episode, request, forced, prompt_ids, body, ids, logprobs, text)
+                call = RecordedCall(
+                    list(prompt_ids), ids, logprobs, text, choice["message"],
+                    choice["finish_reason"], list(request.messages), versions,
+                )  # fmt: skip
+                self._record(episode, request, forced, call)
         if not request.logprobs:
             choice["logprobs"] = None
         if not request.return_token_ids:
@@ -382,35 +398,23 @@ class Recorder:
         return body
 
     def _record(
-        self,
-        episode: _Episode,
-        request: ChatRequest,
-        forced: ChatRequest,
-        prompt_ids: list[int],
-        body: dict[str, Any],
-        ids: list[int],
-        logprobs: list[float],
-        text: str,
+        self, episode: _Episode, request: ChatRequest, forced: ChatRequest, call: RecordedCall
     ) -> None:
-        choice = body["choices"][0]
         record = episode.record
         assert episode.tracker is not None
-        episode.tracker.add_generation(ids, logprobs, text, len(record.calls))
-        message = choice["message"]
-        episode.history.append(message_shape(message))
-        episode.replies.append((message_shape(message), text))
+        ids, text = call.completion_ids, call.text
+        episode.tracker.add_generation(
+            ids, call.logprobs, text, len(record.calls), call.policy_versions
+        )
+        episode.history.append(message_shape(call.message))
+        episode.replies.append((message_shape(call.message), text))
         record.tool_specs = list(request.tools or [])
-        record.calls.append(
-            RecordedCall(
-                list(prompt_ids), ids, logprobs, text, message, choice["finish_reason"],
-                list(request.messages),
-            )
-        )  # fmt: skip
-        if choice["finish_reason"] == "length" and forced.max_tokens != (
+        record.calls.append(call)
+        if call.finish_reason == "length" and forced.max_tokens != (
             self.max_tokens or request.max_tokens or self.engine.default_max_tokens
         ):  # the context, not the reply's budget, cut it
             self._end(episode, TruncationCause.CONTEXT_OVERFLOW, refused=False)
-            record.overflow_tokens = len(prompt_ids) + len(ids)
+            record.overflow_tokens = len(call.prompt_ids) + len(ids)
 
 
 def _json(function: Mapping[str, Any]) -> str:

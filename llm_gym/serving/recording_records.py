@@ -75,6 +75,8 @@ class RecordedCall:
     """``"stop"``, ``"tool_calls"`` or ``"length"``."""
     messages: list[Message]
     """The request's conversation (as checked)."""
+    policy_versions: list[int] | None = None
+    """The weight version that sampled each id (None: the served weights are not versioned)."""
 
 
 @dataclass

@@ -6,7 +6,9 @@ it loaded). It
 
 - builds ``num_generator_replicas`` generators: a deep copy of the trainer's model behind the
   continuous-batching ``HFPolicy`` engine, with :class:`~llm_gym.policies.weights.VersionedWeights`
-  (or, with ``use_vllm``, TRL's vLLM engine, whose weights move with ``sync_weights``);
+  (or, with ``use_vllm``, TRL's vLLM engine, whose weights move with ``sync_weights``; or, with
+  an agent, the copy served on a training endpoint of its own, whose engine swaps a staged
+  version in before each call: :meth:`trainers.grpo.agent_rollouts.AgentCollector.replica`);
 - starts a :class:`~trainers.async_rl.rollout.RolloutWorker` that keeps ``groups_in_flight`` groups
   running;
 - :meth:`~AsyncCollector.publish` es the trainer's weights after every optimizer step, in the
@@ -40,6 +42,7 @@ from llm_gym.rollout.episode import Episode
 from llm_gym.rollout.loop import collect_groups_async
 from trainers.async_rl.rollout import RolloutWorker
 from trainers.async_rl.weight_sync import CallbackPublisher, InProcessPublisher, WeightSyncType
+from trainers.grpo.agent_rollouts import AgentCollector, ServedReplica
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
 from trainers.grpo.dynamic_sampling import GroupPool
 from trainers.grpo.rejection_sampling import group_signal
@@ -80,9 +83,16 @@ class AsyncCollector:
         trainer: The :class:`~trainers.grpo.trainer.MultiTurnGRPOTrainer`.
         env_factory: Builds each episode's environment.
         oracle: The environment's expert (scripted policies only).
+        agents: The run's agent (its groups replace the episode loop's; None: the loop).
     """
 
-    def __init__(self, trainer: Any, env_factory: EnvFactory, oracle: Oracle | None) -> None:
+    def __init__(
+        self,
+        trainer: Any,
+        env_factory: EnvFactory,
+        oracle: Oracle | None,
+        agents: AgentCollector | None = None,
+    ) -> None:
         args: MultiTurnGRPOConfig = trainer.args
         self.args = args
         self.trainer = trainer
@@ -93,11 +103,14 @@ class AsyncCollector:
         self._restore_threads: int | None = None
         self._idle_seen = 0.0
         self._apply_seen = 0.0
+        self.agents = agents
+        self.served: list[ServedReplica] = []
         self._refuse_unsupported(trainer)
         threads = self._split_threads(trainer)
         try:
             self._start(trainer, env_factory, oracle, threads)
         except BaseException:
+            self._close_served()
             self._give_threads_back()
             raise
 
@@ -151,6 +164,14 @@ class AsyncCollector:
                 episode.env_id = part.name or None
             return groups[0]
 
+        agents = self.agents
+
+        async def agent_group(
+            replica: Any, stream: PolicyStream | None, index: int, key: Hashable
+        ) -> list[Episode]:
+            assert agents is not None
+            return await agents.group(replica, trainer.tasks[index], key)
+
         if trainer.use_vllm:
             publisher = CallbackPublisher(
                 trainer.vllm_generation.sync_weights,
@@ -174,7 +195,7 @@ class AsyncCollector:
             publisher.publish(self.version)  # a resumed run's server holds the initial weights
             publisher.join()
             self.publisher: InProcessPublisher | CallbackPublisher = publisher
-            policies: list[Policy] = [vllm]
+            policies: list[Any] = [vllm]  # Policy, or ServedReplica with an agent
             self.replicas: list[VersionedWeights] = []
 
             def versions(replica: int) -> int:
@@ -189,7 +210,11 @@ class AsyncCollector:
                 weights = VersionedWeights(model, version=self.version, swap=self.mode.swap)
                 self.replicas.append(weights)
                 seed = args.seed + 7919 * (rank * args.num_generator_replicas + replica + 1)
-                policies.append(self._in_process_policy(model, tokenizer, weights, seed))
+                if agents is not None:  # served: the agent's calls are its turns
+                    self.served.append(agents.replica(model, weights))
+                    policies.append(self.served[-1])
+                else:
+                    policies.append(self._in_process_policy(model, tokenizer, weights, seed))
             self.publisher = InProcessPublisher(
                 source, self.replicas, self.mode, check=lambda: self.worker.check()
             )
@@ -199,7 +224,7 @@ class AsyncCollector:
 
         self.worker = RolloutWorker(
             policies,
-            collect,
+            collect if agents is None else agent_group,
             trainer.tasks,
             versions=versions,
             groups_in_flight=max(1, args.resolved_groups_in_flight // world),
@@ -335,7 +360,12 @@ class AsyncCollector:
             except RuntimeError as exc:
                 warnings.warn(str(exc), stacklevel=2)
         finally:
+            self._close_served()
             self._give_threads_back()
+
+    def _close_served(self) -> None:
+        for replica in self.served:
+            replica.close()
 
     def _give_threads_back(self) -> None:
         if self._restore_threads is not None:

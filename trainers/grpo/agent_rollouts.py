@@ -12,12 +12,23 @@ run_agent_groups`). Each call is sampled at the collection's temperature and the
 makes ``max_turns`` calls at most and runs ``agent_timeout_s`` seconds at most. The episodes
 come back as the loop's records, so group advantages, overlong shaping and masking, dynamic
 sampling and ``save_episodes`` apply unchanged.
+
+With ``max_steps_off_policy`` (async training) the training groups run on the generator
+replicas instead (:class:`~trainers.async_rl.collect.AsyncCollector`): each replica's copy of
+the model is served on a training endpoint of its own with its
+:class:`~llm_gym.policies.weights.VersionedWeights` (:meth:`AgentCollector.replica`), and the
+rollout worker runs the agent's groups against it (:meth:`AgentCollector.group`). Every call
+samples with the replica's newest weights, swapped in before the call starts (a call in flight
+finishes under the weights it started with, in every sync mode), and its tokens record that
+version, so staleness, the off-policy correction and the ``async/...`` metrics apply as to the
+episode loop's groups. Validation stays in lockstep, on the trainer's own model.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import time
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from llm_gym.core.factories import EnvFactory, resolve
@@ -33,7 +44,7 @@ from llm_gym.serving.agent_episodes import (
 )
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
 
-__all__ = ["AgentCollector", "resolve_agent"]
+__all__ = ["AgentCollector", "ServedReplica", "resolve_agent", "training_endpoint"]
 
 
 def resolve_agent(agent: Any, args: MultiTurnGRPOConfig, mixture: Any = None) -> Any:
@@ -49,12 +60,69 @@ def resolve_agent(agent: Any, args: MultiTurnGRPOConfig, mixture: Any = None) ->
         raise InvalidArgumentError(
             "an agent plays one environment (env_factory and tasks): train it without envs."
         )
-    if args.is_async or args.use_vllm:
+    if args.use_vllm:
         raise InvalidArgumentError(
-            "an agent runs in lockstep on the trainer's own model: set max_steps_off_policy "
-            "None and use_vllm False."
+            "an agent talks to the trainer's own endpoint (the trainer's model, or each async "
+            "generator replica's copy), not to vLLM: set use_vllm False."
         )
     return check_agent(agent, where)
+
+
+def training_endpoint(
+    model: Any,
+    tokenizer: Any,
+    args: MultiTurnGRPOConfig,
+    *,
+    weights: Any = None,
+    temperature: float | None = None,
+    max_calls: int | None = None,
+) -> Any:
+    """``model`` on a loopback :class:`~llm_gym.serving.openai_server.ChatCompletionServer`
+    that records, and serves only, the episodes it opens, under the run's limits: at most
+    ``max_tokens_per_turn`` tokens a call within ``max_model_length``, the config's ``top_p``,
+    ``temperature`` and ``max_calls`` calls an episode (None: set per collection on its
+    recorder). ``weights``: the model's versioned weights (an async replica's)."""
+    from llm_gym.serving.openai_server import ChatCompletionServer
+
+    return ChatCompletionServer(
+        model,
+        tokenizer,
+        model_name=str(getattr(model, "name_or_path", "") or "policy"),
+        default_max_tokens=args.max_tokens_per_turn,
+        tool_parser=args.action_format,
+        template_tools=args.template_tools,
+        record={
+            "open_only": True,
+            "max_model_length": args.max_model_length,
+            "max_tokens": args.max_tokens_per_turn,
+            "top_p": args.top_p,
+            "temperature": temperature,
+            "max_calls": max_calls,
+        },
+        weights=weights,
+    )
+
+
+class ServedReplica:
+    """An async generator replica served as a training endpoint (:meth:`AgentCollector.replica`).
+
+    Args:
+        server: The endpoint, serving the replica's model with its versioned weights.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.started = time.perf_counter()
+
+    @property
+    def idle_seconds(self) -> float:
+        """Seconds the endpoint's engine had no call to sample, since it started."""
+        busy = self.server.recorder.generating_seconds
+        return max(0.0, time.perf_counter() - self.started - busy)
+
+    def close(self) -> None:
+        """Stop the endpoint (idempotent)."""
+        self.server.close()
 
 
 class AgentCollector:
@@ -86,24 +154,46 @@ class AgentCollector:
         self._keys = itertools.count()
 
     def _start(self, model: Any) -> Any:
-        from llm_gym.serving.openai_server import ChatCompletionServer
+        self.server = training_endpoint(model, self.tokenizer, self.args)
+        return self.server
 
+    def _run(self, server: Any) -> AgentRun:
+        return AgentRun(
+            self.agent,
+            self.env_factory,
+            server.engine.action_format,
+            timeout_s=self.args.agent_timeout_s,
+            scorer=self.scorer,
+        )
+
+    def replica(self, model: Any, weights: Any) -> ServedReplica:
+        """An async generator replica: ``model`` (the replica's own copy) served with its
+        versioned ``weights``, at the config's ``temperature``, ``max_turns`` calls an
+        episode."""
         args = self.args
-        self.server = ChatCompletionServer(
+        server = training_endpoint(
             model,
             self.tokenizer,
-            model_name=str(getattr(model, "name_or_path", "") or "policy"),
-            default_max_tokens=args.max_tokens_per_turn,
-            tool_parser=args.action_format,
-            template_tools=args.template_tools,
-            record={
-                "open_only": True,
-                "max_model_length": args.max_model_length,
-                "max_tokens": args.max_tokens_per_turn,
-                "top_p": args.top_p,
-            },
+            args,
+            weights=weights,
+            temperature=args.temperature,
+            max_calls=args.max_turns or 1,
         )
-        return self.server
+        return ServedReplica(server)
+
+    async def group(self, replica: ServedReplica, task: Task, key: Hashable) -> list[Episode]:
+        """The agent's ``episodes_per_task`` episodes of ``task`` against ``replica`` (one
+        async group; ``key`` tells the worker's groups apart)."""
+        server = replica.server
+        groups = await run_agent_groups(
+            self._run(server),
+            server.recorder,
+            server.url.removesuffix("/v1"),
+            [task],
+            episodes_per_task=self.args.episodes_per_task,
+            key=f"a{key}",
+        )
+        return groups[0]
 
     def collect(
         self,
@@ -151,13 +241,7 @@ class AgentCollector:
         recorder = server.recorder
         recorder.temperature = temperature
         recorder.max_calls = max_turns
-        run = AgentRun(
-            self.agent,
-            self.env_factory,
-            server.engine.action_format,
-            timeout_s=self.args.agent_timeout_s,
-            scorer=self.scorer,
-        )
+        run = self._run(server)
         base_url = server.url.removesuffix("/v1")
         key = f"c{next(self._keys)}"
         self.loop = self.loop or AgentLoop()

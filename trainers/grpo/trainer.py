@@ -310,7 +310,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         the weights the run starts with); returns the pool and the ``async/...`` metrics,
         gathered over processes."""
         if self._async is None:
-            self._async = AsyncCollector(self, self.env_factory, self.oracle)
+            self._async = AsyncCollector(self, self.env_factory, self.oracle, self._agents)
         publish_s = self._async.publish(self.state.global_step)  # when the callback did not
         self._publish_seconds += publish_s
         taken = self._async.take(wanted, self.group_rewards)

@@ -20,8 +20,10 @@ class AgentFields:
             "help": "Train your own agent: a 'module:function' reference to "
             "agent(base_url, task) -> reward or final answer, run episodes_per_task times per "
             "task against the policy served as a recording OpenAI-compatible endpoint "
-            "(trainers.grpo.agent_rollouts; train_multi_turn(agent=...) takes the callable). Its "
-            "module must be trusted (train.py --trust-module). None: the episode loop."
+            "(trainers.grpo.agent_rollouts; with max_steps_off_policy, each generator replica "
+            "is served on an endpoint of its own; train_multi_turn(agent=...) takes the "
+            "callable). Its module must be trusted (train.py --trust-module). None: the "
+            "episode loop."
         },
     )
     agent_timeout_s: float | None = field(
@@ -35,8 +37,9 @@ class AgentFields:
 
 def check_agent_fields(config: Any, refuse: Any) -> None:
     """``agent`` (a ``"module:function"`` reference or None, resolved when training starts)
-    and ``agent_timeout_s``, and what an agent run excludes (async collection and vLLM: the
-    agent talks to the trainer's own model, served in lockstep)."""
+    and ``agent_timeout_s``, and what an agent run excludes (vLLM: the agent talks to the
+    trainer's own endpoint, which serves the trainer's model, or in async training each
+    generator replica's copy)."""
     agent = config.agent
     if agent is not None and (
         not isinstance(agent, str) or agent.count(":") != 1 or not all(agent.split(":"))
@@ -50,11 +53,10 @@ def check_agent_fields(config: Any, refuse: Any) -> None:
         or timeout <= 0
     ):
         refuse("agent_timeout_s", timeout, "None (no limit) or a finite number of seconds > 0")
-    if agent is not None and config.max_steps_off_policy is not None:
-        refuse(
-            "max_steps_off_policy",
-            config.max_steps_off_policy,
-            "None with an agent (agent episodes run in lockstep, on the trainer's own model)",
-        )
     if agent is not None and config.use_vllm:
-        refuse("use_vllm", True, "False with an agent (the endpoint serves the trainer's model)")
+        refuse(
+            "use_vllm",
+            True,
+            "False with an agent (the trainer's own endpoint serves it: the trainer's model, or "
+            "in async training each generator replica's copy)",
+        )
