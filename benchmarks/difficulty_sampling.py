@@ -15,6 +15,7 @@ filter's own estimate of the groups it saved, and the wall time.
 The estimate, from the main job's timings on the same machine (``main_job.md``: 1250 SFT steps in
 523 s; GRPO about 0.035 s an episode): the warm start about 9 min, each GRPO run (24 steps x 64
 episodes, 7 greedy validations of 128 tasks) about 85 s, four runs 6 min.
+    python -m benchmarks.difficulty_sampling --warm-start outputs/tool_use_game_tiny/sft  # 6 min
     python -m benchmarks.difficulty_sampling --quick --model PATH  # smoke run, writes nothing
 
 Writes ``difficulty_sampling.md``, ``.json`` and ``.png`` to ``benchmarks/results``.
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.model:
         base["model"] = args.model
     runs: list[dict[str, Any]] = []
-    start_model = None
+    start_model = args.warm_start  # None: the first run makes the warm start
     with tempfile.TemporaryDirectory(prefix="llm_gym_difficulty_") as tmp:
         for k, seed in enumerate(args.seeds):
             for arm in ARMS if k % 2 == 0 else ARMS[::-1]:
@@ -158,6 +159,7 @@ def summarize(
             "seeds": args.seeds,
             "targets": args.targets,
             "sft": WARM_START,
+            "warm_start": args.warm_start,
         },
         "runs": runs,
         "per_arm": per_arm,
@@ -173,10 +175,16 @@ def report(result: dict[str, Any]) -> str:
         "",
         describe,
         "",
-        f"An SFT warm start (the main job's recipe, overrides: {s['sft']}), then GRPO from it for "
+        (
+            f"The main job's SFT model (`{s['warm_start']}`)"
+            if s.get("warm_start")
+            else f"An SFT warm start (the main job's recipe, overrides: {s['sft']})"
+        )
+        + ", then GRPO from it for "
         f"{s['steps']} steps of {s['batch_size']} tasks x {s['group_size']} episodes in each arm "
         f"(equal compute), seeds {s['seeds']}; greedy validation on {s['val_tasks']} val tasks "
-        f"every {s['val_every']} steps. Reproduce: `python -m benchmarks.difficulty_sampling`.",
+        f"every {s['val_every']} steps. Reproduce: `python -m benchmarks.difficulty_sampling"
+        + (f" --warm-start {s['warm_start']}`." if s.get("warm_start") else "`."),
         "",
         "| arm | seed | steps to "
         + " | steps to ".join(str(t) for t in s["targets"])
@@ -254,6 +262,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--model", default=None, help="start from this model (default: tiny)")
+    parser.add_argument(
+        "--warm-start",
+        default=None,
+        help="an SFT model to start GRPO from, skipping the warm start (e.g. the main job's "
+        "outputs/tool_use_game_tiny/sft, which is the same recipe)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=8)
