@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("llm_gym", "trainers")
 MAX_LINES = 450
 LAYERS = [
-    {"llm_gym.errors", "llm_gym.aio"},
+    {"llm_gym.errors", "llm_gym.aio", "llm_gym.lazy"},
     {"llm_gym.core", "llm_gym.types"},
     {"llm_gym.actions", "llm_gym.tools"},
     {"llm_gym.policies"},

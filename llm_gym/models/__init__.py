@@ -6,8 +6,9 @@ module (:mod:`.tiny`: the model and its cache, :mod:`.tokenizer`, :mod:`.corpus`
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from llm_gym.lazy import lazy_names
 
 if TYPE_CHECKING:
     from llm_gym.models.corpus import default_corpus
@@ -32,13 +33,4 @@ _MODULES = {
 """The module each name of ``__all__`` lives in."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        value = getattr(importlib.import_module(_MODULES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(__name__, _MODULES, __all__)

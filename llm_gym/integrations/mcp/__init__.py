@@ -13,8 +13,9 @@ Importing this package imports no MCP code; each name below loads its module on 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from llm_gym.lazy import lazy_names
 
 if TYPE_CHECKING:
     from llm_gym.integrations.mcp.client import MCPConnection, MCPTool
@@ -69,13 +70,4 @@ _MODULES = {
 """The module of this package each name of ``__all__`` lives in."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_names(__name__, _MODULES, __all__)
