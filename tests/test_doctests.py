@@ -66,6 +66,7 @@ def test_docstring_examples(name: str) -> None:
     [
         "trainers.grpo.advantages",
         "trainers.grpo.batch",
+        "trainers.grpo.best_point",
         "trainers.grpo.checkpoints",
         "trainers.grpo.health",
         "trainers.grpo.length_chunks",
