@@ -15,6 +15,7 @@ MODULES = [
     "trainers.sft.settings",
     "benchmarks.agent_training",
     "benchmarks.before_after",
+    "benchmarks.readme_numbers",
     "benchmarks.suite_tiny",
     "llm_gym.core.factories",
     "llm_gym.core.references",
