@@ -77,7 +77,7 @@ def _trainer(model_dir, output_dir, cls=None, val_tasks=True, **config):
         output_dir=output_dir, model=str(model_dir), batch_size=2, episodes_per_task=4,
         max_turns=1, max_model_length=1024, max_tokens_per_turn=8, use_cpu=True,
         save_strategy="no", report_to="none", learning_rate=1e-2, logging_steps=1,
-        **{"num_steps": 3, "validation_interval": 1, "keep_best": "val/success_rate", **config},
+        **{"num_steps": 2, "validation_interval": 1, "keep_best": "val/success_rate", **config},
     )  # fmt: skip
     return (cls or MultiTurnGRPOTrainer)(
         args=args,
@@ -96,14 +96,14 @@ def test_a_trainer_without_validation_tasks_is_refused(small_model_dir, tmp_path
 @pytest.mark.parametrize(
     ("values", "kept"),
     [
-        ((0.25, 0.75, 0.75, 0.5), 1),  # the earlier of a tie, not the last step
-        ((0.5, 0.25, 0.5, 0.25), 0),  # never above the start: the weights it started from
+        ((0.25, 0.75, 0.75), 1),  # the earlier of a tie, not the last step
+        ((0.5, 0.25, 0.5), 0),  # never above the start: the weights it started from
     ],
 )
 def test_the_run_ends_bitwise_at_its_best_validation_point(
     small_model_dir, tmp_path, values, kept
 ) -> None:
-    """Validation values scripted per step (steps 0 to 3): the model ends with bitwise the
+    """Validation values scripted per step (steps 0 to 2): the model ends with bitwise the
     weights validated at the kept step, and those differ from every other step's."""
     import torch
 
@@ -123,7 +123,7 @@ def test_the_run_ends_bitwise_at_its_best_validation_point(
 
     trainer = _trainer(small_model_dir, str(tmp_path), cls=Scripted)
     trainer.train()
-    assert sorted(Scripted.validated) == [0, 1, 2, 3]
+    assert sorted(Scripted.validated) == [0, 1, 2]
     final = {name: p.detach() for name, p in trainer.model.named_parameters()}
 
     def equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -135,8 +135,8 @@ def test_the_run_ends_bitwise_at_its_best_validation_point(
     assert not any(equal(points[kept], points[step]) for step in others)
     assert equal(final, points[kept]) and not any(equal(final, points[s]) for s in others)
     assert trainer.best_point is not None and trainer.best_point.as_json() == {
-        "metric": "val/success_rate", "step": kept, "value": values[kept], "final_step": 3,
-        "final_value": values[3],
+        "metric": "val/success_rate", "step": kept, "value": values[kept], "final_step": 2,
+        "final_value": values[2],
     }  # fmt: skip
     [record] = [r for r in trainer.state.log_history if "best/step" in r]
     assert record["best/step"] == kept and record["best/val/success_rate"] == values[kept]
