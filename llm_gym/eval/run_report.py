@@ -11,7 +11,7 @@ No server, no CDN: the data and the page's script are inline, so the file reads 
 What it reads from ``RUN_DIR`` (each file optional, at least one needed):
 
 - ``summary.json``: what ``train.py`` printed (the gains with their intervals, the health
-  checks that fired);
+  checks that fired, the validation point the model was kept at);
 - ``config.json``: the run's config;
 - ``step_log.jsonl``: the step log, one record a line (else the ``log_history`` of the newest
   ``trainer_state.json`` under ``RUN_DIR`` or ``RUN_DIR/grpo``);

@@ -30,7 +30,7 @@ border-left:3px solid #1565c0}.context{background:#f3f3f3;border-left:3px solid 
 .turn{margin:6px 0 6px 8px}.meta{color:#666;font-size:12px}.m1{background:#bbdefb}
 .m0{color:#777}.filters label{margin-right:12px}select{margin-left:4px}
 </style></head><body>
-<h1 id="title"></h1><p class="meta" id="subtitle"></p>
+<h1 id="title"></h1><p class="meta" id="subtitle"></p><p id="kept"></p>
 <div id="notes"></div>
 <h2>Health checks</h2><div id="health"></div>
 <h2>Curves</h2><div class="charts" id="charts"></div>
@@ -122,6 +122,10 @@ function header() {
     `${s.grpo_tasks} GRPO tasks`, typeof s.total_seconds === "number" &&
     `${(s.total_seconds / 60).toFixed(1)} min`, `generated ${D.generated}`];
   $("subtitle").textContent = parts.filter(Boolean).join(" · ");
+  const b = s.best_point;  // grpo.keep_best: the validation point the model holds
+  if (b) $("kept").textContent = `Model after GRPO: the weights of step ${b.step}, its best ` +
+    `validation point (${b.metric} ${fmt(b.value)}; the last step, ${b.final_step}, had ` +
+    `${fmt(b.final_value)}).`;
   for (const n of D.notes) $("notes").append(el("p", {class: "meta"}, `note: ${n}`));
   $("config").textContent = JSON.stringify({config: D.config, summary: D.summary}, null, 2);
 }

@@ -33,6 +33,7 @@ from trainers.grpo.advantages import (
     without_void_episodes,
 )
 from trainers.grpo.agent_rollouts import AgentCollector, resolve_agent
+from trainers.grpo.best_point import BestPoint, KeepBestCallback
 from trainers.grpo.checkpoints import promote_staged_checkpoint, staging_dir
 from trainers.grpo.collection import AsyncCallback, generation_policy, lockstep_pool, run_groups
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
@@ -168,6 +169,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self.val_tasks = list(val_tasks) if val_tasks is not None else []
         self.oracle = oracle
         self.validation_history: list[dict[str, Any]] = []
+        self.best_point: BestPoint | None = None  # the point keep_best kept, when train ends
+        self.add_callback(KeepBestCallback(self))  # after ValidationCallback: reads what it found
         self._last_collection_end: float | None = None
         self._async: AsyncCollector | None = None
         self._publish_seconds = 0.0

@@ -3,10 +3,11 @@
 :func:`run_pipeline` runs a :class:`~trainers.pipeline.config.PipelineConfig` (read from YAML by
 :func:`~trainers.pipeline.config.load_config`): it builds or loads the model, warm-starts it on
 oracle transcripts, trains it with multi-turn GRPO, and evaluates it on held-out tasks before and
-after GRPO (:mod:`trainers.pipeline.eval`). The run writes ``summary.json`` (every number it
-printed), ``config.json``, ``step_log.jsonl`` (every logged record), ``reward_curve.png``, the
-evaluations' records and episodes, and the run report ``report.html``
-(:mod:`llm_gym.eval.run_report`) into ``output_dir``.
+after GRPO (:mod:`trainers.pipeline.eval`); with ``grpo.keep_best`` the model after GRPO is the
+best validation point (:mod:`trainers.grpo.best_point`, ``summary.json``'s ``best_point``). The
+run writes ``summary.json`` (every number it printed), ``config.json``, ``step_log.jsonl`` (every
+logged record), ``reward_curve.png``, the evaluations' records and episodes, and the run report
+``report.html`` (:mod:`llm_gym.eval.run_report`) into ``output_dir``.
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
         raise InvalidArgumentError(
             f"output_dir {config.output_dir!r} exists and is not a folder; name a folder (it is "
             "created when missing)."
+        )
+    if config.grpo.get("keep_best") is not None and (config.envs or not config.val_tasks):
+        raise InvalidArgumentError(
+            "grpo.keep_best chooses among the validation points of one environment: it needs "
+            f"val_tasks >= 1 (actual value: {config.val_tasks}) and env rather than envs; set "
+            "grpo.keep_best to null to keep the last step's weights."
         )
     if config.envs is not None:  # a mixture: its own checks
         from trainers.pipeline.mixture import check_mixture_pipeline
@@ -275,6 +282,13 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     trainer.processing_class.save_pretrained(str(final_path))
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
+    if trainer.best_point is not None:  # grpo.keep_best: the model is the best validation point
+        kept = summary["best_point"] = trainer.best_point.as_json()
+        print(
+            f"   kept the weights of step {kept['step']} ({kept['metric']} {kept['value']:.3f}; "
+            f"the last step, {kept['final_step']}, had {kept['final_value']:.3f})",
+            flush=True,
+        )
     summary["health"] = trainer.health.fired
     step_log = (json.dumps(record, default=str) + "\n" for record in trainer.state.log_history)
     (out / "step_log.jsonl").write_text("".join(step_log))

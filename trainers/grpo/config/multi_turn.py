@@ -29,6 +29,7 @@ from trainers.distillation.config import DistillationConfig
 from trainers.grpo.config.agent import AgentFields
 from trainers.grpo.config.checks import check_config
 from trainers.grpo.config.field_types import check_field_types
+from trainers.grpo.config.keep_best import KeepBestFields
 from trainers.wandb_setup import DEFAULT_PROJECT, check_wandb_setup, report_to_with_wandb
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -45,7 +46,7 @@ def _world_size() -> int:
 
 
 @dataclass
-class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields):
+class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields):
     """TRL's ``GRPOConfig`` with the multi-turn fields of the post-training cookbook."""
 
     per_device_train_batch_size: int | None = field(
