@@ -6,9 +6,23 @@ from __future__ import annotations
 import pytest
 
 from llm_gym.errors import InvalidArgumentError
-from trainers.grpo.best_point import best_point, improves, point_value
+from trainers.grpo.best_point import best_point, improves, mixture_point, point_value
 
 NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("values", "point"),
+    [
+        ({"a": 0.5, "b": 0.25}, 0.375),  # the unweighted mean
+        ({"a": 0.5}, None),  # b has not validated at this step: not a point
+        ({"a": 0.5, "b": 0.25, "c": 1.0}, 0.375),  # c is not validated: not counted
+        ({"a": 0.0, "b": 0.0}, 0.0),
+    ],
+)
+def test_a_mixtures_point_is_the_mean_over_its_validated_envs(values, point) -> None:
+    assert mixture_point(values, ["a", "b"]) == point
+    assert mixture_point(values, []) is None
 
 
 @pytest.mark.parametrize(
@@ -140,3 +154,80 @@ def test_the_run_ends_bitwise_at_its_best_validation_point(
     }  # fmt: skip
     [record] = [r for r in trainer.state.log_history if "best/step" in r]
     assert record["best/step"] == kept and record["best/val/success_rate"] == values[kept]
+
+
+def test_a_mixture_keeps_the_best_step_at_which_every_env_validated(small_model_dir, tmp_path):
+    """Two environments validated every step (a) and every second step (b), three steps: the
+    points are steps 0, 2 and 3 (the last step validates both), valued at the mean of a and b;
+    a's high value at step 1 is no point. The model ends bitwise at step 2's weights."""
+    import torch
+
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
+    from trainers.mixture.env import MixtureEnv
+
+    values = {"a": [0.0, 1.0, 0.5, 0.25], "b": [0.0, None, 0.5, 0.25]}  # means 0, -, 0.5, 0.25
+    validated: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+
+    class Scripted(MultiTurnGRPOTrainer):
+        def validate(self, tasks=None, *, env=None):
+            step = self.state.global_step
+            validated[step, env] = {
+                name: p.detach().clone() for name, p in self.model.named_parameters()
+            }
+            summary = {"success_rate": values[env][step]}
+            self.validation_history.append({"step": step, "env": env, **summary})
+            return summary
+
+    def length_parity(prompts, completions, **kwargs):
+        return [float(len(str(c)) % 2) for c in completions]
+
+    envs = [
+        MixtureEnv(
+            name=name,
+            env_factory=ToolUseGameEnv,
+            tasks=list(get_tasks("train")[:2]),
+            val_tasks=list(get_tasks("val")[:1]),
+            validation_interval=every,
+        )
+        for name, every in (("a", 1), ("b", 2))
+    ]
+    args = GRPOConfig(
+        output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=4,
+        max_turns=1, max_model_length=1024, max_tokens_per_turn=8, use_cpu=True,
+        save_strategy="no", report_to="none", learning_rate=1e-2, logging_steps=1, num_steps=3,
+        validation_interval=1, keep_best="val/success_rate",
+    )  # fmt: skip
+    trainer = Scripted(args=args, envs=envs, reward_funcs=[length_parity])
+    trainer.train()
+    assert sorted(validated) == [
+        (0, "a"), (0, "b"), (1, "a"), (2, "a"), (2, "b"), (3, "a"), (3, "b")
+    ]  # fmt: skip
+    assert trainer.best_point is not None and trainer.best_point.as_json() == {
+        "metric": "val/success_rate", "step": 2, "value": 0.5, "final_step": 3,
+        "final_value": 0.25,
+    }  # fmt: skip
+    final = {name: p.detach() for name, p in trainer.model.named_parameters()}
+    for (step, _), weights in validated.items():
+        same = all(torch.equal(weights[name], w) for name, w in final.items())
+        assert same is (step == 2), step
+
+
+def test_a_mixture_without_validation_tasks_is_refused(small_model_dir, tmp_path) -> None:
+    from llm_gym.envs.tool_use_game import ToolUseGameEnv, get_tasks
+    from trainers import GRPOConfig
+    from trainers.grpo.trainer import MultiTurnGRPOTrainer
+    from trainers.mixture.env import MixtureEnv
+
+    envs = [
+        MixtureEnv(name=name, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:2]))
+        for name in ("a", "b")
+    ]
+    args = GRPOConfig(
+        output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=2,
+        max_turns=1, use_cpu=True, report_to="none", num_steps=1, validation_interval=1,
+        keep_best="val/success_rate",
+    )  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="no validation tasks.*an entry's val_tasks"):
+        MultiTurnGRPOTrainer(args=args, envs=envs)

@@ -117,9 +117,14 @@ def test_the_main_job_keeps_its_best_validation_point() -> None:
 
 
 @pytest.mark.parametrize(
-    "overrides", [{"val_tasks": 0}, {"envs": [{"id": "GuessNumber-v0"}, {"id": "Math-v0"}]}]
+    "overrides",
+    [
+        {"val_tasks": 0},
+        {"val_tasks": 0, "envs": [{"id": "GuessNumber-v0"}, {"id": "Math-v0"}]},
+        {"envs": [{"id": "GuessNumber-v0", "val_tasks": 0}, {"id": "Math-v0", "val_tasks": 0}]},
+    ],
 )
-def test_keep_best_without_one_env_validating_is_refused_before_model_work(
+def test_keep_best_without_validation_tasks_is_refused_before_model_work(
     overrides, tmp_path
 ) -> None:
     from trainers.pipeline.run import check_pipeline
@@ -127,8 +132,28 @@ def test_keep_best_without_one_env_validating_is_refused_before_model_work(
     config = load_config(
         ROOT / "configs" / "tool_use_game_tiny.yaml", {**overrides, "output_dir": str(tmp_path)}
     )
-    with pytest.raises(InvalidArgumentError, match="grpo.keep_best chooses.*set grpo.keep_best"):
+    needs = "grpo.keep_best chooses.*needs validation tasks.*set grpo.keep_best"
+    with pytest.raises(InvalidArgumentError, match=needs):
         check_pipeline(config)
+
+
+@pytest.mark.parametrize(
+    "envs",
+    [
+        [{"id": "GuessNumber-v0"}, {"id": "Math-v0"}],  # the config's val_tasks
+        [{"id": "GuessNumber-v0", "val_tasks": 4}, {"id": "Math-v0", "val_tasks": 0}],
+    ],
+)
+def test_keep_best_with_a_mixture_that_validates_passes_the_checks(envs, tmp_path) -> None:
+    from trainers.pipeline.run import check_pipeline
+
+    overrides = {
+        "envs": envs, "val_tasks": 0 if envs[0].get("val_tasks") else 8,
+        "grpo.validation_interval": 5, "grpo.keep_best": "val/success_rate",
+        "output_dir": str(tmp_path),
+    }  # fmt: skip
+    config = load_config(ROOT / "configs" / "suite_tiny.yaml", overrides)
+    check_pipeline(config)
 
 
 @pytest.mark.parametrize("samples", [0, 2])

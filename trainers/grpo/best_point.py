@@ -10,7 +10,11 @@ steps and after the last). The rule (:func:`improves`, :func:`best_point`):
   point's, so of equal values the earliest is kept (transformers compares the same way);
 - the validation before the first step is a point like the others: a run whose validation never
   rises above it ends with the weights it started from;
-- a validation without the metric (no episodes ran) is not a point.
+- a validation without the metric (no episodes ran) is not a point;
+- in a mixture of environments (each validated on its own interval) a point is a step at which
+  every validated environment has a value, and its value is their unweighted mean
+  (:func:`mixture_point`): the start, the last step and the common multiples of the intervals.
+  The macro mean weighs each environment as the leaderboard does, whatever its training weight.
 
 :class:`KeepBestCallback` copies the trainable weights (a LoRA run's: the adapter) to CPU memory
 at each new best and copies them back into the model when ``train`` ends, so the model holds
@@ -24,7 +28,7 @@ hold their own copy of the weights (vLLM's) keep the last step's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +39,14 @@ from llm_gym.errors import InvalidArgumentError
 if TYPE_CHECKING:
     from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
-__all__ = ["BestPoint", "KeepBestCallback", "best_point", "improves", "point_value"]
+__all__ = [
+    "BestPoint",
+    "KeepBestCallback",
+    "best_point",
+    "improves",
+    "mixture_point",
+    "point_value",
+]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,18 @@ class BestPoint:
     def as_json(self) -> dict[str, Any]:
         """The record as a JSON object (``summary.json``'s ``best_point``)."""
         return asdict(self)
+
+    def describe(self) -> str:
+        """One line for a run's log.
+
+        Example:
+            >>> BestPoint("val/success_rate", 10, 0.75, 20, 0.5).describe()
+            'kept the weights of step 10 (val/success_rate 0.750; the last step, 20, had 0.500)'
+        """
+        return (
+            f"kept the weights of step {self.step} ({self.metric} {self.value:.3f}; the last "
+            f"step, {self.final_step}, had {self.final_value:.3f})"
+        )
 
 
 def improves(value: float, best: float | None) -> bool:
@@ -103,6 +126,21 @@ def point_value(record: Mapping[str, Any], metric: str) -> float | None:
     return None if value is None else float(value)
 
 
+def mixture_point(values: Mapping[str, float], envs: Sequence[str]) -> float | None:
+    """A mixture's value at one step from its environments' ``values`` there: the unweighted
+    mean over ``envs`` (those validated), None while one of them has no value yet.
+
+    Example:
+        >>> mixture_point({"Math-v0": 0.5, "Maze-v0": 0.25}, ["Math-v0", "Maze-v0"])
+        0.375
+        >>> mixture_point({"Math-v0": 0.5}, ["Math-v0", "Maze-v0"]) is None  # not a point
+        True
+    """
+    if not envs or any(env not in values for env in envs):
+        return None
+    return sum(values[env] for env in envs) / len(envs)
+
+
 class KeepBestCallback(TrainerCallback):
     """Copies the weights at each new best validation point and restores the best at the end.
 
@@ -110,25 +148,27 @@ class KeepBestCallback(TrainerCallback):
     records that callback's hooks append to ``trainer.validation_history``.
 
     Raises:
-        InvalidArgumentError: ``keep_best`` is set and the trainer has no validation tasks or
-            trains a mixture of environments (each validates on its own interval).
+        InvalidArgumentError: ``keep_best`` is set and the trainer has no validation tasks (in a
+            mixture: no environment has any).
     """
 
     def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
         self.trainer = trainer
         self.metric = trainer.grpo_args.keep_best
-        if self.metric is not None and trainer.mixture is not None:
-            raise InvalidArgumentError(
-                "keep_best needs one environment: a mixture validates each environment on its own "
-                "interval, so no step has one value to compare; set keep_best=None."
-            )
-        if self.metric is not None and not trainer.val_tasks:
+        mixture = trainer.mixture
+        self.envs: list[str] | None = None  # a mixture's validated environments
+        if mixture is not None:
+            self.envs = [
+                name for i, name in enumerate(mixture.names) if mixture.interval(i) is not None
+            ]
+        if self.metric is not None and not (trainer.val_tasks if mixture is None else self.envs):
             raise InvalidArgumentError(
                 f"keep_best={self.metric!r} chooses among validation points, and the trainer has "
-                "no validation tasks; pass val_tasks (train.py: val_tasks > 0) or set "
-                "keep_best=None."
+                "no validation tasks; pass val_tasks (train.py: val_tasks > 0; a mixture: an "
+                "entry's val_tasks) or set keep_best=None."
             )
         self.seen = 0  # validation records read
+        self.pending: dict[int, dict[str, float]] = {}  # a mixture's step: values so far
         self.best: tuple[int, float] | None = None
         self.last: tuple[int, float] | None = None
         self.weights: dict[str, Any] = {}  # the best point's, on CPU
@@ -160,7 +200,15 @@ class KeepBestCallback(TrainerCallback):
             value = point_value(record, self.metric)
             if value is None:
                 continue
-            self.last = (int(record["step"]), value)
+            step = int(record["step"])
+            if self.envs is not None:  # a mixture: a point once every environment has a value
+                values = self.pending.setdefault(step, {})
+                values[str(record.get("env"))] = value
+                self.pending = {step: values}  # earlier steps can no longer complete
+                value = mixture_point(values, self.envs)
+                if value is None:
+                    continue
+            self.last = (step, value)
             if improves(value, None if self.best is None else self.best[1]):
                 self.best = self.last
                 self.weights = {

@@ -111,6 +111,9 @@ def run_mixture_pipeline(config: PipelineConfig, command: str = "train.py") -> d
     trainer.processing_class.save_pretrained(str(final_path))
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
+    if trainer.best_point is not None:  # grpo.keep_best: the model is the best validation point
+        summary["best_point"] = trainer.best_point.as_json()
+        print(f"   {trainer.best_point.describe()}", flush=True)
     summary["train_log"] = [r for r in trainer.state.log_history if "reward" in r]
     step_log = (json.dumps(record, default=str) + "\n" for record in trainer.state.log_history)
     (out / "step_log.jsonl").write_text("".join(step_log))

@@ -59,6 +59,16 @@ MAX_GRPO_TASKS = 10_000_000
 """The longest GRPO task list ``task_repeats`` may make (a list of task references: 80 MB)."""
 
 
+def validates(config: PipelineConfig) -> bool:
+    """Whether GRPO will have validation tasks: ``val_tasks``, or with ``envs`` an entry's own."""
+    if config.mixture is None:
+        return bool(config.val_tasks)
+    return any(
+        (entry.val_tasks if entry.val_tasks is not None else config.val_tasks)
+        for entry in config.mixture
+    )
+
+
 def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
     """What :func:`run_pipeline` checks before any model work: the env, the SFT demonstrators
     (``"module:attr"`` references resolve only from trusted modules), GRPO's tasks (a
@@ -83,11 +93,11 @@ def check_pipeline(config: PipelineConfig) -> tuple[Any, list[Any], int]:
             f"output_dir {config.output_dir!r} exists and is not a folder; name a folder (it is "
             "created when missing)."
         )
-    if config.grpo.get("keep_best") is not None and (config.envs or not config.val_tasks):
+    if config.grpo.get("keep_best") is not None and not validates(config):
         raise InvalidArgumentError(
-            "grpo.keep_best chooses among the validation points of one environment: it needs "
-            f"val_tasks >= 1 (actual value: {config.val_tasks}) and env rather than envs; set "
-            "grpo.keep_best to null to keep the last step's weights."
+            "grpo.keep_best chooses among validation points: it needs validation tasks, "
+            f"val_tasks >= 1 (actual value: {config.val_tasks}; with envs, an entry's own "
+            "val_tasks counts too); set grpo.keep_best to null to keep the last step's weights."
         )
     if config.envs is not None:  # a mixture: its own checks
         from trainers.pipeline.mixture import check_mixture_pipeline
@@ -283,12 +293,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
     if trainer.best_point is not None:  # grpo.keep_best: the model is the best validation point
-        kept = summary["best_point"] = trainer.best_point.as_json()
-        print(
-            f"   kept the weights of step {kept['step']} ({kept['metric']} {kept['value']:.3f}; "
-            f"the last step, {kept['final_step']}, had {kept['final_value']:.3f})",
-            flush=True,
-        )
+        summary["best_point"] = trainer.best_point.as_json()
+        print(f"   {trainer.best_point.describe()}", flush=True)
     summary["health"] = trainer.health.fired
     step_log = (json.dumps(record, default=str) + "\n" for record in trainer.state.log_history)
     (out / "step_log.jsonl").write_text("".join(step_log))

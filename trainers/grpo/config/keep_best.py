@@ -29,8 +29,9 @@ class KeepBestFields:
             "point (ties: the earliest; no improvement: the start), logged as best/step and "
             "best/<metric> (transformers' load_best_model_at_end with metric_for_best_model, "
             "for the validation this trainer runs; trainers.grpo.best_point). Needs "
-            "validation_interval and validation tasks, one environment (not a mixture). "
-            "None: the last step's weights."
+            "validation_interval and validation tasks. A mixture's point is a step where every "
+            "validated environment has a value, valued at their unweighted mean. None: the last "
+            "step's weights."
         },
     )
 
