@@ -12,6 +12,7 @@
 
     python -m benchmarks.suite_tiny --estimate     # ~4 min
     python -m benchmarks.suite_tiny                # the run: ~35 min on 2 quiet cores
+    python -m benchmarks.suite_tiny --render results/suite_tiny.json   # the report again
 """
 
 from __future__ import annotations
@@ -149,6 +150,59 @@ def run(config_path: Path, threads: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def validation_points(
+    history: list[dict[str, Any]], envs: list[str]
+) -> list[tuple[int, dict[str, float], float | None]]:
+    """The validation history as ``(step, success by env, mean over envs)`` in step order; the
+    mean only where every env validated at that step (``keep_best``'s points).
+
+    Example:
+        >>> history = [{"step": 0, "env": "a", "success_rate": 0.5},
+        ...            {"step": 0, "env": "b", "success_rate": 0.25},
+        ...            {"step": 5, "env": "a", "success_rate": 0.75}]
+        >>> validation_points(history, ["a", "b"])
+        [(0, {'a': 0.5, 'b': 0.25}, 0.375), (5, {'a': 0.75}, None)]
+    """
+    from trainers.grpo.best_point import mixture_point
+
+    steps: dict[int, dict[str, float]] = {}
+    for record in history:
+        if "success_rate" in record:
+            steps.setdefault(int(record["step"]), {})[record["env"]] = record["success_rate"]
+    return [(step, values, mixture_point(values, envs)) for step, values in sorted(steps.items())]
+
+
+def _validation_lines(summary: dict[str, Any]) -> list[str]:
+    """The validation table and the kept point (none when the run did not validate)."""
+    envs = list(summary["envs"])
+    points = validation_points(summary.get("validation_history", []), envs)
+    if not points:
+        return []
+    kept = summary.get("best_point")
+    lines = [
+        "Validation during GRPO (greedy success on each env's val split; the mean where every "
+        "env validated is `keep_best`'s point):",
+        "",
+        "| step | " + " | ".join(envs) + " | mean |",
+        "| ---: | " + " | ".join("---:" for _ in envs) + " | ---: |",
+    ]
+    for step, values, mean in points:
+        cells = [f"{values[e]:.3f}" if e in values else "" for e in envs]
+        shown = "" if mean is None else f"{mean:.3f}"
+        if kept is not None and step == kept["step"] and mean is not None:
+            shown = f"**{shown}** (kept)"
+        lines.append(f"| {step} | " + " | ".join(cells) + f" | {shown} |")
+    if kept is not None:
+        lines += [
+            "",
+            f"The model after GRPO holds the weights of step {kept['step']} (mean validation "
+            f"success {kept['value']:.3f}; the last step, {kept['final_step']}, had "
+            f"{kept['final_value']:.3f}): the settings and the kept step were chosen on val, the "
+            "leaderboard above reports the test split.",
+        ]
+    return ["", *lines]
+
+
 def report(result: dict[str, Any]) -> str:
     """``suite_tiny.md``: conditions, timings, the leaderboard table, the rows that stay at 0."""
     summary = result["summary"]
@@ -178,6 +232,7 @@ def report(result: dict[str, Any]) -> str:
         + "; target < 45 min).",
         "",
         table.rstrip(),
+        *_validation_lines(summary),
         "",
         "Stays at 0.000 after SFT and after GRPO: "
         + (", ".join(at_zero) if at_zero else "none")
@@ -193,9 +248,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    log = result["summary"]["train_log"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name in result["summary"]["envs"]:
+    summary = result["summary"]
+    log = summary["train_log"]
+    envs = list(summary["envs"])
+    validation = validation_points(summary.get("validation_history", []), envs)
+    fig, axes = plt.subplots(1, 2 if validation else 1, figsize=(12 if validation else 7, 4))
+    ax = axes[0] if validation else axes
+    for name in envs:
         key = f"env/{name}/reward"
         points = [(r["step"], r[key]) for r in log if key in r and "step" in r]
         if points:
@@ -204,6 +263,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("train reward (mean of the step's episodes)")
     ax.set_title("The tiny agent on the suite: reward per environment")
     ax.legend(fontsize=8)
+    if validation:
+        ax = axes[1]
+        for name in envs:
+            points = [(step, values[name]) for step, values, _ in validation if name in values]
+            ax.plot(*zip(*points, strict=True), marker="o", label=name)
+        means = [(step, mean) for step, _, mean in validation if mean is not None]
+        ax.plot(*zip(*means, strict=True), "k--", marker="s", label="mean (keep_best)")
+        ax.set_xlabel("GRPO step")
+        ax.set_ylabel("greedy validation success")
+        ax.set_title("Validation (val split)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -222,13 +292,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="torch's intra-op threads (default: torch's; 1 on a machine shared with other "
         "work, where two threads wait on each other)",
     )
+    parser.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        help="render the markdown and PNG from a suite_tiny.json, without running",
+    )
     args = parser.parse_args(argv)
     threads = pin_threads(args.threads)
     if args.estimate:
         return estimate(args.config, threads)
-    result = run(args.config, threads)
+    result = json.loads(args.render.read_text()) if args.render else run(args.config, threads)
     out = output_dir(False, args.out_dir, args.write)
-    if out is not None:
+    if out is not None and args.render is None:
         write_json(NAME, result, out)
     text = report(result)
     print(text)

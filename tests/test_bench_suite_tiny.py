@@ -52,3 +52,27 @@ def test_the_report_names_the_rows_that_stay_at_zero() -> None:
     text = report(result)
     assert "Stays at 0.000 after SFT and after GRPO: b." in text
     assert "**2.0 min** in all" in text and "SFT rows by environment: a 4, b 2" in text
+
+
+def test_the_report_shows_validation_and_the_kept_step() -> None:
+    conditions = Conditions.start("suite_tiny", threads={"torch_threads": 1}).finish()
+    history = [
+        {"step": 0, "env": "a", "success_rate": 0.5}, {"step": 0, "env": "b", "success_rate": 0.0},
+        {"step": 5, "env": "a", "success_rate": 1.0},  # b not validated: no mean
+        {"step": 10, "env": "a", "success_rate": 0.5},
+        {"step": 10, "env": "b", "success_rate": 0.5},
+    ]  # fmt: skip
+    summary = {
+        "envs": {"a": {"weight": 2}, "b": {"weight": 1}}, "sft_rows": {}, "grpo_seconds": 5.0,
+        "evaluation_seconds": {}, "total_seconds": 60.0, "evaluation": {},
+        "validation_history": history,
+        "best_point": {"metric": "val/success_rate", "step": 10, "value": 0.5, "final_step": 10,
+                       "final_value": 0.5},
+    }  # fmt: skip
+    result = {"conditions": conditions.as_json(), "config": "configs/suite_tiny.yaml",
+              "summary": summary, "table": "# title\n\n| environment |\n"}  # fmt: skip
+    text = report(result)
+    assert "| 0 | 0.500 | 0.000 | 0.250 |" in text
+    assert "| 5 | 1.000 |  |  |" in text
+    assert "| 10 | 0.500 | 0.500 | **0.500** (kept) |" in text
+    assert "holds the weights of step 10" in text
