@@ -250,13 +250,19 @@ def suite_headline(results: Results) -> str:
     envs = [key.split("/")[0] for key in evaluation if key.endswith("/after-sft")]
     before = [evaluation[f"{env}/after-sft"]["success_rate"] for env in envs]
     after = [evaluation[f"{env}/after-grpo"]["success_rate"] for env in envs]
-    lowers = all(a <= b for a, b in zip(after, before, strict=True))
+    kept = summary.get("best_point")
+    if kept is not None and kept["step"] == 0:
+        grpo = "GRPO (lr chosen on val) never beats the SFT point on val, which the run keeps"
+    elif all(a <= b for a, b in zip(after, before, strict=True)):
+        grpo = "GRPO lowers them"
+    else:
+        grpo = "GRPO moves them"
     names = ", ".join(env.removesuffix("-v0") for env in envs)
     count = COUNTS.get(len(envs), str(len(envs)))
     return (
         f"the tiny agent on {count} environments: greedy test success after SFT "
-        f"{', '.join(f'{v:.3f}' for v in before)} ({names}); GRPO "
-        f"{'lowers them' if lowers else 'moves them'}; {summary['total_seconds'] / 60:.1f} min"
+        f"{', '.join(f'{v:.3f}' for v in before)} ({names}); {grpo}; "
+        f"{summary['total_seconds'] / 60:.1f} min"
     )
 
 
