@@ -91,3 +91,18 @@ def test_train_py_dtype_overrides_the_config_and_set(monkeypatch) -> None:
     assert "dtype" not in plain.grpo
     with pytest.raises(SystemExit):
         train.parse_args(["--config", config, "--dtype", "bf16"])
+
+
+def test_train_py_prints_the_trainers_start_up_lines(monkeypatch, capsys) -> None:
+    import logging
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    import train
+
+    log = logging.getLogger("trainers")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(log, "level", logging.NOTSET)
+    train.show_trainer_log()
+    train.show_trainer_log()  # once per process
+    logging.getLogger("trainers.grpo.precision").info("precision: %s", "sampling float32")
+    assert capsys.readouterr().err == "   precision: sampling float32\n"

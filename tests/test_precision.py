@@ -17,6 +17,7 @@ from trainers.grpo.precision import (
     bf16_pays,
     choose_precision,
     cpu_bf16_flags,
+    generator_copy,
     model_shapes,
 )
 
@@ -150,7 +151,7 @@ def test_the_run_keeps_vllm_and_sharded_samplers_as_they_are() -> None:
 
 
 def test_the_bf16_copy_casts_parameters_keeps_buffers_and_follows_the_weights(small_model):
-    from trainers.grpo.precision import SamplingCopy, generator_copy
+    from trainers.grpo.precision import SamplingCopy
 
     model, _ = small_model
     model = generator_copy(model)  # a copy this test may change
@@ -181,11 +182,12 @@ def _trainer(small_model_dir, tmp_path, **fields):
     from trainers import GRPOConfig
     from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
-    config = GRPOConfig(
+    settings = dict(
         output_dir=str(tmp_path), model=str(small_model_dir), batch_size=2, episodes_per_task=2,
         num_steps=1, max_turns=2, max_model_length=1024, max_tokens_per_turn=8, use_cpu=True,
-        save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=1, **fields,
+        save_strategy="no", report_to="none", disable_tqdm=True, logging_steps=1,
     )  # fmt: skip
+    config = GRPOConfig(**{**settings, **fields})
     return MultiTurnGRPOTrainer(
         args=config, env_factory=ToolUseGameEnv, tasks=list(get_tasks("train")[:4])
     )
@@ -210,6 +212,47 @@ def test_a_bf16_run_samples_and_trains_in_bf16_with_a_small_logged_gap(small_mod
     assert math.isfinite(record["sampling/sampling_logp_difference/max"])
     assert 0 < record["sampling/importance_weight_mean"] <= 3.0  # TRL's clip_max
     assert record["precision/sampling_bf16"] == 1.0 and record["precision/training_bf16"] == 1.0
+    from tests.test_async import undocumented_metrics
+
+    assert not undocumented_metrics(set(record)), "keys missing from docs/metrics.md"
+
+
+def test_async_generators_sample_from_bf16_replicas(small_model_dir, tmp_path, monkeypatch):
+    """Async with dtype='bfloat16': each generator replica is a bf16 copy, every published
+    version is cast as it is staged, and every trained token is corrected (logged under
+    async/)."""
+    import trainers.async_rl.collect as collect
+
+    replicas = []
+
+    def kept(model, **options):
+        replicas.append(generator_copy(model, **options))
+        return replicas[-1]
+
+    monkeypatch.setattr(collect, "generator_copy", kept)
+    trainer = _trainer(
+        small_model_dir, tmp_path, dtype="bfloat16", skip_silent_rows=False, num_steps=2,
+        max_steps_off_policy=1, learning_rate=1e-3,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.sampling_copy is not None and trainer.sampling_copy.model is None  # unused
+    [replica] = replicas
+    assert {p.dtype for p in replica.parameters()} == {torch.bfloat16}
+    from llm_gym.policies.weights import VersionedWeights
+
+    weights = VersionedWeights(replica)  # a version is published into it as the run does
+    weights.stage(trainer.model.named_parameters(), version=3)
+    assert weights.apply()
+    trained = dict(trainer.model.named_parameters())
+    for name, param in replica.named_parameters():  # cast as it was staged
+        assert param.dtype == torch.bfloat16
+        assert torch.equal(param, trained[name].detach().to(torch.bfloat16)), name
+    records = [r for r in trainer.state.log_history if "reward" in r]
+    assert len(records) == 2
+    for record in records:
+        gap = record["sampling/sampling_logp_difference/mean"]
+        assert math.isfinite(gap) and 0 < gap < 0.1
+        assert 0 < record["async/off_policy_weight_mean"] <= 3.0
 
 
 @pytest.mark.skipif(bool(cpu_bf16_flags()), reason="this CPU has bf16 hardware")
@@ -248,7 +291,6 @@ def test_smollm2_bf16_sampling_logprobs_near_fp32(tmp_path) -> None:
     from llm_gym.policies import HFPolicy
     from llm_gym.policies.pretrained import fetch_model
     from llm_gym.rollout import collect_groups
-    from trainers.grpo.precision import generator_copy
 
     try:
         path = fetch_model("smollm2-135m-instruct")

@@ -203,9 +203,9 @@ def choose_precision(probe: ProbeTimes, margin: float = BF16_MARGIN) -> Precisio
         return (f"{name} {'x'.join(map(str, shape))}: fp32 {fp32 * 1e3:.3f} ms, bf16 "
                 f"{bf16 * 1e3:.3f} ms ({fp32 / bf16:.2f}x) -> {verdict}")  # fmt: skip
 
+    threads = f"{probe.threads} thread{'s' * (probe.threads != 1)}"
     reason = (
-        f"auto on a CPU (bf16 flags: {flags}; {probe.threads} thread(s); bf16 needs "
-        f"{margin:g}x): "
+        f"auto on a CPU (bf16 flags: {flags}; {threads}; bf16 needs {margin:g}x): "
         + said("decode", probe.decode_shape, probe.decode_fp32_s, probe.decode_bf16_s, sampling)
         + "; "
         + said("training", probe.train_shape, probe.train_fp32_s, probe.train_bf16_s, training)
