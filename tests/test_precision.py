@@ -244,7 +244,7 @@ def test_async_generators_sample_from_bf16_replicas(small_model_dir, tmp_path, m
     weights.stage(trainer.model.named_parameters(), version=3)
     assert weights.apply()
     trained = dict(trainer.model.named_parameters())
-    for name, param in replica.named_parameters():  # cast as it was staged
+    for name, param in replica.named_parameters():  # cast as staged
         assert param.dtype == torch.bfloat16
         assert torch.equal(param, trained[name].detach().to(torch.bfloat16)), name
     records = [r for r in trainer.state.log_history if "reward" in r]

@@ -3,7 +3,7 @@
 ``dtype="auto"`` on a CPU (:mod:`trainers.grpo.config.dtype`) is decided here, when the trainer
 knows its model: :func:`probe_matmuls` times one matmul at the model's decode shape (32 rows
 through the MLP's up projection) and one at a training shape (256 tokens through it), each in
-fp32 and in bf16, best of a few runs (about 0.2 s for a 135M model on a CPU without bf16
+fp32 and in bf16, best of a few runs on one thread (0.1 to 0.3 s on a CPU without bf16
 hardware; less with it). :func:`bf16_pays` decides each use on those times with a margin:
 bf16 for sampling when it is :data:`BF16_MARGIN` times faster at the decode shape, bf16 autocast
 for training when it is at the training shape. CPUs with AMX or AVX-512 BF16 run bf16 matmuls
@@ -301,7 +301,7 @@ class SamplingCopy:
         """Seconds spent copying weights into it, over the run."""
 
     def of(self, source: Any) -> Any:
-        """The copy, holding ``source``'s parameters now."""
+        """The copy, holding ``source``'s current parameters."""
         start = time.perf_counter()
         if self.model is None:
             self.model = generator_copy(source, bf16=True)
