@@ -53,7 +53,7 @@ def test_a_contradiction_with_bf16_or_fp16_is_refused(fields, named) -> None:
         ({"dtype": "float32"}, False, False),
         ({"dtype": "bfloat16"}, True, True),
         ({"dtype": "bfloat16", "bf16": True}, True, True),
-        ({"bf16": True}, True, True),  # auto: an explicit bf16 decides both
+        ({"bf16": True}, False, True),  # auto: an explicit bf16 decides training only
         ({"bf16": False}, False, False),
     ],
 )

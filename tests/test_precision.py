@@ -112,9 +112,9 @@ def _config(dtype: str = "auto", bf16: bool | None = None, fp16: bool = False):
         ("float32", False, True, True, (False, False)),
         ("bfloat16", None, False, False, (True, True)),
         ("bfloat16", True, True, True, (True, True)),
-        ("auto", True, False, False, (True, True)),  # bf16 set explicitly decides both
+        ("auto", True, False, False, (False, True)),  # bf16 set explicitly: training only
         ("auto", False, True, True, (False, False)),
-        ("auto", None, True, True, (True, True)),  # transformers' rule on a GPU
+        ("auto", None, True, True, (False, True)),  # transformers' rule on a GPU
         ("auto", None, True, False, (False, False)),
         ("auto", None, False, False, None),  # a CPU: the probe decides, in the trainer
     ],

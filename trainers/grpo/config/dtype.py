@@ -5,10 +5,10 @@ combines with transformers' ``bf16``.
 =============  ===========  ================================================================
 ``dtype``      ``bf16``     sampling / training
 =============  ===========  ================================================================
-``"auto"``     None         a GPU: bf16 / bf16 autocast where it supports bf16, else fp32;
+``"auto"``     None         a GPU: the weights / bf16 autocast where it supports bf16;
                             a CPU: the start-up probe decides each (in the trainer, with the
                             model's shapes)
-``"auto"``     True, False  ``bf16`` decides both (no probe)
+``"auto"``     True, False  the weights / as ``bf16`` says (no probe)
 ``"float32"``  None, False  fp32 / fp32
 ``"bfloat16"`` None, True   bf16 / bf16 autocast
 ``"float32"``  True         refused (a contradiction)
@@ -44,9 +44,10 @@ class DtypeFields:
             "in its own dtype) and trains under bf16 autocast (bf16=True; the weights and the "
             "optimizer stay fp32). auto: on a CPU a start-up probe times matmuls at the "
             "model's shapes in fp32 and bf16 and picks bf16 for sampling, and for training, "
-            "where it is clearly faster (AMX, AVX-512 BF16), else fp32; on a GPU bf16 where "
-            "the GPU supports it; an explicit bf16 decides both. The choice and the probe's "
-            "times are logged at start (precision/... in the first step's record). A sampler "
+            "where it is clearly faster (AMX, AVX-512 BF16), else fp32; on a GPU bf16 autocast "
+            "training where the GPU supports it (sampling from the weights as they are); an "
+            "explicit bf16 decides training only. The choice and the probe's times are "
+            "logged at start (precision/... in the first step's record). A sampler "
             "in bf16 has its logprob gap to the trainer logged and corrected as vLLM's "
             "(vllm_importance_sampling_correction). float32 or bfloat16 skip the probe; "
             "bf16=True with float32, or bf16=False with bfloat16, is refused."
@@ -129,9 +130,19 @@ def static_precision(config: Any, gpu: bool, gpu_bf16: bool) -> Precision | None
         return Precision(False, False, "auto with fp16=True: fp16 mixed precision, no bf16")
     if config.bf16 is not None:
         on = bool(config.bf16)
-        return Precision(on, on, f"auto with bf16={on} set (no probe)")
+        return Precision(
+            False,
+            on,
+            f"auto with bf16={on} set (no probe): sampling from the weights as they are "
+            "(dtype='bfloat16' samples from a bf16 copy)",
+        )
     if gpu:
         if gpu_bf16:
-            return Precision(True, True, "auto on a GPU that supports bf16")
+            return Precision(
+                False,
+                True,
+                "auto on a GPU that supports bf16: bf16 autocast training (transformers' rule); "
+                "sampling from the trainer's weights (dtype='bfloat16' samples from a bf16 copy)",
+            )
         return Precision(False, False, "auto on a GPU without bf16")
     return None
