@@ -47,17 +47,8 @@ from benchmarks.common import (
     write_json,
     write_markdown,
 )
-from benchmarks.roofline import (
-    ModelShape,
-    contender_roofline,
-    decode_step,
-    dtype_of,
-    element_bytes,
-    generation,
-    measure_model,
-    prorated,
-    share_cell,
-)
+from benchmarks.roofline import contender_roofline, measure_model, prorated, share_cell
+from benchmarks.step_work import ModelShape, decode_step, dtype_of, element_bytes, generation
 
 NAME = "real_model_speed"
 PACKAGED = "smollm2-135m-instruct"
@@ -176,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     repeats = args.repeats or (1 if args.quick else 5)
     check_repeats(repeats, args.quick)
     if args.quick:
-        args.prompts, args.new_tokens = 4, 8
+        args.prompts, args.new_tokens = 2, 6
     threads = pin_threads(args.threads)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

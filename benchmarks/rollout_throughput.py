@@ -57,16 +57,8 @@ from benchmarks.common import (
 )
 from benchmarks.rollout_report import report
 from benchmarks.rollout_trl import TRL_BACKENDS, TRLContender
-from benchmarks.roofline import (
-    ModelShape,
-    Roofline,
-    contender_roofline,
-    dtype_of,
-    element_bytes,
-    measure_model,
-    prorated,
-    stream_work,
-)
+from benchmarks.roofline import Roofline, contender_roofline, measure_model, prorated
+from benchmarks.step_work import ModelShape, dtype_of, element_bytes, stream_work
 
 NAME = "rollout_throughput"
 
