@@ -35,13 +35,8 @@ from pathlib import Path
 from typing import Any
 
 # The statistics live in benchmarks.stats; re-exported so a benchmark imports one harness.
-from benchmarks.procstat import (
-    cpu_flags,
-    cpu_shares,
-    cpu_times,
-    describe_flags,
-    machine_description,
-)
+from benchmarks import procstat
+from benchmarks.procstat import cpu_shares, cpu_times, machine_description
 from benchmarks.stats import Estimate, mean_interval, median_interval, ratio_interval  # noqa: F401
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -248,8 +243,7 @@ class Conditions:
     """How the machine's CPU time from start to finish was spent (busy, idle, steal:
     :func:`benchmarks.procstat.cpu_shares`); None without ``/proc``."""
     cpu_flags: list[str] | None = None
-    """The matmul-relevant CPU flags present (:data:`benchmarks.procstat.CPU_FLAGS`); None
-    without ``/proc/cpuinfo`` (or in a file written without them)."""
+    """The CPU's flags among :data:`benchmarks.procstat.CPU_FLAGS`; None when unknown."""
     _clock: float = field(default=0.0, repr=False)
     _cpu: list[int] | None = field(default=None, repr=False)
 
@@ -278,7 +272,7 @@ class Conditions:
             benchmark=benchmark,
             command=command,
             machine=machine_description(),
-            cpu_flags=cpu_flags(),
+            cpu_flags=procstat.cpu_flags(),
             torch=torch_version,
             threads=dict(threads) if threads is not None else thread_settings(),
             load_before=list(os.getloadavg()),
@@ -314,7 +308,7 @@ class Conditions:
         if share:
             cpu = (f" The machine's CPU time over the run: {share['busy']:.0%} busy, "
                    f"{share['steal']:.1%} stolen by the hypervisor.")  # fmt: skip
-        flags = "" if self.cpu_flags is None else f" ({describe_flags(self.cpu_flags)})"
+        flags = "" if self.cpu_flags is None else f" ({procstat.describe_flags(self.cpu_flags)})"
         return (
             f"Machine: {self.machine}{flags}, torch {self.torch} ({n} intra-op thread"
             f"{'s' if n != 1 else ''}, {pin}; inter-op {threads.get('torch_interop_threads')}). "

@@ -41,8 +41,10 @@ LARGE = (2048, 2048, 2048)
 """The large square matmul every run times (the CPU's best case)."""
 PROBE = (512, 512, 512)
 """The small matmul timed first in each dtype, to judge what the larger shapes would cost."""
-MAX_CALL_S = 1.0
-"""The longest one matmul call may take (judged from the probe) for its shape to be timed."""
+MAX_CALL_S = 3.0
+"""The longest one matmul call may take (judged from the probe) for its shape to be timed: fp32's
+2048^3 on a slow or busy CPU is timed; bf16's on a CPU without a bf16 kernel (a minute a call)
+is not."""
 Shape = tuple[int, int, int]
 """``(m, k, n)`` of ``torch.mm`` over an ``m x k`` and a ``k x n`` matrix."""
 
@@ -164,7 +166,8 @@ class Roofline:
             f"interleaved repeats: `torch.mm` {'; '.join(parts)} (a dtype's peak is its best "
             f"shape); memory copy {self.copy_gbps:.1f} GB/s (bytes read + written). A "
             "contender's floor is the larger of its FLOPs at its dtype's peak and its bytes at "
-            "that bandwidth; its share is floor / measured time."
+            "that bandwidth; its share is floor / measured time (above 100% only when the "
+            "machine gave these timings less than it gave the contender: a busy machine)."
         )
 
 
