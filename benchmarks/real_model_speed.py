@@ -148,7 +148,7 @@ def workload_floors(
     in that dtype), and one decode step's work and floor with every row at its prompt."""
     rows, context = len(lengths), shared + sum(lengths) - len(lengths) * shared
     floors, step = {}, {}
-    for dtype in roof.matmul_gflops:
+    for dtype in roof.dtypes:
         element = element_bytes(dtype)
         floors[dtype] = roof.floor_s(generation(shape, lengths, shared, new_tokens, element), dtype)
         work = decode_step(shape, rows, context, element)

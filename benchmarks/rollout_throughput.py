@@ -214,7 +214,7 @@ def contenders(
             d: roof.floor_s(
                 stream_work(shape, len(limit.prefix), limit.streams, element_bytes(d)), d
             )
-            for d in roof.matmul_gflops
+            for d in roof.dtypes
         }
         return {
             "wall_s": limit.run(),

@@ -125,6 +125,11 @@ class Roofline:
     skipped: dict[str, list[str]] = field(default_factory=dict)
     """``[dtype]``: shapes left out, a call judged longer than :data:`MAX_CALL_S`."""
 
+    @property
+    def dtypes(self) -> list[str]:
+        """The dtypes with at least one shape timed (those a floor can be taken in)."""
+        return [dtype for dtype, shapes in self.matmul_gflops.items() if shapes]
+
     def peak_gflops(self, dtype: str) -> float:
         """The best GFLOP/s any shape gave in ``dtype``."""
         if not self.matmul_gflops.get(dtype):
@@ -139,7 +144,7 @@ class Roofline:
         return floor_seconds(work, self.peak_gflops(dtype) * 1e9, self.copy_gbps * 1e9)
 
     def as_json(self) -> dict[str, Any]:
-        peaks = {d: self.peak_gflops(d) for d in self.matmul_gflops if self.matmul_gflops[d]}
+        peaks = {d: self.peak_gflops(d) for d in self.dtypes}
         return {
             "cpu": self.cpu,
             "cpu_flags": self.flags,

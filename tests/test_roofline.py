@@ -117,3 +117,4 @@ def test_a_small_measurement(monkeypatch) -> None:
     capped = roofline.measure([], dtypes=("float32",), repeats=1, seconds=0.001, copy_mib=4)
     assert capped.skipped == {"float32": ["32x32x32", "128x128x128"]}
     assert capped.matmul_gflops == {"float32": {}} and capped.as_json()["peak_gflops"] == {}
+    assert capped.dtypes == [] and roof.dtypes == ["float32", "bfloat16"]
