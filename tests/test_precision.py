@@ -23,6 +23,8 @@ from trainers.grpo.precision import (
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.cpu_precision  # the probe measures this CPU (tests/conftest.py)
+
 
 def _probe(decode: tuple[float, float], train: tuple[float, float]) -> ProbeTimes:
     return ProbeTimes(
