@@ -76,3 +76,26 @@ def test_the_report_shows_validation_and_the_kept_step() -> None:
     assert "| 5 | 1.000 |  |  |" in text
     assert "| 10 | 0.500 | 0.500 | **0.500** (kept) |" in text
     assert "holds the weights of step 10" in text
+
+
+def test_the_tuning_table_ranks_each_runs_best_point_and_skips_a_recorded_run(tmp_path) -> None:
+    import json
+
+    from benchmarks.suite_tiny_tuning import main, parse_overrides, run_key
+
+    points = [
+        {"step": 0, "success": {"a": 0.5, "b": 0.0}, "mean": 0.25},
+        {"step": 5, "success": {"a": 1.0}, "mean": None},
+        {"step": 10, "success": {"a": 0.5, "b": 0.5}, "mean": 0.5},
+        {"step": 20, "success": {"a": 0.5, "b": 0.5}, "mean": 0.5},
+    ]
+    overrides = parse_overrides(["grpo.learning_rate=2e-5"])
+    key = run_key(overrides, "0123456789ab")
+    record = {"overrides": overrides, "curve": points, "best_point": None, "grpo_seconds": 60.0}
+    (tmp_path / "suite_tiny_tuning.json").write_text(json.dumps({"runs": {key: record}}))
+    main(["--render", "--out-dir", str(tmp_path)])
+    text = (tmp_path / "suite_tiny_tuning.md").read_text()
+    assert "| grpo.learning_rate=2e-05 | 0.500 (10) | 0.500 (20) |" in text  # ties: earliest
+    assert "| 5 | 1.000 |  |  |" in text
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        parse_overrides(["grpo.learning_rate"])

@@ -17,6 +17,7 @@ MODULES = [
     "benchmarks.before_after",
     "benchmarks.readme_numbers",
     "benchmarks.suite_tiny",
+    "benchmarks.suite_tiny_tuning",
     "llm_gym.core.factories",
     "llm_gym.core.references",
     "llm_gym.core.input_files",
