@@ -5,7 +5,8 @@ Thin on purpose: read the config (YAML, or TOML for a ``.toml`` path), run
 sft.time_budget_s=60`` (document 002's ``[train]`` names too: ``train.group_size=8``). A
 ``"module:attr"`` reference in the config (``sft.oracle``) may name llm_gym's and trainers'
 modules; ``--trust-module my_pkg`` lets it name ``my_pkg``'s too (see
-:mod:`llm_gym.core.references`).
+:mod:`llm_gym.core.references`). ``--dtype bfloat16`` (or ``float32``, ``auto``) sets
+``grpo.dtype``, whatever the config and ``--set`` say.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="override config keys, e.g. grpo.num_steps=2 (values are parsed as YAML)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        help="precision of sampling and training, overriding the config's grpo.dtype (auto: "
+        "bf16 where a start-up probe measures it faster; see docs/guides/training.md)",
     )
     parser.add_argument(
         "--trust-module",
@@ -49,6 +56,19 @@ def trust(prefixes: list[str]) -> None:
         os.environ[TRUSTED_MODULES_ENV] = ",".join([*inherited, *prefixes])
 
 
+def show_trainer_log() -> None:
+    """Print the trainers' start-up lines (their ``logging`` INFO records: the precision the
+    run chose and why) on stderr, once per process."""
+    import logging
+
+    log = logging.getLogger("trainers")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("   %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Read the config, check it and run the pipeline; the pipeline's results.
 
@@ -60,6 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     from llm_gym.command_errors import report_failure
 
     args = parse_args(argv)
+    show_trainer_log()
     config = None
     try:
         trust(args.trust_module)
@@ -93,6 +114,8 @@ def _checked_config(args: argparse.Namespace) -> Any:
             overrides[key] = yaml_load(value)
         except LlmGymError as exc:
             raise InvalidArgumentError(f"--set {key}: {exc}") from None
+    if args.dtype is not None:  # after --set: the flag wins
+        overrides["grpo.dtype"] = args.dtype
     config = load_config(args.config, overrides)
     check_pipeline(config)
     return config

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 # The statistics live in benchmarks.stats; re-exported so a benchmark imports one harness.
+from benchmarks import procstat
 from benchmarks.procstat import cpu_shares, cpu_times, machine_description
 from benchmarks.stats import Estimate, mean_interval, median_interval, ratio_interval  # noqa: F401
 
@@ -241,6 +242,8 @@ class Conditions:
     cpu_share: dict[str, float] | None = None
     """How the machine's CPU time from start to finish was spent (busy, idle, steal:
     :func:`benchmarks.procstat.cpu_shares`); None without ``/proc``."""
+    cpu_flags: list[str] | None = None
+    """The CPU's flags among :data:`benchmarks.procstat.CPU_FLAGS`; None when unknown."""
     _clock: float = field(default=0.0, repr=False)
     _cpu: list[int] | None = field(default=None, repr=False)
 
@@ -269,6 +272,7 @@ class Conditions:
             benchmark=benchmark,
             command=command,
             machine=machine_description(),
+            cpu_flags=procstat.cpu_flags(),
             torch=torch_version,
             threads=dict(threads) if threads is not None else thread_settings(),
             load_before=list(os.getloadavg()),
@@ -291,7 +295,7 @@ class Conditions:
         return self
 
     def describe(self) -> str:
-        """One markdown paragraph: machine, threads, load, commit, time."""
+        """One markdown paragraph: machine and CPU flags, threads, load, commit, time."""
         threads = self.threads
         n = threads.get("torch_threads")
         pin = "pinned" if threads.get("pinned") else "torch's default, not pinned"
@@ -304,8 +308,9 @@ class Conditions:
         if share:
             cpu = (f" The machine's CPU time over the run: {share['busy']:.0%} busy, "
                    f"{share['steal']:.1%} stolen by the hypervisor.")  # fmt: skip
+        flags = "" if self.cpu_flags is None else f" ({procstat.describe_flags(self.cpu_flags)})"
         return (
-            f"Machine: {self.machine}, torch {self.torch} ({n} intra-op thread"
+            f"Machine: {self.machine}{flags}, torch {self.torch} ({n} intra-op thread"
             f"{'s' if n != 1 else ''}, {pin}; inter-op {threads.get('torch_interop_threads')}). "
             f"1-minute load average {self.load_before[0]:.1f} at the start, {after} at the end."
             f"{cpu} "

@@ -14,11 +14,13 @@ Contenders, interleaved (A/B/C, rotating) for ``--repeats`` repeats:
 * ``generate_prefix``: the same with the shared prefix prefilled once into a cache that every
   row reads (:func:`benchmarks.rollout_replay.time_generate`): ``generate`` at its best.
 
-Each is reported in sampled tokens per second (median, 95% interval) and as model-FLOP
-utilisation: ``2 x parameters`` FLOPs for each token a contender feeds the model (prefill and
-decode; attention's own FLOPs left out, so this is a lower bound) over the seconds, against the
-CPU's fp32 matmul peak measured in the same run (``torch.mm`` at 2048^3 and at the model's own
-decode shapes).
+Each is reported in sampled tokens per second (median, 95% interval), model GFLOP/s (``2 x
+parameters`` FLOPs for each token a contender feeds the model, prefill and decode, padding
+included) and against the roofline measured in the same run (:mod:`benchmarks.roofline`: fp32
+and bf16 ``torch.mm`` at 2048^3 and at the model's shapes, and memory bandwidth): the floor of
+the workload (the shared prefix prefilled once, each row's own prompt, then a decode step of
+every row per token, :func:`benchmarks.roofline.generation`) at the dtype the contender ran,
+prorated to the tokens it sampled, and its share of that floor (floor / measured time).
 
     python -m benchmarks.real_model_speed                 # writes results/real_model_speed.*
     python -m benchmarks.real_model_speed --quick         # smoke run, writes nothing
@@ -45,29 +47,11 @@ from benchmarks.common import (
     write_json,
     write_markdown,
 )
+from benchmarks.roofline import contender_roofline, measure_model, prorated, share_cell
+from benchmarks.step_work import ModelShape, decode_step, dtype_of, element_bytes, generation
 
 NAME = "real_model_speed"
 PACKAGED = "smollm2-135m-instruct"
-
-
-def matmul_peak(shapes: list[tuple[int, int, int]], repeats: int = 5) -> dict[str, float]:
-    """GFLOP/s of fp32 ``torch.mm`` at each ``(m, k, n)``: the best of ``repeats`` timings (a
-    bound: the most this CPU gave)."""
-    import torch
-
-    out = {}
-    for m, k, n in shapes:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        torch.mm(a, b)
-        reps = max(1, int(2e9 / (2 * m * k * n)))  # ~2 GFLOP a timing
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(reps):
-                torch.mm(a, b)
-            best = min(best, (time.perf_counter() - start) / reps)
-        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
-    return out
 
 
 def prompt_sets(tokenizer: Any, count: int) -> dict[str, list[list[int]]]:
@@ -157,6 +141,22 @@ def contenders(model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens:
     }
 
 
+def workload_floors(
+    roof: Any, shape: ModelShape, lengths: list[int], shared: int, new_tokens: int
+) -> dict[str, Any]:
+    """The workload's floor in seconds in each dtype the roofline measured (weights and cache
+    in that dtype), and one decode step's work and floor with every row at its prompt."""
+    rows, context = len(lengths), shared + sum(lengths) - len(lengths) * shared
+    floors, step = {}, {}
+    for dtype in roof.dtypes:
+        element = element_bytes(dtype)
+        floors[dtype] = roof.floor_s(generation(shape, lengths, shared, new_tokens, element), dtype)
+        work = decode_step(shape, rows, context, element)
+        step[dtype] = {"gflop": work.flops / 1e9, "mbytes": work.bytes / 1e6,
+                       "floor_ms": roof.floor_s(work, dtype) * 1e3}  # fmt: skip
+    return {"floor_s": floors, "decode_step": {"rows": rows, **step}}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=PACKAGED, help="a model folder or packaged name")
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     repeats = args.repeats or (1 if args.quick else 5)
     check_repeats(repeats, args.quick)
     if args.quick:
-        args.prompts, args.new_tokens = 4, 8
+        args.prompts, args.new_tokens = 2, 6
     threads = pin_threads(args.threads)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -177,37 +177,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    params = sum(p.numel() for p in model.parameters())
+    shape = ModelShape.of(model)
+    dtype = dtype_of(model)
     conditions = Conditions.start(NAME, threads=threads, settings=vars(args), quick=args.quick)
-    config = model.config
-    shapes = [(2048, 2048, 2048), (32, config.hidden_size, config.intermediate_size)]
-    peak = matmul_peak(shapes if not args.quick else [(256, 256, 256)])
-    best = max(peak.values())
-    results: dict[str, Any] = {"model": path, "parameters": params, "matmul_gflops": peak}
+    roof = measure_model(
+        shape, args.prompts, quick=args.quick, repeats=repeats,
+        log=lambda line: print(f"[{NAME}] {line}", flush=True),
+    )  # fmt: skip
+    results: dict[str, Any] = {
+        "model": path,
+        "parameters": shape.parameters,
+        "dtype": dtype,
+        "roofline": roof.as_json(),
+    }
     for name, prompts in prompt_sets(tokenizer, args.prompts).items():
         runs = interleave(
             contenders(model, tokenizer, prompts, args.new_tokens), repeats, order=args.order,
             seed=args.seed, warmup=["ours", "generate"],
             log=lambda line, n=name: print(f"[{NAME}] {n} {line}", flush=True),
         )  # fmt: skip
-        rates = {c: runs.rates(c, "tokens") for c in runs.runs}
+        lengths, shared = [len(p) for p in prompts], len(shared_prefix(prompts))
         entry: dict[str, Any] = {
-            "prompt_tokens_mean": statistics.mean(map(len, prompts)),
-            "shared_prefix_tokens": len(shared_prefix(prompts)),
+            "prompt_tokens_mean": statistics.mean(lengths),
+            "shared_prefix_tokens": shared,
+            **workload_floors(roof, shape, lengths, shared, args.new_tokens),
         }
-        for contender, values in rates.items():
-            flops = [2 * params * r["fed_tokens"] / r["wall_s"] / 1e9 for r in runs.runs[contender]]
+        workload = len(prompts) * args.new_tokens
+        for contender, values in ((c, runs.rates(c, "tokens")) for c in runs.runs):
+            measured = runs.runs[contender]
+            flops = [2 * shape.parameters * r["fed_tokens"] / r["wall_s"] / 1e9 for r in measured]
+            floor = entry["floor_s"][dtype]
             entry[contender] = {
                 "tokens_per_s": median_interval(values).as_json(),
                 "model_gflops": statistics.median(flops),
-                "mfu": statistics.median(flops) / best,
-                "runs": runs.runs[contender],
+                **contender_roofline(
+                    measured, [prorated(floor, workload, r["tokens"]) for r in measured], dtype
+                ),
+                "runs": measured,
             }
         for other in ("generate", "generate_prefix"):
-            entry[f"ours_over_{other}"] = ratio_interval(rates["ours"], rates[other]).as_json()
+            entry[f"ours_over_{other}"] = ratio_interval(
+                runs.rates("ours", "tokens"), runs.rates(other, "tokens")
+            ).as_json()
         results[name] = entry
     conditions.finish()
-    report = render(results, conditions, args)
+    report = render(results, conditions, args, roof.describe())
     print(report)
     out = output_dir(args.quick, args.out_dir, args.write)
     if out is not None:
@@ -221,39 +235,66 @@ def _interval(estimate: dict[str, Any], spec: str, suffix: str = "") -> str:
     return f"{estimate['median']:{spec}}{suffix} [{low:{spec}}, {high:{spec}}]"
 
 
-def render(results: dict[str, Any], conditions: Conditions, args: Any) -> str:
-    peak = results["matmul_gflops"]
+def render(results: dict[str, Any], conditions: Conditions, args: Any, roofline: str) -> str:
+    """The markdown report; ``roofline``: :meth:`benchmarks.roofline.Roofline.describe`."""
+    dtype = results["dtype"]
     lines = [
         "# Sampling speed on a real model",
         "",
-        f"{results['model']} ({results['parameters'] / 1e6:.1f}M parameters, fp32), "
+        f"{results['model']} ({results['parameters'] / 1e6:.1f}M parameters, {dtype}), "
         f"{args.prompts} prompts, {args.new_tokens} sampled tokens each at temperature 1; "
         f"every contender interleaved, median [95% interval] of the repeats.",
         "",
-        "This CPU's fp32 matmul, measured in this run: "
-        + ", ".join(f"{shape}: {gflops:.0f} GFLOP/s" for shape, gflops in peak.items())
-        + " (the best is the peak the utilisation is taken against).",
+        roofline,
         "",
-        "| prompts | contender | tokens/s | ours / it | model GFLOP/s | MFU |",
-        "| --- | --- | --- | --- | ---: | ---: |",
+    ]
+    step = results["tools"]["decode_step"]
+    lines.append(
+        f"A decode step of {step['rows']} rows at the tool prompts' length: "
+        + "; ".join(
+            f"{d} {v['gflop']:.1f} GFLOP, {v['mbytes']:.0f} MB (weights and cache), "
+            f"floor {v['floor_ms']:.1f} ms"
+            for d, v in step.items()
+            if d != "rows"
+        )
+        + "."
+    )
+    lines += [
+        "",
+        "| prompts | contender | dtype | tokens/s | ours / it | model GFLOP/s | floor (s) "
+        "| share of floor |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | --- |",
     ]
     for name in ("tools", "plain"):
         entry = results[name]
         label = f"{name} ({entry['prompt_tokens_mean']:.0f} tokens, "
         label += f"{entry['shared_prefix_tokens']} shared)"
         for contender in ("ours", "generate", "generate_prefix"):
-            rate = entry[contender]["tokens_per_s"]
+            c = entry[contender]
             ratio = entry.get(f"ours_over_{contender}")
             shown = _interval(ratio, ".2f", "x") if ratio else ""
             lines.append(
-                f"| {label} | {contender} | {_interval(rate, '.1f')} | {shown} | "
-                f"{entry[contender]['model_gflops']:.0f} | {entry[contender]['mfu']:.0%} |"
+                f"| {label} | {contender} | {c['dtype']} | {_interval(c['tokens_per_s'], '.1f')} "
+                f"| {shown} | {c['model_gflops']:.0f} | {c['floor_s']:.3f} | "
+                f"{share_cell(c['share_of_floor'])} |"
             )
+    floors = {n: results[n]["floor_s"] for n in ("tools", "plain")}
     lines += [
         "",
         "Model GFLOP/s counts 2 x parameters per token fed to the model (prefill and decode; "
         "attention's own FLOPs left out): a lower bound of the work. `generate` feeds padding "
         "too (left-padded prompts, rows forced to the full length), which it counts as work.",
+        "",
+        "Floor: the least time this CPU allows for the workload (the shared prefix prefilled "
+        "once, each row's own prompt, then one decode step of every row per token, reading the "
+        "weights once a step and each row's cached keys and values), the larger of its FLOPs at "
+        "the dtype's matmul peak and its bytes at the copy bandwidth, prorated to the tokens the "
+        "contender sampled; share of floor = floor / measured time (1.0 is the hardware's "
+        "limit). The whole workload's floor by dtype: "
+        + "; ".join(
+            f"{n}: " + ", ".join(f"{d} {v:.3f} s" for d, v in f.items()) for n, f in floors.items()
+        )
+        + ".",
         "",
         conditions.describe(),
     ]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Conditions, Estimate, write_json, write_markdown
+from benchmarks.roofline import percent, share_cell
 from benchmarks.stats import order_statistic_rank
 
 LABELS = {
@@ -99,8 +100,11 @@ def report(
         "repeats); ratios are ours' median over its median, with a paired percentile bootstrap "
         "95% interval over repeats (benchmarks/stats.py).",
         "",
-        "| contender | generated tokens/s | episodes/s | ours / it | notes |",
-        "| --- | ---: | ---: | ---: | --- |",
+        summary["roofline"].describe(),
+        "",
+        "| contender | dtype | generated tokens/s | episodes/s | ours / it | floor (s) | "
+        "share of floor | notes |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for contender, entry in contenders.items():
         cell = "1.00"
@@ -108,10 +112,12 @@ def report(
             cell = "(the faster TRL) "
         if contender in ratios:
             cell = (cell if cell != "1.00" else "") + _ratio_cell(contender, *ratios[contender])
+        roof = entry["roofline"]
+        share = share_cell(roof["share_of_floor"])
         lines.append(
-            f"| {LABELS[contender]} | {entry['tokens_per_s'].format('.0f')} | "
-            f"{entry['episodes_per_s'].format('.2f')} | {cell} | "
-            f"{_notes(contender, _typical(entry['runs']))} |"
+            f"| {LABELS[contender]} | {roof['dtype']} | {entry['tokens_per_s'].format('.0f')} | "
+            f"{entry['episodes_per_s'].format('.2f')} | {cell} | {roof['floor_s']:.4f} | "
+            f"{share} | {_notes(contender, _typical(entry['runs']))} |"
         )
     met = "met" if to_limit.median >= 0.8 else "NOT met"
     lines += [
@@ -140,6 +146,14 @@ def report(
         "`generate` with a prefilled prefix is the check against transformers' own decoding: "
         "it decodes the same mean number of tokens per episode but prefills no environment "
         "replies, pads every row to the longest and decodes finished rows too.",
+        "",
+        "Floor: the least time this CPU allows for ours' streams (the replay's work: the "
+        "shared prefix prefilled once, then the fewest passes the streams allow, each reading "
+        "the weights once and its rows' keys and values), the larger of its FLOPs at the "
+        "contender's dtype's matmul peak and its bytes at the copy bandwidth, both measured "
+        "above; each contender's floor is that per sampled token times the tokens it sampled, "
+        "and its share of the floor is floor / measured time (1.0 is the hardware's limit; "
+        "the gap is overhead: Python, scheduling, small kernels, the environments).",
     ]
     text = "\n".join(lines) + "\n"
     if out is not None:
@@ -170,6 +184,10 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     colors = ["#4C72B0" if n == "ours" else "#999999" for n in names]
     ax.bar(range(len(names)), medians, yerr=[lows, highs], color=colors, capsize=4)
+    for i, name in enumerate(names):  # each bar's share of its roofline floor
+        share = payload["contenders"][name]["share_of_floor"]["median"]
+        ax.annotate(f"{percent(share)} of floor",
+                    (i, medians[i] + highs[i]), ha="center", va="bottom", fontsize=7)  # fmt: skip
     short = {
         "ours": "llm_gym",
         "replay": "replay limit",
@@ -204,6 +222,7 @@ def _payload(
             "(exact enumeration up to 8 repeats, seeded resampling above)",
         },
     }
+    payload["roofline"] = summary["roofline"].as_json()
     if "trl_best" in summary:
         payload["trl_best"] = summary["trl_best"]
     for contender, (unit, ratio) in summary["ratios"].items():
@@ -215,6 +234,7 @@ def _payload(
             "tokens_per_s": entry["tokens_per_s"].as_json(),
             "episodes_per_s": entry["episodes_per_s"].as_json(),
             "wall_s": entry["wall_s"].as_json(),
+            **entry["roofline"],
             "runs": entry["runs"],
         }
         for contender, entry in contenders.items()

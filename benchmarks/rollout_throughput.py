@@ -17,6 +17,12 @@ by the common harness (:mod:`benchmarks.common`), each reported as a median with
   local generation back-ends; ``ratio_to_trl_best`` is ours against the faster.
 * ``waves``: ``collect_groups`` with ``batching="waves"`` (one ``generate`` per wave).
 
+Against the hardware (:mod:`benchmarks.roofline`, measured in the same run): each contender's
+floor is the floor of ours' token streams (the replay's work: the shared prefix prefilled once,
+then the fewest passes the streams allow, each reading the weights and its rows' keys and
+values) at the dtype it ran, prorated to the tokens it sampled; its share of the floor is floor
+/ measured time.
+
 The model must call the tools, so that every loop runs real multi-turn episodes: pass a warmed
 model (the main job's SFT stage writes one), or let the script build the tiny model and warm it on
 oracle transcripts for ``--sft-seconds``.
@@ -51,6 +57,8 @@ from benchmarks.common import (
 )
 from benchmarks.rollout_report import report
 from benchmarks.rollout_trl import TRL_BACKENDS, TRLContender
+from benchmarks.roofline import Roofline, contender_roofline, measure_model, prorated
+from benchmarks.step_work import ModelShape, dtype_of, element_bytes, stream_work
 
 NAME = "rollout_throughput"
 
@@ -168,12 +176,16 @@ class LimitViolated(AssertionError):
     """Ours measured above 100% of the replay limit, which its construction rules out."""
 
 
-def contenders(model, tokenizer, model_path: str, tasks, args: Args) -> dict[str, Any]:
+def contenders(
+    model, tokenizer, model_path: str, tasks, args: Args, roof: Roofline
+) -> dict[str, Any]:
     """``name -> run(repeat)`` for :func:`~benchmarks.common.interleave`. The replay and the
-    generate reference read the episodes of ours' latest run (a recording run comes first)."""
+    generate reference read the episodes of ours' latest run (a recording run comes first);
+    the replay records its streams' floor in every dtype ``roof`` measured."""
     from benchmarks.rollout_replay import Replay, episode_streams, time_generate
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    shape, dtype = ModelShape.of(model), dtype_of(model)
     latest: list = []
     source = run_ours(model, tokenizer, tasks, args, seed=args.seed, record=latest)  # warms up
     built: dict[str, Any] = {}
@@ -194,12 +206,20 @@ def contenders(model, tokenizer, model_path: str, tasks, args: Args) -> dict[str
             s.completion_ids for e in latest for s in e.samples
         ]
         latest, source = episodes, measured
-        return {**measured, "same_streams_as_before": identical}
+        return {**measured, "dtype": dtype, "same_streams_as_before": identical}
 
     def replay(repeat: int) -> dict[str, Any]:
         limit = replay_for(latest)
+        floors = {
+            d: roof.floor_s(
+                stream_work(shape, len(limit.prefix), limit.streams, element_bytes(d)), d
+            )
+            for d in roof.dtypes
+        }
         return {
             "wall_s": limit.run(),
+            "dtype": dtype,
+            "floor_s": floors,
             "episodes": len(limit.streams),
             "tokens": limit.tokens,
             "forward_passes": limit.passes,
@@ -218,6 +238,7 @@ def contenders(model, tokenizer, model_path: str, tasks, args: Args) -> dict[str
             "episodes": len(prompts),
             "tokens": per_episode * len(prompts),
             "new_tokens_per_episode": per_episode,
+            "dtype": dtype,
             "prefilled_tokens": len(built["prefix"])
             + sum(len(p) - len(built["prefix"]) for p in prompts),
         }
@@ -227,20 +248,32 @@ def contenders(model, tokenizer, model_path: str, tasks, args: Args) -> dict[str
         for backend in TRL_BACKENDS:
             runs[f"trl_{backend}"] = TRLContender(model_path, tokenizer, tasks, args, backend)
     if args.waves:
-        runs["waves"] = lambda repeat: run_ours(
-            model, tokenizer, tasks, args, batching="waves", seed=args.seed
-        )
+        runs["waves"] = lambda repeat: {
+            **run_ours(model, tokenizer, tasks, args, batching="waves", seed=args.seed),
+            "dtype": dtype,
+        }
     return runs
 
 
+def floors(result: Interleaved, name: str) -> list[float]:
+    """Contender ``name``'s floor in each repeat: the replay's floor per sampled token (median
+    over its repeats) in the contender's dtype, times the tokens it sampled."""
+    runs, replayed = result.runs[name], result.runs["replay"]
+    dtype = runs[0]["dtype"]
+    per_token = statistics.median(r["floor_s"][dtype] / r["tokens"] for r in replayed)
+    return [prorated(per_token, 1, run["tokens"]) for run in runs]
+
+
 def summarize(result: Interleaved) -> dict[str, Any]:
-    """Each contender's medians with intervals, and ours' ratios to each (paired bootstrap)."""
+    """Each contender's medians with intervals, its floor and share of it, and ours' ratios to
+    each (paired bootstrap)."""
     summary: dict[str, Any] = {"contenders": {}, "ratios": {}}
     for name, runs in result.runs.items():
         summary["contenders"][name] = {
             "tokens_per_s": median_interval(result.rates(name, "tokens")),
             "episodes_per_s": median_interval(result.rates(name, "episodes")),
             "wall_s": median_interval([run["wall_s"] for run in runs]),
+            "roofline": contender_roofline(runs, floors(result, name), runs[0]["dtype"]),
             "runs": runs,
         }
     ours_tokens = result.rates("ours", "tokens")
@@ -300,7 +333,11 @@ def main(args: Args) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
     tasks = list(get_tasks("val"))[: args.tasks]
-    runs = contenders(model, tokenizer, model_path, tasks, args)
+    roof = measure_model(
+        ModelShape.of(model), args.tasks * args.episodes_per_task, quick=args.quick,
+        repeats=args.repeats, log=lambda line: print(f"[{NAME}] {line}", flush=True),
+    )  # fmt: skip
+    runs = contenders(model, tokenizer, model_path, tasks, args, roof)
     if args.waves:  # its first generate calls, outside the timing
         warm = Args(**{**asdict(args), "episodes_per_task": 1, "max_turns": 2})
         run_ours(model, tokenizer, tasks[:2], warm, batching="waves")
@@ -310,6 +347,7 @@ def main(args: Args) -> dict[str, Any]:
     conditions.finish()
     summary = summarize(result)
     summary["order"] = result.order
+    summary["roofline"] = roof
     check_limit(summary, args.quick)
     out = output_dir(args.quick, args.out_dir, args.write)
     text = report(NAME, summary, conditions, args, model_path, out)

@@ -210,5 +210,6 @@ class TRLContender:
         return {
             **generate_batch(self.trainer, self.tasks, self.args),
             "backend": self.backend,
+            "dtype": str(next(self.trainer.model.parameters()).dtype).removeprefix("torch."),
             "identical_prompt_ids": self.prompts_checked,
         }

@@ -16,7 +16,12 @@ Every step is split into generation (``_generate_and_score_completions``: rollou
 rewards), scoring (``_compute_loss``: the forward pass over the batch and the loss) and the rest
 (backward and optimizer step), by the same wrappers on both trainers. A repeat's value is the median
 of its steps after the first (the first warms kernels up); ratios are ours' median over the other's
-with a paired bootstrap interval over repeats.
+with a paired bootstrap interval over repeats. Against the hardware (:mod:`benchmarks.roofline`,
+measured in the same run): a step's floor is that of the forward and backward over the tokens
+of its batch (``6 x parameters x tokens`` FLOPs, every row's prompt and completion) at the dtype
+it trains in, and its share of the floor is floor / measured time, over the whole step and over
+its forward and backward (scoring and the rest); the generation's floor is
+``rollout_throughput``'s.
 
 Held-out quality: one longer run each of ``ours`` and ``trl`` (``--quality-steps``), evaluated by
 the same evaluator on ToolUseGame test tasks (sampled at temperature 1.0, the trained policy, and
@@ -43,14 +48,14 @@ from benchmarks.common import (
     check_repeats,
     default_model,
     interleave,
-    median_interval,
     output_dir,
     pin_threads,
-    ratio_interval,
     write_json,
     write_markdown,
 )
-from benchmarks.train_step_report import PARSE_FAILURE_REWARD, report
+from benchmarks.roofline import measure_model
+from benchmarks.step_work import ModelShape, dtype_of
+from benchmarks.train_step_report import PARSE_FAILURE_REWARD, report, summarize
 
 NAME = "train_step"
 OURS = {
@@ -145,7 +150,7 @@ class StepTimer:
         from transformers import TrainerCallback
 
         self.steps: list[dict[str, float]] = []
-        self._current = {"generation_s": 0.0, "scoring_s": 0.0}
+        self._current = {"generation_s": 0.0, "scoring_s": 0.0, "tokens": 0}
         for method, key in (
             ("_generate_and_score_completions", "generation_s"),
             ("_compute_loss", "scoring_s"),
@@ -155,7 +160,7 @@ class StepTimer:
 
         class Clock(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
-                timer._current = {"generation_s": 0.0, "scoring_s": 0.0}
+                timer._current = {"generation_s": 0.0, "scoring_s": 0.0, "tokens": 0}
                 timer._start = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kwargs):
@@ -169,17 +174,31 @@ class StepTimer:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return method(*args, **kwargs)
+                result = method(*args, **kwargs)
             finally:
                 self._current[key] += time.perf_counter() - start
+            if key == "generation_s":  # the batch the step trains on: its real tokens
+                self._current["tokens"] += int(
+                    result["prompt_mask"].sum() + result["completion_mask"].sum()
+                )
+            return result
 
         return wrapper
 
     def summary(self) -> dict[str, Any]:
-        """The median of each part over the steps after the first (all, with one step)."""
+        """The median of each part, of the forward and backward (``train_s``: scoring and the
+        rest) and of the tokens trained, over the steps after the first (all, with one step)."""
         timed = self.steps[1:] or self.steps
-        parts = ("step_s", "generation_s", "scoring_s", "backward_s")
-        return {**{p: statistics.median(s[p] for s in timed) for p in parts}, "steps": self.steps}
+        parts = ("step_s", "generation_s", "scoring_s", "backward_s", "tokens")
+        medians = {p: statistics.median(s[p] for s in timed) for p in parts}
+        train_s = statistics.median(s["scoring_s"] + s["backward_s"] for s in timed)
+        return {**medians, "train_s": train_s, "steps": self.steps}
+
+
+def training_dtype(trainer: Any) -> str:
+    """The dtype a trainer's matmuls run in: ``bfloat16`` under bf16 autocast, else its
+    weights'."""
+    return "bfloat16" if getattr(trainer.args, "bf16", False) else dtype_of(trainer.model)
 
 
 # --- the trainers --------------------------------------------------------------------------------
@@ -332,7 +351,7 @@ def main(args: Args) -> dict[str, Any]:
     check_repeats(args.repeats, args.quick)
     threads = pin_threads(args.threads)
     register_waves_policy()
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llm_gym.envs.tool_use_game import get_tasks
 
@@ -342,14 +361,21 @@ def main(args: Args) -> dict[str, Any]:
     settings = {**asdict(args), "model": model_path}
     conditions = Conditions.start(NAME, threads=threads, settings=settings, quick=args.quick)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    shape = ModelShape.of(AutoModelForCausalLM.from_pretrained(model_path))
+    roof = measure_model(shape, args.batch_size * args.episodes_per_task, quick=args.quick,
+                         repeats=args.repeats, log=print)  # fmt: skip
     tasks = list(get_tasks("train"))
     with tempfile.TemporaryDirectory(prefix="llm_gym_train_step_") as tmp:
 
         def contender(name: str):
             def run(repeat: int) -> dict[str, Any]:
                 out = Path(tmp) / f"{name}_{repeat}"
-                _, timer = train(name, model_path, tasks, args, out, args.steps, tokenizer)
-                return {**timer.summary(), "wall_s": timer.summary()["step_s"]}
+                trainer, timer = train(name, model_path, tasks, args, out, args.steps, tokenizer)
+                dtypes = {
+                    "dtype": training_dtype(trainer),
+                    "weights_dtype": dtype_of(trainer.model),
+                }
+                return {**timer.summary(), "wall_s": timer.summary()["step_s"], **dtypes}
 
             return run
 
@@ -360,38 +386,14 @@ def main(args: Args) -> dict[str, Any]:
         if args.quality_steps:
             held_out = quality(model_path, tasks, args, Path(tmp), tokenizer)
     conditions.finish()
-    summary = summarize(result, held_out)
+    summary = summarize(result, held_out, shape, roof)
     out = output_dir(args.quick, args.out_dir, args.write)
-    text = report(summary, conditions, args, model_path)
+    text = report(summary, conditions, args, model_path, roof.describe())
     print(text)
     if out is not None:
         write_markdown(NAME, text, out)
         write_json(NAME, {"benchmark": NAME, "conditions": conditions.as_json(), **summary}, out)
     return summary
-
-
-def summarize(result: Any, held_out: dict[str, Any]) -> dict[str, Any]:
-    parts = ("step_s", "generation_s", "scoring_s", "backward_s")
-    contenders = {
-        name: {
-            **{p: median_interval([run[p] for run in runs]).as_json() for p in parts},
-            "runs": runs,
-        }
-        for name, runs in result.runs.items()
-    }
-    ours = [run["step_s"] for run in result.runs["ours"]]
-
-    def ratio(name: str) -> dict[str, Any]:
-        return ratio_interval(ours, [run["step_s"] for run in result.runs[name]]).as_json()
-
-    return {
-        "step_time_ratio_to_trl": ratio("trl"),
-        "step_time_ratio_to_no_shared_prefix": ratio("ours_no_shared_prefix"),
-        "step_time_ratio_to_waves": ratio("ours_waves"),
-        "contenders": contenders,
-        "order": result.order,
-        "held_out": held_out,
-    }
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

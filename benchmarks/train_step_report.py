@@ -1,10 +1,15 @@
-"""The training-step results: ``train_step.md`` (the JSON is the summary itself)."""
+"""The training-step results: the summary of the repeats (written as ``train_step.json``) and
+``train_step.md``."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
-from benchmarks.common import Conditions
+from benchmarks import step_work
+from benchmarks.common import Conditions, median_interval, ratio_interval
+from benchmarks.roofline import Roofline, contender_roofline, share_cell
+from benchmarks.step_work import ModelShape, element_bytes
 
 PARSE_FAILURE_REWARD = -0.1
 """Ours' ``failed_parse_reward``; TRL's reward function gives the same to an unparsed call."""
@@ -17,12 +22,60 @@ LABELS = {
 }
 
 
+def step_floors(runs: list[dict[str, Any]], shape: ModelShape, roof: Roofline) -> list[float]:
+    """Each repeat's step floor: forward and backward over its median tokens a step, the
+    weights read in their dtype, the matmuls at the peak of the dtype it trains in."""
+    return [
+        roof.floor_s(
+            step_work.train_step(shape, round(r["tokens"]), element_bytes(r["weights_dtype"])),
+            r["dtype"],
+        )
+        for r in runs
+    ]
+
+
+def summarize(
+    result: Any, held_out: dict[str, Any], shape: ModelShape, roof: Roofline
+) -> dict[str, Any]:
+    """Each contender's parts (medians, 95% intervals), its floor and shares of it (the whole
+    step, and its forward and backward: ``share_of_floor_train``), and ours' ratios."""
+    parts = ("step_s", "generation_s", "scoring_s", "backward_s")
+    contenders = {}
+    for name, runs in result.runs.items():
+        floors, dtype = step_floors(runs, shape, roof), runs[0]["dtype"]
+        train = contender_roofline(runs, floors, dtype, key="train_s")
+        contenders[name] = {
+            **{p: median_interval([run[p] for run in runs]).as_json() for p in parts},
+            "tokens": statistics.median(run["tokens"] for run in runs),
+            **contender_roofline(runs, floors, dtype, key="step_s"),
+            "share_of_floor_train": train["share_of_floor"],
+            "runs": runs,
+        }
+    ours = [run["step_s"] for run in result.runs["ours"]]
+
+    def ratio(name: str) -> dict[str, Any]:
+        return ratio_interval(ours, [run["step_s"] for run in result.runs[name]]).as_json()
+
+    return {
+        "step_time_ratio_to_trl": ratio("trl"),
+        "step_time_ratio_to_no_shared_prefix": ratio("ours_no_shared_prefix"),
+        "step_time_ratio_to_waves": ratio("ours_waves"),
+        "contenders": contenders,
+        "order": result.order,
+        "held_out": held_out,
+        "roofline": roof.as_json(),
+    }
+
+
 def _cell(estimate: dict[str, Any]) -> str:
     low, high = estimate["ci"]
     return f"{estimate['median']:.2f} [{low:.2f}, {high:.2f}]"
 
 
-def report(summary: dict[str, Any], conditions: Conditions, args: Any, model_path: str) -> str:
+def report(
+    summary: dict[str, Any], conditions: Conditions, args: Any, model_path: str, roofline: str
+) -> str:
+    """The markdown text; ``roofline``: :meth:`benchmarks.roofline.Roofline.describe`."""
     ratio = summary["step_time_ratio_to_trl"]
     met = "met" if ratio["median"] <= 0.67 else "NOT met"
     lines = [
@@ -39,13 +92,21 @@ def report(summary: dict[str, Any], conditions: Conditions, args: Any, model_pat
         f"{args.steps} steps; its value is the median of the steps after the first. "
         f"{len(summary['order'])} repeats, interleaved; medians over repeats with 95% intervals.",
         "",
-        "| trainer | s / step | generation | scoring (forward + loss) | backward + optimizer |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        roofline,
+        "",
+        "| trainer | dtype | s / step | generation | scoring (forward + loss) | backward + "
+        "optimizer | tokens trained / s | floor (s) | share of floor: step | share: forward "
+        "+ backward |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, entry in summary["contenders"].items():
+        rate = entry["tokens"] / entry["step_s"]["median"]
         lines.append(
-            f"| {LABELS[name]} | {_cell(entry['step_s'])} | {_cell(entry['generation_s'])} | "
-            f"{_cell(entry['scoring_s'])} | {_cell(entry['backward_s'])} |"
+            f"| {LABELS[name]} | {entry['dtype']} | {_cell(entry['step_s'])} | "
+            f"{_cell(entry['generation_s'])} | {_cell(entry['scoring_s'])} | "
+            f"{_cell(entry['backward_s'])} | {rate:.0f} | {entry['floor_s']:.4f} | "
+            f"{share_cell(entry['share_of_floor'])} | "
+            f"{share_cell(entry['share_of_floor_train'])} |"
         )
     lines += [
         "",
@@ -53,6 +114,15 @@ def report(summary: dict[str, Any], conditions: Conditions, args: Any, model_pat
         "ours / ours without shared-prefix scoring "
         f"{_cell(summary['step_time_ratio_to_no_shared_prefix'])}; ours / ours with the waves "
         f"engine {_cell(summary['step_time_ratio_to_waves'])}.",
+        "",
+        "Floor: the least time this CPU allows for the forward and backward over the tokens of "
+        "a step's batch (every row's prompt and completion, median over the steps; 6 x "
+        "parameters FLOPs a token, the weights read twice and their gradients written once), "
+        "the larger of its FLOPs at the matmul peak of the dtype the trainer computes in and "
+        "its bytes at the copy bandwidth; the generation's floor is not in it (see "
+        "`rollout_throughput`). Share of floor = floor / measured time, of the whole step and "
+        "of its forward and backward (scoring and backward + optimizer); tokens trained / s "
+        "are those tokens over the whole step.",
     ]
     held = summary["held_out"]
     if held:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import socket
 import threading
@@ -23,6 +24,29 @@ os.environ["WANDB_MODE"] = "disabled"
 # Tests name their helpers by "module:attr" references ("tests.seeds.agent_env:load_environment"):
 # they are trusted the way a user trusts a package of their own.
 trust_modules("tests")
+
+
+def _fp32_probe(hidden: int, width: int) -> Any:
+    """A probe's times where bf16 is twice fp32's: ``dtype="auto"`` decides float32."""
+    from trainers.grpo.precision import DECODE_ROWS, TRAIN_TOKENS, ProbeTimes
+
+    return ProbeTimes(
+        decode_shape=(DECODE_ROWS, hidden, width), train_shape=(TRAIN_TOKENS, hidden, width),
+        decode_fp32_s=1e-3, decode_bf16_s=2e-3, train_fp32_s=1e-2, train_bf16_s=2e-2, threads=1,
+    )  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _auto_precision_is_float32(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """``dtype="auto"`` decides float32 in the tests, on every CPU: trainer tests compare the
+    sampler's tokens and logprobs with the trainer's, which a bf16 sampler (the choice on a CPU
+    with AMX or AVX-512 BF16) would move. Tests of the probe and the choice are marked
+    ``cpu_precision`` and measure this CPU."""
+    if request.node.get_closest_marker("cpu_precision") is not None:
+        return
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("trl") is None:
+        return
+    monkeypatch.setattr("trainers.grpo.precision.probe_matmuls", _fp32_probe)
 
 
 class LoopbackServer:

@@ -253,3 +253,36 @@ def test_mean_interval_is_still_exported() -> None:
     mean, (low, high) = common.mean_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and low < 2.0 < high
     assert statistics.fmean([low, high]) == pytest.approx(2.0)
+
+
+# --- the CPU's flags ------------------------------------------------------------------------------
+
+CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8481C
+flags\t\t: fpu sse avx2 fma avx512f avx512fp16 avx512_bf16 amx_tile amx_bf16 amx_int8
+vmx flags\t: vnmi preemption_timer avx2_fake
+"""
+
+
+def test_flags_are_whole_words_of_the_flags_line() -> None:
+    """Only the ``flags`` line counts (not ``vmx flags``), and only whole words: ``avx512fp16``
+    is no ``avx512f``, nor ``avx2_fake`` an ``avx2``; the order is :data:`CPU_FLAGS`'."""
+    assert procstat.flags_present(CPUINFO) == [
+        "amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma"
+    ]  # fmt: skip
+    no_avx512 = CPUINFO.replace(" avx512f ", " ").replace(" fma", "")
+    assert procstat.flags_present(no_avx512) == ["amx_bf16", "amx_tile", "avx512_bf16", "avx2"]
+    assert procstat.flags_present("vmx flags\t: avx2 fma\n") == []
+    assert procstat.flags_present("") == []
+
+
+def test_conditions_record_the_cpu_flags_and_describe_them() -> None:
+    conditions = Conditions.start("demo", quick=True, command="cmd")
+    assert conditions.cpu_flags == procstat.cpu_flags()
+    assert conditions.as_json()["cpu_flags"] == conditions.cpu_flags
+    conditions.cpu_flags = ["avx2", "fma"]
+    assert "(CPU flags: avx2, fma)" in conditions.describe()
+    conditions.cpu_flags = []
+    assert "CPU flags: none of amx_bf16, amx_tile, avx512_bf16" in conditions.describe()
+    old = Conditions(**_old_conditions())  # a results file written without the flags
+    assert old.cpu_flags is None and "CPU flags" not in old.describe()

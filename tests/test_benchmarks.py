@@ -61,6 +61,28 @@ def test_rollout_throughput_smoke(small_model_dir, tmp_path) -> None:
     assert len(data["conditions"]["load_after"]) == 3
     assert data["statistics"]["repeats"] == 3 and len(data["statistics"]["order"]) == 3
     assert "replay limit" in (tmp_path / "rollout_throughput.md").read_text()
+    check_roofline(data["roofline"], data["contenders"], bound=1.0, positive=True)
+    assert "share of floor" in (tmp_path / "rollout_throughput.md").read_text()
+    assert (tmp_path / "rollout_throughput.png").exists()
+
+
+def check_roofline(
+    roof: dict, contenders: dict, *, bound: float, key: str = "wall_s", positive: bool = False
+) -> None:
+    """The roofline a benchmark's JSON holds is sane: a positive fp32 peak and bandwidth, the CPU
+    and its flags; every contender has a dtype, a floor (> 0 with ``positive``) no longer than
+    its measured time allows, and a share of it in [0, ``bound``] (in (0, bound] with
+    ``positive``)."""
+    assert roof["peak_gflops"]["float32"] > 0 and roof["copy_gbps"] > 0
+    assert roof["cpu"] and isinstance(roof["cpu_flags"], list)
+    assert set(roof["matmul_gflops"]) == {"float32", "bfloat16"}
+    for name, entry in contenders.items():
+        share = entry["share_of_floor"]
+        assert entry["dtype"] in ("float32", "bfloat16"), name
+        assert entry["floor_s"] > 0 if positive else entry["floor_s"] >= 0, name
+        assert 0 <= share["ci"][0] <= share["median"] <= share["ci"][1] <= bound, name
+        assert share["median"] > 0 or not positive, name
+        assert all(run[key] > 0 for run in entry["runs"]), name
 
 
 def test_rollout_options_and_the_repeat_floor() -> None:
@@ -195,6 +217,12 @@ def test_train_step_smoke(small_model_dir, tmp_path) -> None:
     assert ratio["ci"][0] <= ratio["median"] <= ratio["ci"][1]
     assert data["conditions"]["threads"]["torch_threads"] == 2
     assert "Step time, ours / TRL" in (tmp_path / "train_step.md").read_text()
+    check_roofline(data["roofline"], data["contenders"], bound=1.0, key="step_s")
+    for entry in data["contenders"].values():  # the forward and backward: a part of the step
+        assert entry["share_of_floor_train"]["median"] >= entry["share_of_floor"]["median"]
+        assert all(step["tokens"] >= 0 for run in entry["runs"] for step in run["steps"])
+    assert data["contenders"]["trl"]["floor_s"] > 0  # TRL trains every row
+    assert "share of floor" in (tmp_path / "train_step.md").read_text()
 
 
 def test_grpo_overfit_smoke(small_model_dir, capsys) -> None:

@@ -195,6 +195,9 @@ evaluation:
     # the run report, and what it reads: the step log, the config, the episodes
     assert (out / "report.html").exists() and (out / "config.json").exists()
     assert summary["health"] == []  # nothing fired in one step
+    precision = summary["precision"]  # dtype="auto": the choice and why (the probe's times)
+    assert precision["reason"].startswith("auto on a") and precision["sampling"] in (
+        "float32", "bfloat16")  # fmt: skip
     from llm_gym.eval.run_report import load_run
 
     run = load_run(out)

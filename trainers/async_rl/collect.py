@@ -4,8 +4,9 @@
 first rollout batch when ``max_steps_off_policy`` is set (so a resumed run starts from the weights
 it loaded). It
 
-- builds ``num_generator_replicas`` generators: a deep copy of the trainer's model behind the
-  continuous-batching ``HFPolicy`` engine, with :class:`~llm_gym.policies.weights.VersionedWeights`
+- builds ``num_generator_replicas`` generators: a deep copy of the trainer's model (in bf16 when
+  the run samples in bf16: :mod:`trainers.grpo.precision`) behind the continuous-batching
+  ``HFPolicy`` engine, with :class:`~llm_gym.policies.weights.VersionedWeights`
   (or, with ``use_vllm``, TRL's vLLM engine, whose weights move with ``sync_weights``; or, with
   an agent, the copy served on a training endpoint of its own, whose engine swaps a staged
   version in before each call: :meth:`trainers.grpo.agent_rollouts.AgentCollector.replica`);
@@ -25,7 +26,6 @@ each, the trainer the rest): on a 2-core machine each gets its own core.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -45,24 +45,11 @@ from trainers.async_rl.weight_sync import CallbackPublisher, InProcessPublisher,
 from trainers.grpo.agent_rollouts import AgentCollector, ServedReplica
 from trainers.grpo.config.multi_turn import MultiTurnGRPOConfig
 from trainers.grpo.dynamic_sampling import GroupPool
+from trainers.grpo.precision import generator_copy
 from trainers.grpo.rejection_sampling import group_signal
 from trainers.grpo.rollouts import MixturePart
 
 __all__ = ["AsyncBatch", "AsyncCollector"]
-
-
-def generator_copy(model: Any) -> Any:
-    """A generator's own copy of the trainer's model: frozen, in eval mode.
-
-    Accelerate wraps a prepared model's ``forward`` in an instance attribute (mixed precision's
-    output cast) whose closure holds the *original* model; a deep copy keeps that closure, so
-    the copy would run the trainer's weights. The copy drops the wrapper and runs its class's
-    ``forward`` (in the weights' own dtype).
-    """
-    clone = copy.deepcopy(model)
-    for name in ("forward", "_original_forward"):
-        clone.__dict__.pop(name, None)
-    return clone.eval().requires_grad_(False)
 
 
 class AsyncBatch:
@@ -206,7 +193,7 @@ class AsyncCollector:
             self.replicas = []
             policies = []
             for replica in range(args.num_generator_replicas):
-                model = generator_copy(source)
+                model = generator_copy(source, bf16=trainer.precision.sampling_bf16)
                 weights = VersionedWeights(model, version=self.version, swap=self.mode.swap)
                 self.replicas.append(weights)
                 seed = args.seed + 7919 * (rank * args.num_generator_replicas + replica + 1)

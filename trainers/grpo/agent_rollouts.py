@@ -209,6 +209,7 @@ class AgentCollector:
         import torch
 
         from llm_gym.integrations.trl.rollout import generation_model
+        from trainers.grpo.collection import sampling_model
         from trainers.grpo.rollouts import torch_threads
 
         cpu = trainer.accelerator.device.type == "cpu"
@@ -221,8 +222,9 @@ class AgentCollector:
             training = model.training
             model.eval()
             try:
+                sampler = sampling_model(trainer, model)  # its bf16 copy when sampling in bf16
                 return self._collect(
-                    model, tasks, episodes_per_task, temperature, max_turns, sequential
+                    sampler, tasks, episodes_per_task, temperature, max_turns, sequential
                 )
             finally:
                 model.train(training)

@@ -28,7 +28,7 @@ from trainers.grpo.rollouts import collect_episode_groups, collect_mixture_group
 if TYPE_CHECKING:
     from trainers.grpo.trainer import MultiTurnGRPOTrainer
 
-__all__ = ["AsyncCallback", "generation_policy", "lockstep_pool", "run_groups"]
+__all__ = ["AsyncCallback", "generation_policy", "lockstep_pool", "run_groups", "sampling_model"]
 
 
 class AsyncCallback(TrainerCallback):
@@ -50,7 +50,8 @@ def generation_policy(
     trainer: MultiTurnGRPOTrainer, temperature: float, sequential: bool
 ) -> Iterator[Policy]:
     """The policy that samples with the trainer's current weights: TRL's vLLM engine (its
-    weights synced first) or the model unwrapped for generation, in eval mode, with
+    weights synced first) or the model unwrapped for generation (its bf16 copy when the run
+    samples in bf16: :func:`sampling_model`), in eval mode, with
     ``generator_threads`` torch threads on CPU; finished and restored on exit."""
     args = trainer.grpo_args
     if trainer.use_vllm:  # TRL's vLLM engine generates: publish the weights, then drive it
@@ -72,7 +73,7 @@ def generation_policy(
         unwrapped.eval()
         policy = policy_from_spec(
             args.rollout_backend,
-            model=unwrapped,
+            model=sampling_model(trainer, unwrapped),
             tokenizer=trainer.episode_tokenizer,
             temperature=temperature,
             top_p=args.top_p,
@@ -85,6 +86,14 @@ def generation_policy(
         finally:
             policy.finish()
             unwrapped.train(was_training)
+
+
+def sampling_model(trainer: MultiTurnGRPOTrainer, unwrapped: Any) -> Any:
+    """The model an in-process sampler runs: the trainer's own, or, when the run samples in
+    bf16, its bf16 copy holding the current weights
+    (:class:`~trainers.grpo.precision.SamplingCopy`)."""
+    copy = trainer.sampling_copy
+    return unwrapped if copy is None else copy.of(unwrapped)
 
 
 def run_groups(

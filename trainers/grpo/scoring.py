@@ -114,10 +114,12 @@ def training_batch(
 
 
 def reference_logps(trainer: MultiTurnGRPOTrainer, batch: dict[str, Any]) -> dict[str, float]:
-    """Add ``old_per_token_logps`` when off-policy, ``ref_per_token_logps`` when beta != 0,
-    vLLM's importance-sampling ratio, and, when older weights sampled some tokens of an async
-    batch, what the loss needs to correct them (``behaviour_logps``, ``stale_mask``; see
-    :func:`weigh_stale_advantages`). Returns the async and sampling metrics."""
+    """Add ``old_per_token_logps`` when off-policy or when the sampler is another kernel (vLLM,
+    an in-process sampler in bf16: their logprob gap is logged), ``ref_per_token_logps`` when
+    beta != 0, vLLM's importance-sampling ratio, and, when older weights or a bf16 sampler
+    sampled tokens in-process, what the loss needs to correct them (``behaviour_logps``,
+    ``stale_mask``; see :func:`weigh_stale_advantages`). Returns the async and sampling
+    metrics."""
     args = trainer.grpo_args
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -125,6 +127,8 @@ def reference_logps(trainer: MultiTurnGRPOTrainer, batch: dict[str, Any]) -> dic
     micro = args.per_device_train_batch_size
     generate_every = args.steps_per_generation * trainer.num_iterations
     correct = trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    # An in-process sampler in bf16 is another kernel than the trainer's, as vLLM is.
+    other_kernel = not trainer.use_vllm and trainer.precision.sampling_bf16
     loss_mask = batch["completion_mask"] * batch["tool_mask"]
     versions = batch.pop("policy_versions", None)
     stale = None
@@ -134,23 +138,25 @@ def reference_logps(trainer: MultiTurnGRPOTrainer, batch: dict[str, Any]) -> dic
     if stale is not None:
         metrics["async/stale_token_ratio"] = float(stale.sum() / loss_mask.sum().clamp(min=1))
     # In-process generators: correct only the tokens older weights sampled (the current
-    # weights' tokens are the current policy's, bit for bit). vLLM: TRL's correction below
-    # covers every token (kernel mismatch and staleness alike).
+    # weights' tokens are the current policy's, bit for bit), and every token of a bf16
+    # sampler. vLLM: TRL's correction below covers every token (kernel mismatch and staleness
+    # alike).
+    behaviour = loss_mask.clone() if other_kernel else stale
     fold = (
-        stale is not None
+        behaviour is not None
         and not trainer.use_vllm
         and trainer.vllm_importance_sampling_correction
-        and bool(stale.any())
+        and bool(behaviour.any())
     )
     if fold:  # weighed in the loss, from the logprobs its own forward pass computes
         batch["behaviour_logps"] = batch["sampling_per_token_logps"]
-        batch["stale_mask"] = stale
+        batch["stale_mask"] = behaviour
 
     def logps(model: Any) -> Any:
         return trainer.token_logps(model, input_ids, attention, keep, batch_size=micro)
 
     with torch.no_grad():
-        if args.gradient_accumulation_steps % generate_every != 0 or correct:
+        if args.gradient_accumulation_steps % generate_every != 0 or correct or other_kernel:
             batch["old_per_token_logps"] = logps(trainer.model)
         if "old_per_token_logps" in batch:  # the sampler's logprobs against the trainer's
             gap = logprob_gap(
@@ -261,8 +267,9 @@ def weigh_stale_advantages(
 
 @dataclass(frozen=True)
 class StaleTokens:
-    """An async micro-batch's tokens that older weights sampled (``mask``), and the sampler's
-    logprobs of every token (``behaviour_logps``), taken out of the batch for the loss."""
+    """A micro-batch's tokens that another policy sampled in-process (``mask``: older weights
+    in async training, every token of a bf16 sampler), and the sampler's logprobs of every
+    token (``behaviour_logps``), taken out of the batch for the loss."""
 
     mask: Any
     behaviour_logps: Any

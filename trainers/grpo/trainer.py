@@ -46,6 +46,7 @@ from trainers.grpo.metrics import (
     extend_completion_logs,
     rollout_metrics,
 )
+from trainers.grpo.precision import SamplingCopy, settle_precision
 from trainers.grpo.rejection_sampling import credit_rewards
 from trainers.grpo.rewards import GroupRewards, check_reward_funcs
 from trainers.grpo.rollouts import save_step_episodes
@@ -126,6 +127,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         if model is None:
             raise InvalidArgumentError("No model: pass model= or set the config's model field.")
         model, processing_class = grpo_start(model, processing_class, args)  # its chat template
+        self.precision = settle_precision(args, model)  # before TRL builds the accelerator
         mixture, env_factory, tasks = MixtureRun.or_one_env(
             envs, env_factory, tasks, val_tasks, args
         )
@@ -151,6 +153,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         # TRL checked the user's weights against the user's functions
         weights = self.reward_weights.tolist() if user_funcs else []
         self.rewards = GroupRewards(args, user_funcs, weights)
+        self.sampling_copy = SamplingCopy() if self.precision.sampling_bf16 else None
+        self.record_metrics(self.precision.metrics())  # in the first step's record
         self.teacher: Any = None  # on-policy distillation's, built at the first batch
         # inside _compute_loss of an async micro-batch: what TRL's loss reads, the stale tokens
         self._stale: tuple[dict[str, Any], StaleTokens] | None = None
@@ -428,7 +432,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             mean = weigh_stale_advantages(self, inputs, stale, scored[0])
             if mean is not None:
                 mode = "train" if self.model.training else "eval"
-                self.record_metrics({"async/off_policy_weight_mean": mean}, mode)
+                key = "async/off_policy" if self.grpo_args.is_async else "sampling/importance"
+                self.record_metrics({f"{key}_weight_mean": mean}, mode)
         return scored
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:

@@ -292,6 +292,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     trainer.processing_class.save_pretrained(str(final_path))
     summary["final_model"] = str(final_path)
     summary["validation_history"] = trainer.validation_history
+    summary["precision"] = trainer.precision.as_json()  # dtype: the choice, the probe's times
     if trainer.best_point is not None:  # grpo.keep_best: the model is the best validation point
         summary["best_point"] = trainer.best_point.as_json()
         print(f"   {trainer.best_point.describe()}", flush=True)

@@ -22,6 +22,7 @@ from trainers.async_rl.weight_sync import WeightSyncType
 from trainers.distillation.config import DistillationConfig
 from trainers.grpo.advantages import ADVANTAGE_ESTIMATORS
 from trainers.grpo.config.agent import check_agent_fields
+from trainers.grpo.config.dtype import check_dtype
 from trainers.grpo.config.keep_best import check_keep_best
 
 __all__ = [
@@ -333,6 +334,6 @@ def check_config(config: Any) -> None:
     config.distillation = check_distillation(config.distillation, refuse)
     checks = (check_counts, check_backend, check_async, check_deadline, check_sampling)
     for check in (*checks, check_templates, check_rewards, check_outputs, check_health,
-                  check_agent_fields, check_keep_best):  # fmt: skip
+                  check_agent_fields, check_keep_best, check_dtype):  # fmt: skip
         check(config, refuse)
     check_field_types(config)  # last: the checks above say more about their own fields

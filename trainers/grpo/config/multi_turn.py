@@ -28,6 +28,7 @@ from trainers.async_rl.weight_sync import WeightSyncType
 from trainers.distillation.config import DistillationConfig
 from trainers.grpo.config.agent import AgentFields
 from trainers.grpo.config.checks import check_config
+from trainers.grpo.config.dtype import DtypeFields, gpu_support, static_precision
 from trainers.grpo.config.field_types import check_field_types
 from trainers.grpo.config.keep_best import KeepBestFields
 from trainers.wandb_setup import DEFAULT_PROJECT, check_wandb_setup, report_to_with_wandb
@@ -35,18 +36,12 @@ from trainers.wandb_setup import DEFAULT_PROJECT, check_wandb_setup, report_to_w
 __all__ = ["MultiTurnGRPOConfig"]
 
 
-def _gpu_supports_bf16() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
 def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @dataclass
-class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields):
+class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields, DtypeFields):
     """TRL's ``GRPOConfig`` with the multi-turn fields of the post-training cookbook."""
 
     per_device_train_batch_size: int | None = field(
@@ -68,7 +63,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields):
         metadata={"help": "Transformers' deprecated alias of activation_checkpointing."},
     )
     bf16: bool | None = field(
-        default=None, metadata={"help": "bf16 mixed precision (None: on when a GPU supports it)."}
+        default=None, metadata={"help": "bf16 autocast in training (None: as dtype decides)."}
     )
     model: str | None = field(
         default=None,
@@ -382,8 +377,9 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields):
         self.steps_per_generation = self.gradient_accumulation_steps = steps
         self.max_steps = self.num_steps
         self.max_completion_length = self.max_model_length
-        if self.bf16 is None:
-            self.bf16 = _gpu_supports_bf16() and not self.use_cpu
+        gpu, gpu_bf16 = gpu_support()
+        precision = static_precision(self, gpu and not self.use_cpu, gpu_bf16)
+        self.bf16 = precision is not None and precision.training_bf16  # False: until probed
         self.report_to, wandb = report_to_with_wandb(self.report_to, self.wandb_project, os.environ)
         if wandb:  # before any model loads: a run without a W&B set-up stops here
             check_wandb_setup(self.wandb_project or os.environ.get("WANDB_PROJECT", "huggingface"))
@@ -391,6 +387,7 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields):
                 os.environ.setdefault("WANDB_PROJECT", self.wandb_project)
         super().__post_init__()
         self.num_generations = group_size
+        self.precision = precision  # None: the trainer probes (trainers.grpo.precision)
 
     @property
     def is_async(self) -> bool:
