@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from llm_gym.policies.hf_engine import DecodeEngine  # noqa: E402
 from llm_gym.policies.hf_sampling import row_stream  # noqa: E402
-from tests.test_hf_sampling import _reference_draw  # noqa: E402
+from tests.test_hf_sampling import reference_draw  # noqa: E402
 
 
 def reference_turn(
@@ -29,7 +29,7 @@ def reference_turn(
             logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
         else:
             scores = torch.log_softmax(logits / temperature, dim=-1)
-            token = int(_reference_draw(scores.exp()[None], [stream.random()])[0])
+            token = int(reference_draw(scores.exp()[None], [stream.random()])[0])
             logprobs.append(float(scores[token]))
         ids.append(token)
     return ids[len(context) :], logprobs

@@ -80,7 +80,7 @@ def test_row_streams_depend_on_the_seed_and_key_only() -> None:
     assert len(others) == 3
 
 
-def _reference_draw(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+def reference_draw(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
     """The obvious inverse CDF: one sequential ``cumsum`` over the whole vocabulary."""
     cdf = probs.cumsum(dim=-1)
     u = torch.tensor(uniforms, dtype=cdf.dtype).view(-1, 1)
@@ -101,7 +101,7 @@ def test_the_blocked_draw_matches_the_plain_inverse_cdf(vocab: int) -> None:
         probs = hf_sampling.nucleus(logits / temperature, top_p)
         uniforms = [rng.random() for _ in range(64)]
         uniforms[:2] = [0.0, 0.5]
-        assert draw(probs, uniforms=uniforms).tolist() == _reference_draw(probs, uniforms).tolist()
+        assert draw(probs, uniforms=uniforms).tolist() == reference_draw(probs, uniforms).tolist()
         # At the top of the CDF the two summation orders may part (a rounding boundary), but
         # never onto an id of probability zero.
         top = draw(probs, uniforms=[1.0 - 2**-24] * 64)
@@ -112,6 +112,6 @@ def test_a_unit_temperature_sample_is_the_tempered_law_at_one() -> None:
     logits = torch.randn(8, 700, generator=torch.Generator().manual_seed(2)) * 3
     uniforms = [row_stream(1, i).random() for i in range(8)]
     ids, logprobs = sample(logits, temperature=1.0, top_p=1.0, uniforms=uniforms)
-    assert ids == _reference_draw(torch.softmax(logits, dim=-1), uniforms).tolist()
+    assert ids == reference_draw(torch.softmax(logits, dim=-1), uniforms).tolist()
     expected = torch.log_softmax(logits, dim=-1)[torch.arange(8), torch.tensor(ids)]
     assert logprobs == pytest.approx(expected.tolist(), abs=1e-6)
