@@ -70,6 +70,9 @@ def test_auto_rows_come_from_the_curve_within_the_budget(small_model, monkeypatc
     assert policy.engine_rows(40 * row) == 32  # fits 40 rows: measured up to 32
     assert measured == [[8, 16, 32, 64, 128], [8, 16, 32]]
     assert policy.engine_rows(1000 * row) == 128 and len(measured) == 2  # measured once
+    policy.kv_budget_bytes = 40 * row
+    stream = policy.open_stream()  # the continuous engine seats what the pick says
+    assert stream is not None and stream.engine.max_rows == 32 and len(measured) == 2
     assert HFPolicy(model, tokenizer, max_batch_size=3).engine_rows(row) == 3
 
 
