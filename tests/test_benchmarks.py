@@ -225,6 +225,18 @@ def test_train_step_smoke(small_model_dir, tmp_path) -> None:
     assert "share of floor" in (tmp_path / "train_step.md").read_text()
 
 
+def test_decode_profile_smoke(small_model_dir, capsys) -> None:
+    """``--quick`` profiles decode steps of the engine: a step time, the ops by self CPU time
+    and the Python frames by own time, each with its share of a step, printed."""
+    from benchmarks import decode_profile
+
+    result = decode_profile.main(["--model", str(small_model_dir), "--quick", "--threads", "1"])
+    assert result["rows"] == 2 and result["step_ms"] > 0 and result["threads"] == 1
+    assert any(op.startswith("aten::") for op, _, _ in result["ops"])
+    assert all(share >= 0 for _, share, _ in result["ops"] + result["frames"])
+    assert "| op (self CPU) | share of step | calls |" in capsys.readouterr().out
+
+
 def test_grpo_overfit_smoke(small_model_dir, capsys) -> None:
     import pytest
 

@@ -78,3 +78,40 @@ def test_row_streams_depend_on_the_seed_and_key_only() -> None:
     assert first[0] == first[1] == 0.1222262255418366  # the same in every process and machine
     others = {row_stream(5, (1, 0)).random(), row_stream(6, (0, 1)).random(), first[0]}
     assert len(others) == 3
+
+
+def reference_draw(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """The obvious inverse CDF: one sequential ``cumsum`` over the whole vocabulary."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.tensor(uniforms, dtype=cdf.dtype).view(-1, 1)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
+    tokens = tokens.clamp_(max=probs.shape[1] - 1)
+    zero = probs.gather(1, tokens[:, None])[:, 0] <= 0
+    return torch.where(zero, probs.argmax(dim=-1), tokens)
+
+
+@pytest.mark.parametrize("vocab", [49_152, 1_000, 300, 7])
+def test_the_blocked_draw_matches_the_plain_inverse_cdf(vocab: int) -> None:
+    """Seeded draws of :func:`draw` (two-level CDF) are the plain ``cumsum`` inverse CDF's,
+    on vocabularies that fill their last block or not, tempered, truncated and peaked rows."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(64, vocab, generator=gen) * 4
+    rng = row_stream(0, vocab)
+    for temperature, top_p in ((1.0, 1.0), (0.6, 1.0), (1.0, 0.9), (0.2, 0.5)):
+        probs = hf_sampling.nucleus(logits / temperature, top_p)
+        uniforms = [rng.random() for _ in range(64)]
+        uniforms[:2] = [0.0, 0.5]
+        assert draw(probs, uniforms=uniforms).tolist() == reference_draw(probs, uniforms).tolist()
+        # At the top of the CDF the two summation orders may part (a rounding boundary), but
+        # never onto an id of probability zero.
+        top = draw(probs, uniforms=[1.0 - 2**-24] * 64)
+        assert bool((probs.gather(1, top[:, None]) > 0).all())
+
+
+def test_a_unit_temperature_sample_is_the_tempered_law_at_one() -> None:
+    logits = torch.randn(8, 700, generator=torch.Generator().manual_seed(2)) * 3
+    uniforms = [row_stream(1, i).random() for i in range(8)]
+    ids, logprobs = sample(logits, temperature=1.0, top_p=1.0, uniforms=uniforms)
+    assert ids == reference_draw(torch.softmax(logits, dim=-1), uniforms).tolist()
+    expected = torch.log_softmax(logits, dim=-1)[torch.arange(8), torch.tensor(ids)]
+    assert logprobs == pytest.approx(expected.tolist(), abs=1e-6)

@@ -447,3 +447,21 @@ def test_real_model_speed_smoke(tmp_path) -> None:  # about 40 s on 2 quiet core
         )
     text = (tmp_path / "real_model_speed.md").read_text()
     assert "share of floor" in text and "Roofline, measured in this run" in text
+
+
+def test_smollm2_decodes_what_the_obvious_decoder_does() -> None:
+    """8 rows of the speed benchmark's tool prompts (a 500-token shared prefix)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.real_model_speed import prompt_sets
+    from llm_gym.errors import LlmGymError
+    from llm_gym.policies.pretrained import fetch_model
+    from tests.test_hf_engine_reference import check_against_reference
+
+    try:
+        path = fetch_model("smollm2-135m-instruct")
+    except LlmGymError as exc:
+        pytest.skip(f"SmolLM2 cannot be fetched: {str(exc)[:300]}")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = prompt_sets(AutoTokenizer.from_pretrained(path), 32)["tools"]
+    check_against_reference(model, prompts[::4], steps=4, tol=2e-3)

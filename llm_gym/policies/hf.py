@@ -53,6 +53,9 @@ class HFPolicy(Policy):
             draws from one generator for its whole batch.
         max_batch_size: Most episodes generated together (None: all of them): the largest
             ``generate`` batch, or the most episodes holding a row of the continuous engine.
+            ``"auto"``: the engine's rows picked from tokens/s measured against rows in flight
+            on this model (:func:`~llm_gym.policies.rows_curve.rows_in_flight`, seconds once
+            per model in a process) within the key/value budget; waves take all episodes.
         chat_template_kwargs: Extra chat template arguments (when a request has no prompt ids).
         template_tools: A chat template that cannot render tools (when a request has no prompt
             ids): ``"fallback"`` (the tools as text, :mod:`llm_gym.policies.template_tools`)
@@ -89,7 +92,7 @@ class HFPolicy(Policy):
         top_p: float = 1.0,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         seed: int | None = 0,
-        max_batch_size: int | None = None,
+        max_batch_size: int | str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         name_or_path: str | None = None,
         batching: str = "continuous",
@@ -110,6 +113,17 @@ class HFPolicy(Policy):
             raise InvalidArgumentError(
                 f"batching must be one of {BATCHING_MODES}, actual value: {batching!r}."
             )
+        if max_batch_size is not None and max_batch_size != "auto":
+            if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int):
+                raise InvalidArgumentError(
+                    f"max_batch_size must be an int >= 1, 'auto' or None, actual value: "
+                    f"{max_batch_size!r}."
+                )
+            if max_batch_size < 1:
+                raise InvalidArgumentError(
+                    f"max_batch_size must be >= 1 ('auto' or None to leave it to the engine), "
+                    f"actual value: {max_batch_size}."
+                )
         if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
             raise InvalidArgumentError("The tokenizer needs a pad or an eos token for batching.")
         if weights is not None and weights.model is not model:
@@ -224,6 +238,16 @@ class HFPolicy(Policy):
 
         return HFStream(self)
 
+    def engine_rows(self, kv_budget_bytes: int) -> int | None:
+        """The continuous engine's most rows: ``max_batch_size``, or with ``"auto"``
+        :func:`~llm_gym.policies.rows_curve.rows_in_flight` within ``kv_budget_bytes``, each
+        row at the curve probe's context plus one turn of ``max_new_tokens``."""
+        if self.max_batch_size != "auto":
+            return self.max_batch_size  # type: ignore[return-value]
+        from llm_gym.policies.rows_curve import PROBE_CONTEXT, rows_in_flight
+
+        return rows_in_flight(self.model, kv_budget_bytes, PROBE_CONTEXT + self.max_new_tokens)
+
     def _prompt_ids(self, request: PolicyRequest) -> list[int]:
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
@@ -262,7 +286,7 @@ class HFPolicy(Policy):
     async def act(self, requests: Sequence[PolicyRequest]) -> list[Generation]:
         if not requests:
             return []
-        size = self.max_batch_size or len(requests)
+        size = self.max_batch_size if isinstance(self.max_batch_size, int) else len(requests)
         out: list[Generation] = []
         for start in range(0, len(requests), size):
             chunk = list(requests[start : start + size])

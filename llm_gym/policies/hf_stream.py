@@ -49,9 +49,9 @@ class HFStream(PolicyStream):
             temperature=policy.temperature,
             top_p=policy.top_p,
             seed=seed,
-            max_rows=policy.max_batch_size,
             kv_budget_bytes=policy.kv_budget_bytes,
         )
+        self.engine.max_rows = policy.engine_rows(self.engine.kv_budget_bytes)
         self.batch_sizes = self.engine.rows_per_pass
         self._admits: list[tuple[Hashable, list[int], int]] = []
         self._releases: list[Hashable] = []
