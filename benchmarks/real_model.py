@@ -1,47 +1,71 @@
-"""RL on a real pretrained model: the SmolLM2-135M-Instruct recipes, GRPO against rejection-
-sampling fine-tuning (RFT) from the same start at the same compute.
+"""RL on a real pretrained model, built run by run: SmolLM2-135M-Instruct recipes, GRPO against
+rejection-sampling fine-tuning (RFT) from the same start at the same sampling budget.
 
-For each recipe (a ``train.py`` config: ``configs/tool_use_game_smollm2.yaml``, SFT warm start
-then GRPO; ``configs/guess_number_smollm2.yaml``, GRPO straight from the instruct model):
+Each invocation runs one thing and merges it into ``results/real_model.json``; a run already
+recorded for the same settings is skipped, so the table is built over several invocations:
 
-1. the recipe as ``train.py`` runs it (:func:`trainers.pipeline.run.run_pipeline`): held-out success
-   at the start (after SFT where there is one), then after GRPO, greedy and sampled, each gain
-   paired by task with its 95% interval;
-2. RFT from the same start model (the first run's SFT folder, or the base model): the same run
-   with ``credit_assignment: rejection_sampling`` (:mod:`trainers.grpo.rejection_sampling`: the SFT
-   loss on the model's own successful episodes), so the same tasks, rollouts per step, steps,
-   optimizer and learning rate: the same compute (both runs' wall times are reported);
-3. GRPO minus RFT after training, paired by task, with its 95% interval.
+    python -m benchmarks.real_model --run probe             # where the instruct model starts (val)
+    python -m benchmarks.real_model --run chain_sum.grpo    # a recipe's GRPO run (test split)
+    python -m benchmarks.real_model --run chain_sum.rft     # its RFT twin
+    python -m benchmarks.real_model --run chain_sum.grpo --tune --set grpo.learning_rate=2e-6
+    python -m benchmarks.real_model --render                # real_model.md and .png from the JSON
+    python -m benchmarks.real_model --quick                 # a smoke run; writes nothing
 
-Settings were chosen on the val split (validation during training); everything here reports
-the test split (and, for ToolUseGame, the same questions in a re-seeded world).
+* ``probe``: the instruct model's success on the val split of each candidate environment
+  (:data:`PROBES`), greedy and sampled, so that a recipe starts where it already succeeds
+  sometimes (0.1 to 0.7) and GRPO has groups with a signal.
+* ``RECIPE.ARM``: the recipe's ``train.py`` config (:data:`RECIPES`) as
+  :func:`trainers.pipeline.run.run_pipeline` runs it: held-out success at the start (after the
+  SFT warm start where there is one), training, held-out success after, greedy and sampled. The
+  ``rft`` arm is the same config with ``credit_assignment: rejection_sampling``
+  (:mod:`trainers.grpo.rejection_sampling`: the SFT loss on the model's own successful
+  episodes): the same start, tasks, group size, steps, sampling budget and optimizer. Both arms
+  record their start model's file hash, so the report can show they started from the same
+  weights (an SFT warm start is deterministic at a fixed seed and thread count).
+* ``--tune``: the run validated on val only (no test evaluation), recorded apart; the recipes'
+  settings are chosen from these, and the test split is read only by the recipes' own runs.
 
-    python -m benchmarks.real_model                  # both recipes; writes results/real_model.*
-    python -m benchmarks.real_model --recipes guess_number   # one; the others' earlier runs kept
-    python -m benchmarks.real_model --quick          # a smoke run of the code path
+The report pairs GRPO and RFT by test task (95% interval of the difference); each record keeps
+its commit, CPU model and flags, threads, wall time, peak RSS and settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import resource
+import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    ROOT,
-    Conditions,
-    output_dir,
-    pin_threads,
-    write_json,
-    write_markdown,
-)
+from benchmarks.common import RESULTS_DIR, ROOT, Conditions, pin_threads, write_markdown
+from benchmarks.suite_tiny_tuning import parse_overrides
 
 NAME = "real_model"
+MODEL = "smollm2-135m-instruct"
 RECIPES = {
+    "chain_sum": "configs/chain_sum_smollm2.yaml",
     "tool_use_game": "configs/tool_use_game_smollm2.yaml",
-    "guess_number": "configs/guess_number_smollm2.yaml",
 }
+ARMS = {"grpo": {}, "rft": {"grpo.credit_assignment": "rejection_sampling"}}
+PROBES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chain_sum 2 terms, 1 digit": ("RG-ChainSum-v0", {
+        "config": {"max_terms": 2, "max_digits": 1},
+        "sizes": {"train": 40, "val": 40, "test": 40}}),
+    "chain_sum 2 terms, 2 digits": ("RG-ChainSum-v0", {
+        "config": {"max_terms": 2, "max_digits": 2}}),
+    "chain_sum 3 terms, 2 digits": ("RG-ChainSum-v0", {
+        "config": {"max_terms": 3, "max_digits": 2}}),
+    "basic_arithmetic +- 2 terms, 2 digits": ("RG-BasicArithmetic-v0", {"config": {
+        "max_terms": 2, "max_digits": 2, "operators": ["+", "-"], "allow_parentheses": False,
+        "allow_negation": False}}),
+    "leg_counting 3 animals": ("ReasoningGym-v0", {
+        "dataset": "leg_counting", "config": {"max_animals": 3, "max_instances": 3}}),
+    "family_relationships": ("RG-FamilyRelationships-v0", {}),
+    "word_sequence_reversal": ("ReasoningGym-v0", {"dataset": "word_sequence_reversal"}),
+}  # fmt: skip
+PROBE = {"tasks": 32, "samples": 2, "max_new_tokens": 64, "temperature": 1.0}
 QUICK = {  # the smallest run through every stage
     "sft.episodes": 8, "sft.max_steps": 1, "sft.batch_size": 2,
     "grpo.num_steps": 1, "grpo.batch_size": 2, "grpo.episodes_per_task": 2,
@@ -51,140 +75,294 @@ QUICK = {  # the smallest run through every stage
 }  # fmt: skip
 
 
-def paired(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+def settings_key(name: str, settings: dict[str, Any]) -> str:
+    """The record's key: the run's name and a hash of its settings (sorted JSON).
+
+    Example:
+        >>> settings_key("chain_sum.grpo", {"b": 1, "a": 2}) == settings_key(
+        ...     "chain_sum.grpo", {"a": 2, "b": 1})
+        True
+        >>> settings_key("probe", {}).split()[0]
+        'probe'
+    """
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return f"{name} {hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def run_settings(
+    recipe: str, arm: str, overrides: dict[str, Any], tune: bool, quick: bool = False
+) -> dict[str, Any]:
+    """What a recipe run depends on: its config file's text, the arm, the overrides, the mode."""
+    config_text = (ROOT / RECIPES[recipe]).read_text()
+    return {
+        "config": RECIPES[recipe],
+        "config_sha256": hashlib.sha256(config_text.encode()).hexdigest()[:16],
+        "arm": arm,
+        "overrides": overrides,
+        "tune": tune,
+        "quick": quick,
+    }
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def probe(quick: bool) -> dict[str, Any]:
+    """The instruct model's val success on each of :data:`PROBES`: greedy (one episode a task)
+    and sampled (``PROBE["samples"]`` a task at GRPO's temperature), with 95% intervals."""
+    from llm_gym.core.registry import env_entry
+    from llm_gym.eval import run_and_report
+    from llm_gym.policies import policy_from_spec
+    from trainers.pipeline.run import resolve_model_path
+
+    path = resolve_model_path(MODEL)
+    tasks = 2 if quick else PROBE["tasks"]
+    tokens = 8 if quick else PROBE["max_new_tokens"]
+    out: dict[str, Any] = {}
+    for label, (env_id, options) in PROBES.items():
+        entry = env_entry(env_id)
+        split = entry.tasks("val", **options)
+        record: dict[str, Any] = {"env": env_id, "task_options": options}
+        started = time.perf_counter()
+        for mode, temperature, k in (("greedy", 0.0, 1), ("sampled", PROBE["temperature"],
+                                                          PROBE["samples"])):  # fmt: skip
+            policy = policy_from_spec(f"hf:{path}", temperature=temperature, max_new_tokens=tokens,
+                                      seed=0)  # fmt: skip
+            report = run_and_report(entry, policy, tasks=split, episodes=tasks * k, k=k, seed=0,
+                                    progress=False, print_report=False)  # fmt: skip
+            metrics = report.metrics
+            record[mode] = {
+                "success": metrics["success_rate"],
+                "ci": [metrics["success_ci_low"], metrics["success_ci_high"]],
+                "mean_reward": metrics["reward_mean"],
+                "episodes": len(report.episodes),
+                "sampled_tokens_per_episode": metrics["completion_tokens_mean"],
+            }
+        record["seconds"] = time.perf_counter() - started
+        print(
+            f"[{NAME}] probe {label}: greedy {record['greedy']['success']:.3f}, sampled "
+            f"{record['sampled']['success']:.3f} ({record['seconds']:.0f} s)",
+            flush=True,
+        )
+        out[label] = record
+    return {"candidates": out, "settings": {**PROBE, "model": MODEL}}
+
+
+def run_recipe(recipe: str, arm: str, overrides: dict[str, Any], tune: bool, quick: bool,
+               work: Path) -> dict[str, Any]:  # fmt: skip
+    """One arm of one recipe through the pipeline; the record :func:`render` reads."""
+    from llm_gym.eval.model_hash import model_files_hash
+    from trainers.pipeline.config import load_config
+    from trainers.pipeline.run import run_pipeline
+
+    config_path = ROOT / RECIPES[recipe]
+    base = dict(QUICK) if quick else {}
+    if load_config(config_path).sft is None:  # no SFT stage to shrink
+        base = {k: v for k, v in base.items() if not k.startswith("sft.")}
+    fixed = {"output_dir": str(work / f"{recipe}.{arm}{'.tune' if tune else ''}")}
+    if tune:
+        fixed["evaluation"] = None
+    config = load_config(config_path, {**base, **ARMS[arm], **overrides, **fixed})
+    summary = run_pipeline(config)
+    keep = ("evaluation", "task_success", "train_log", "validation_history", "best_point",
+            "sft_seconds", "grpo_seconds", "evaluation_seconds", "total_seconds",
+            "precision")  # fmt: skip
+    record = {k: summary[k] for k in keep if k in summary}
+    start = Path(summary["start_model"])
+    record["start_model"] = MODEL if start == Path(summary["base_model"]) else str(start)
+    record["start_hash"] = model_files_hash(start)
+    return record
+
+
+def paired(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
     """``after - before`` over the tasks both evaluated (task success rates), with its 95%
-    interval (:func:`llm_gym.eval.paired_difference_interval`)."""
+    interval (:func:`llm_gym.eval.paired_difference_interval`); None without shared tasks.
+
+    Example:
+        >>> r = paired({"a": 0.0, "b": 1.0, "c": 0.5}, {"a": 1.0, "b": 1.0, "c": 0.5})
+        >>> r["tasks"], r["before"], round(r["after"], 3), round(r["difference"], 3)
+        (3, 0.5, 0.833, 0.333)
+    """
     from llm_gym.eval import paired_difference_interval
 
     keys = sorted(set(before) & set(after))
+    if not keys:
+        return None
     diff, low, high = paired_difference_interval(
         [before[k] for k in keys], [after[k] for k in keys]
     )
     return {
         "tasks": len(keys),
-        "rft": sum(before[k] for k in keys) / len(keys),
-        "grpo": sum(after[k] for k in keys) / len(keys),
+        "before": sum(before[k] for k in keys) / len(keys),
+        "after": sum(after[k] for k in keys) / len(keys),
         "difference": diff,
         "ci": [low, high],
     }
 
 
-def run_recipe(name: str, config_path: str, out: Path, quick: bool) -> dict[str, Any]:
-    from trainers.pipeline.config import load_config
-    from trainers.pipeline.run import run_pipeline
-
-    base = dict(QUICK) if quick else {}
-    if load_config(ROOT / config_path).sft is None:  # no SFT stage to shrink
-        base = {k: v for k, v in base.items() if not k.startswith("sft.")}
-    grpo_config = load_config(ROOT / config_path, {**base, "output_dir": str(out / "grpo")})
-    print(f"[{NAME}] {name}: GRPO", flush=True)
-    grpo = run_pipeline(grpo_config)
-    start = grpo["start_model"]
-    overrides = {
-        **{k: v for k, v in base.items() if not k.startswith("sft.")},
-        "output_dir": str(out / "rft"),
-        "model": start,
-        "sft": None,
-        "grpo.credit_assignment": "rejection_sampling",
-    }
-    print(f"[{NAME}] {name}: RFT from {start}", flush=True)
-    rft = run_pipeline(load_config(ROOT / config_path, overrides))
-    comparison: dict[str, Any] = {}
-    for label in grpo.get("task_success", {}):
-        if label.startswith("after_grpo") and label in rft.get("task_success", {}):
-            comparison[label] = paired(rft["task_success"][label], grpo["task_success"][label])
-    return {
-        "config": config_path,
-        "start_model": start,
-        "grpo": _brief(grpo),
-        "rft": _brief(rft),
-        "grpo_minus_rft": comparison,
-    }
+def recipe_runs(results: dict[str, Any], recipe: str) -> dict[str, dict[str, Any]]:
+    """The newest recorded test run of each arm of ``recipe`` under its current config file and
+    no overrides (the committed recipe)."""
+    found: dict[str, dict[str, Any]] = {}
+    for arm in ARMS:
+        current = run_settings(recipe, arm, {}, tune=False)
+        key = settings_key(f"{recipe}.{arm}", current)
+        if key in results.get("runs", {}):
+            found[arm] = results["runs"][key]
+    return found
 
 
-def _brief(summary: dict[str, Any]) -> dict[str, Any]:
-    keep = ("evaluation", "train_log", "validation_history", "sft_seconds", "grpo_seconds",
-            "evaluation_seconds", "total_seconds", "task_success")  # fmt: skip
-    return {k: summary[k] for k in keep if k in summary}
-
-
-def render(results: dict[str, Any], conditions: Conditions) -> str:
+def render(results: dict[str, Any]) -> str:
+    """``real_model.md`` from the JSON alone."""
     lines = [
         "# RL on a real pretrained model: SmolLM2-135M-Instruct",
         "",
-        "Each recipe as `train.py` runs it, then RFT (SFT on the model's own successful "
-        "episodes: `credit_assignment: rejection_sampling`) from the same start with the same "
-        "tasks, rollouts, steps and optimizer. Held-out success on the test split; gains and "
-        "differences paired by task, 95% intervals.",
+        "Built run by run (`python -m benchmarks.real_model --run NAME`, each run merged into "
+        "`real_model.json`). Each recipe is a `train.py` config; its RFT twin is the same run "
+        "with `credit_assignment: rejection_sampling` (the SFT loss on the model's own "
+        "successful episodes): the same start, tasks, group size, steps, sampling budget and "
+        "optimizer. Success on the test split; gains and differences paired by task with 95% "
+        "intervals (a task's success is the mean over its episodes).",
         "",
     ]
-    for name, result in results["recipes"].items():
-        grpo, rft = result["grpo"], result["rft"]
-        lines += [f"## {name} (`{result['config']}`)", ""]
-        lines += [
-            f"Start: `{result['start_model']}`. Wall time: GRPO phase "
-            f"{grpo.get('grpo_seconds', 0) / 60:.1f} min, RFT phase "
-            f"{rft.get('grpo_seconds', 0) / 60:.1f} min; the whole GRPO run "
-            f"{grpo.get('total_seconds', 0) / 60:.1f} min"
-            + (f" (SFT {grpo['sft_seconds']:.0f} s)" if grpo.get("sft_seconds") else "")
-            + ".",
-            "",
-            "| held-out success | start | after GRPO | GRPO gain [95% CI] | after RFT | "
-            "RFT gain [95% CI] | GRPO - RFT [95% CI] |",
-            "| --- | ---: | ---: | --- | ---: | --- | --- |",
-        ]
-        for variant, label in _variants(grpo):
-            for mode in ("greedy", "sampled"):
-                g = _gain(grpo, variant, mode)
-                r = _gain(rft, variant, mode)
-                if g is None or r is None:
-                    continue
-                key = f"after_grpo{'_' + variant if variant else ''}"
-                key += "_sampled" if mode == "sampled" else ""
-                d = result["grpo_minus_rft"].get(key)
-                shown = _ci(d["difference"], d["ci"]) if d else "n/a"
-                lines.append(
-                    f"| {label}, {mode} | {g['success_before']:.3f} | {g['success_after']:.3f} | "
-                    f"{_ci(g['gain'], g['gain_ci'])} | {r['success_after']:.3f} | "
-                    f"{_ci(r['gain'], r['gain_ci'])} | {shown} |"
-                )
-        lines.append("")
-    lines += [conditions.describe(), ""]
+    lines += _render_probe(results.get("probe"))
+    for recipe in RECIPES:
+        lines += _render_recipe(recipe, recipe_runs(results, recipe))
+    lines += _render_tuning(results.get("runs", {}))
     return "\n".join(lines)
 
 
-def _variants(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    evaluation = summary.get("evaluation", {})
-    split = evaluation.get("split", "test")
-    out = [("", f"{split} split")]
-    out += [(name, f"{split} split, {name}") for name in evaluation.get("variants", {})]
-    return out
+def _render_probe(record: dict[str, Any] | None) -> list[str]:
+    if not record:
+        return ["## Where the instruct model starts", "", "Not run yet (`--run probe`).", ""]
+    s = record["settings"]
+    lines = [
+        "## Where the instruct model starts (val split)",
+        "",
+        f"`{s['model']}` as it comes, {s['tasks']} val tasks of each candidate, "
+        f"{s['max_new_tokens']} tokens a reply: greedy, and {s['samples']} samples a task at "
+        f"temperature {s['temperature']:g} (what GRPO's groups see). A recipe starts where the "
+        "model already succeeds sometimes (0.1 to 0.7).",
+        "",
+        "| candidate | environment | greedy success [95% CI] | sampled success [95% CI] | "
+        "sampled tokens / episode | seconds |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, c in record["candidates"].items():
+        cells = [_rate(c[m]) for m in ("greedy", "sampled")]
+        tokens = c["sampled"].get("sampled_tokens_per_episode")
+        lines.append(
+            f"| {label} | {c['env']} | {cells[0]} | {cells[1]} | "
+            f"{'' if tokens is None else f'{tokens:.0f}'} | {c['seconds']:.0f} |"
+        )
+    conditions = record.get("conditions")
+    lines += ["", Conditions(**conditions).describe() if conditions else "", ""]
+    return lines
 
 
-def _gain(summary: dict[str, Any], variant: str, mode: str) -> dict[str, Any] | None:
-    evaluation = summary.get("evaluation", {})
-    node = evaluation.get("variants", {}).get(variant, {}) if variant else evaluation
-    return node.get(mode)
+def _rate(cell: dict[str, Any]) -> str:
+    ci = cell.get("ci") or []
+    return f"{cell['success']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if len(ci) == 2 else "")
 
 
-def _ci(value: float, ci: list[float]) -> str:
-    return f"{value:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+def _render_recipe(recipe: str, runs: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"## {recipe} (`{RECIPES[recipe]}`)", ""]
+    if not runs:
+        return [*lines, f"Not run yet (`--run {recipe}.grpo`, `--run {recipe}.rft`).", ""]
+    for arm, run in runs.items():
+        c = run.get("conditions", {})
+        sft = f", SFT {run['sft_seconds']:.0f} s" if run.get("sft_seconds") else ""
+        lines.append(
+            f"- {arm.upper()}: {run['total_seconds'] / 60:.1f} min in all (training "
+            f"{run['grpo_seconds'] / 60:.1f} min{sft}), peak RSS {run['peak_rss_mb']:.0f} MiB, "
+            f"start `{run['start_model']}` (weights {run.get('start_hash')}), commit "
+            f"{(c.get('git_commit') or 'unknown')[:12]}."
+        )
+    hashes = {run.get("start_hash") for run in runs.values()}
+    if len(runs) == 2:
+        lines.append(
+            "- Both arms started from the same weights."
+            if len(hashes) == 1
+            else "- **The arms started from different weights**: not a paired comparison."
+        )
+    lines += ["", "| test split | start | after GRPO | GRPO gain [95% CI] | after RFT | "
+              "RFT gain [95% CI] | GRPO - RFT [95% CI] |",
+              "| --- | ---: | ---: | --- | ---: | --- | --- |"]  # fmt: skip
+    for mode in ("greedy", "sampled"):
+        suffix = "_sampled" if mode == "sampled" else ""
+        cells = [mode]
+        gains = {}
+        for arm in ARMS:
+            ts = runs.get(arm, {}).get("task_success", {})
+            gains[arm] = paired(
+                ts.get(f"before_grpo{suffix}", {}), ts.get(f"after_grpo{suffix}", {})
+            )
+        start = next((g["before"] for g in gains.values() if g), None)
+        cells.append("" if start is None else f"{start:.3f}")
+        for arm in ARMS:
+            g = gains[arm]
+            cells += ["", ""] if g is None else [f"{g['after']:.3f}", _ci(g)]
+        grpo_ts = runs.get("grpo", {}).get("task_success", {})
+        rft_ts = runs.get("rft", {}).get("task_success", {})
+        d = paired(rft_ts.get(f"after_grpo{suffix}", {}), grpo_ts.get(f"after_grpo{suffix}", {}))
+        cells.append("n/a" if d is None else _ci(d))
+        lines.append("| " + " | ".join(cells) + " |")
+    for arm, run in runs.items():
+        if run.get("conditions"):
+            lines += ["", f"{arm.upper()} run: " + Conditions(**run["conditions"]).describe()]
+    return [*lines, ""]
+
+
+def _ci(cell: dict[str, Any]) -> str:
+    low, high = cell["ci"]
+    return f"{cell['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _render_tuning(runs: dict[str, Any]) -> list[str]:
+    tuned = [(k, r) for k, r in runs.items() if r["settings"].get("tune")]
+    if not tuned:
+        return []
+    lines = [
+        "## Settings chosen on val",
+        "",
+        "Runs validated on val only (`--tune`; no test evaluation): greedy val success at each "
+        "validation point.",
+        "",
+        "| run | overrides | val success by step | minutes |",
+        "| --- | --- | --- | ---: |",
+    ]
+    for key, r in tuned:
+        points = ", ".join(
+            f"{p['step']}: {p['success_rate']:.3f}"
+            for p in r.get("validation_history", [])
+            if "success_rate" in p
+        )
+        overrides = ", ".join(f"{k}={v}" for k, v in sorted(r["settings"]["overrides"].items()))
+        lines.append(f"| {key.split()[0]} | {overrides or 'the config'} | {points} | "
+                     f"{r['total_seconds'] / 60:.1f} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
+    """Each recipe's train reward per step, GRPO and RFT, from the JSON."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recipes = results["recipes"]
+    recipes = {r: recipe_runs(results, r) for r in RECIPES}
+    recipes = {r: runs for r, runs in recipes.items() if runs}
+    if not recipes:
+        return
     fig, axes = plt.subplots(1, len(recipes), figsize=(6 * len(recipes), 4), squeeze=False)
-    for axis, (name, result) in zip(axes[0], recipes.items(), strict=True):
-        for run, style in (("grpo", "-"), ("rft", "--")):
-            log = result[run].get("train_log", [])
-            steps, rewards = [r["step"] for r in log], [r["reward"] for r in log]
-            axis.plot(steps, rewards, style, label=run.upper())
-        axis.set_title(f"SmolLM2-135M, {name}: train reward")
+    for axis, (recipe, runs) in zip(axes[0], recipes.items(), strict=True):
+        for arm, style in (("grpo", "-"), ("rft", "--")):
+            log = runs.get(arm, {}).get("train_log", [])
+            axis.plot([r["step"] for r in log], [r["reward"] for r in log], style,
+                      label=arm.upper())  # fmt: skip
+        axis.set_title(f"SmolLM2-135M-Instruct, {recipe}: train reward")
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("mean episode reward")
         axis.legend()
@@ -193,32 +371,68 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _names() -> list[str]:
+    return ["probe", *(f"{r}.{a}" for r in RECIPES for a in ARMS)]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES))
-    parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
+    parser.add_argument("--run", choices=_names(), help="the run to make and record")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides (train.py --set syntax)")  # fmt: skip
+    parser.add_argument("--tune", action="store_true", help="validate on val only, no test")
+    parser.add_argument("--render", action="store_true", help="render the JSON only")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every path")
+    parser.add_argument("--force", action="store_true", help="run even when recorded")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / NAME)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    threads = pin_threads(args.threads)
-    conditions = Conditions.start(NAME, threads=threads, settings=vars(args), quick=args.quick)
-    results: dict[str, Any] = {"recipes": {}}
-    earlier = args.work / f"{NAME}.json"  # recipes run before (--recipes runs one at a time)
-    if earlier.exists() and not args.quick:
-        results["recipes"].update(json.loads(earlier.read_text()).get("recipes", {}))
-    for name in args.recipes:
-        results["recipes"][name] = run_recipe(name, RECIPES[name], args.work / name, args.quick)
-        earlier.parent.mkdir(parents=True, exist_ok=True)
-        earlier.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    conditions.finish()
-    report = render(results, conditions)
-    print(report)
-    out = output_dir(args.quick, args.out_dir, True)
+    if not (args.run or args.render or args.quick):
+        parser.error("name a --run (" + ", ".join(_names()) + "), or --render, or --quick")
+    out = args.out_dir or (None if args.quick else RESULTS_DIR)
+    path = None if out is None else out / f"{NAME}.json"
+    results = json.loads(path.read_text()) if path is not None and path.exists() else {}
+    results.setdefault("runs", {})
+    names = _names() if args.quick and not args.run else ([args.run] if args.run else [])
+    for name in names:
+        results = _run_one(name, args, results)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    text = render(results)
+    print(text)
     if out is not None:
-        write_markdown(NAME, report, out)
-        write_json(NAME, {"conditions": conditions.as_json(), **results}, out)
+        write_markdown(NAME, text, out)
         plot(results, out / f"{NAME}.png")
+    return results
+
+
+def _run_one(name: str, args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
+    overrides = parse_overrides(args.set)
+    if name == "probe":
+        settings = {**PROBE, "model": MODEL, "probes": PROBES, "quick": args.quick}
+        done = results.get("probe", {}).get("settings_key") == settings_key(name, settings)
+    else:
+        recipe, arm = name.split(".")
+        settings = run_settings(recipe, arm, overrides, args.tune, args.quick)
+        done = settings_key(name, settings) in results["runs"]
+    if done and not args.force:
+        print(f"[{NAME}] {name}: already recorded for these settings (--force runs it again)")
+        return results
+    threads = pin_threads(args.threads)
+    conditions = Conditions.start(NAME, threads=threads, settings=settings, quick=args.quick)
+    print(f"[{NAME}] {name}", flush=True)
+    if name == "probe":
+        record = probe(args.quick)
+    else:
+        record = run_recipe(recipe, arm, overrides, args.tune, args.quick, args.work)
+    conditions.finish()
+    record.update(settings=settings, peak_rss_mb=peak_rss_mb(), conditions=conditions.as_json())
+    if name == "probe":
+        results["probe"] = {**record, "settings_key": settings_key(name, settings)}
+    else:
+        results["runs"][settings_key(name, settings)] = record
     return results
 
 

@@ -468,3 +468,50 @@ def test_difficulty_sampling_smoke(small_model_dir, tmp_path) -> None:
     assert data["settings"]["steps"] == 2
     assert (tmp_path / "difficulty_sampling.png").exists()
     assert "steps to 0.5" in (tmp_path / "difficulty_sampling.md").read_text()
+
+
+def _real_model_run(before: dict, after: dict, start_hash: str = "w0") -> dict:
+    return {
+        "task_success": {"before_grpo": before, "after_grpo": after},
+        "train_log": [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.3}],
+        "total_seconds": 600.0, "grpo_seconds": 480.0, "peak_rss_mb": 2048.0,
+        "start_model": "smollm2-135m-instruct", "start_hash": start_hash,
+    }  # fmt: skip
+
+
+def test_real_model_report_pairs_grpo_and_rft_by_task(tmp_path, monkeypatch) -> None:
+    """The table from hand-made records: start 0.25; GRPO 0.75 (+0.5), RFT 0.5 (+0.25), GRPO -
+    RFT +0.25, each paired by task; a recorded run is skipped, and the report is rebuilt from
+    the JSON alone."""
+    from benchmarks import real_model
+
+    before = {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}
+    grpo = _real_model_run(before, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0})
+    rft = _real_model_run(before, {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0})
+    runs = {}
+    for arm, run in (("grpo", grpo), ("rft", rft)):
+        settings = real_model.run_settings("chain_sum", arm, {}, tune=False)
+        runs[real_model.settings_key(f"chain_sum.{arm}", settings)] = {**run, "settings": settings}
+    text = real_model.render({"runs": runs})
+    row = next(line for line in text.splitlines() if line.startswith("| greedy"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["0.250", "0.750", cells[3]] and cells[3].startswith("+0.500 [")
+    assert cells[4] == "0.500" and cells[5].startswith("+0.250 [")
+    assert cells[6].startswith("+0.250 [")
+    assert "Both arms started from the same weights." in text
+    next(r for r in runs.values() if r["settings"]["arm"] == "rft")["start_hash"] = "w1"
+    assert "started from different weights" in real_model.render({"runs": runs})
+
+    # run by run: a recorded run is not run again; --render reads the JSON only
+    (tmp_path / "real_model.json").write_text(json.dumps({"runs": runs}))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a recorded run ran again")
+
+    monkeypatch.setattr(real_model, "run_recipe", refuse)
+    real_model.main(["--run", "chain_sum.grpo", "--out-dir", str(tmp_path)])
+    real_model.main(["--render", "--out-dir", str(tmp_path)])
+    assert "+0.500 [" in (tmp_path / "real_model.md").read_text()
+    assert (tmp_path / "real_model.png").exists()
+    with pytest.raises(SystemExit):
+        real_model.main(["--out-dir", str(tmp_path)])  # nothing to do is an error naming runs

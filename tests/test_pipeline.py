@@ -288,6 +288,59 @@ evaluation:
     )
 
 
+def test_heldout_task_options_reach_validation_and_evaluation(
+    small_model_dir, tmp_path, monkeypatch
+) -> None:
+    """A recipe narrowed by task options is validated and evaluated on the same narrowing."""
+    pytest.importorskip("trl")
+    pytest.importorskip("reasoning_gym")
+    from trainers.pipeline import run as pipeline_run
+
+    narrow = {"config": {"max_terms": 2, "max_digits": 2}}
+    wide = {"config": {"max_terms": 3, "max_digits": 2}}
+    config = PipelineConfig(
+        env="RG-ChainSum-v0",
+        model=str(small_model_dir),
+        output_dir=str(tmp_path / "out"),
+        val_tasks=2,
+        task_options=narrow,
+        heldout_task_options=narrow,
+        grpo={"batch_size": 2, "episodes_per_task": 2, "num_steps": 1, "max_turns": 1,
+              "max_tokens_per_turn": 4, "report_to": "none", "save_strategy": "no",
+              "validation_interval": 1},
+        evaluation=EvalSettings(episodes=2, split="test", max_new_tokens=4,
+                                variants={"wide": wide}),
+    )  # fmt: skip
+    seen: dict[str, list] = {}
+    evaluate_model = pipeline_run.evaluate_model
+
+    def recording(path, entry, settings, *, label, tasks=None, **kwargs):
+        seen[label] = list(tasks or [])
+        return evaluate_model(path, entry, settings, label=label, tasks=tasks, **kwargs)
+
+    import trainers
+
+    real_train = trainers.train_multi_turn
+
+    def recording_train(config, **kwargs):
+        seen["val"] = list(kwargs["val_tasks"])
+        return real_train(config, **kwargs)
+
+    monkeypatch.setattr(pipeline_run, "evaluate_model", recording)
+    monkeypatch.setattr(trainers, "train_multi_turn", recording_train)
+    pipeline_run.run_pipeline(config)
+    entry = env_entry("RG-ChainSum-v0")
+
+    def prompts(tasks):
+        return [t.prompt for t in tasks]
+
+    assert prompts(seen["val"]) == prompts(entry.tasks("val", **narrow)[:2])
+    assert prompts(seen["before_grpo"]) == prompts(entry.tasks("test", **narrow))
+    assert prompts(seen["after_grpo_wide"]) == prompts(entry.tasks("test", **wide))
+    for task in seen["before_grpo"] + seen["val"]:
+        assert task.metadata["config"] == narrow["config"]
+
+
 def test_sft_tasks_can_ask_each_question_in_several_worlds() -> None:
     from trainers.pipeline.sft import sft_tasks
 

@@ -124,8 +124,14 @@ class PipelineConfig:
     task_options: dict[str, Any] = field(default_factory=dict)
     """Options of the environment's task source for the training data (SFT tasks and GRPO's
     train split), e.g. ``{"world_seed": "varied"}``: every ToolUseGame task in a world of its
-    own, so facts cannot be memorised. Evaluation reads the split as registered (see
-    ``evaluation.variants``)."""
+    own, so facts cannot be memorised. Validation and evaluation read their tasks with
+    ``heldout_task_options``."""
+    heldout_task_options: dict[str, Any] = field(default_factory=dict)
+    """Options of the environment's task source for the held-out tasks: the validation tasks
+    (``val_tasks``) and the evaluated split (each of ``evaluation.variants`` reads its own
+    options over these). Default: the splits as registered. A recipe that trains on a narrowed
+    task family (``{"config": {"max_terms": 2}}``) names the same options here, so that it is
+    judged on the distribution it trains on."""
     task_repeats: dict[str, int] = field(default_factory=dict)
     """A curriculum by frequency for GRPO: each train-split task of a kind named here
     (``task.metadata["type"]``) appears that many times in GRPO's task list, the others once;
@@ -169,7 +175,7 @@ class PipelineConfig:
             )
         if self.envs is not None:  # checked here, read again where it runs
             mixture_entries(self.envs)
-        for name in ("tiny_model", "task_options", "grpo", "distillation"):
+        for name in ("tiny_model", "task_options", "heldout_task_options", "grpo", "distillation"):
             value = getattr(self, name)
             if not isinstance(value, dict) and not (name == "distillation" and value is None):
                 raise InvalidArgumentError(

@@ -41,7 +41,11 @@ def check_mixture_pipeline(config: PipelineConfig) -> list[MixtureEnv]:
         LlmGymError: what the config gets wrong, named, with where it goes instead.
     """
     assert config.mixture is not None
-    misplaced = [name for name in ("task_options", "task_repeats") if getattr(config, name)]
+    misplaced = [
+        name
+        for name in ("task_options", "task_repeats", "heldout_task_options")
+        if getattr(config, name)
+    ]
     if misplaced:
         raise InvalidArgumentError(
             f"{misplaced} read one environment's tasks; with envs give each entry its own "

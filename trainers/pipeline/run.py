@@ -253,10 +253,12 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     def evaluate_all(path: str, when: str) -> dict[str, dict[str, Any]]:
         """The split as registered, then each variant (its tasks read with its options)."""
         assert config.evaluation is not None
-        out = {"": evaluate(path, when)}
+        split = config.evaluation.split
+        heldout = config.heldout_task_options
+        out = {"": evaluate(path, when, entry.tasks(split, **heldout) if heldout else None)}
         for name, options in config.evaluation.variants.items():
             print(f"   variant {name!r} ({options}):", flush=True)
-            tasks = entry.tasks(config.evaluation.split, **options)
+            tasks = entry.tasks(split, **{**heldout, **options})
             out[name] = evaluate(path, when, tasks, tag=f"_{name}")
         return out
 
@@ -277,7 +279,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
     print(f"== 4/5 multi-turn GRPO ({len(grpo_tasks)} tasks{repeats})", flush=True)
     grpo_config = build_grpo_config(config, model_path, max_turns=max_turns, use_cpu=not has_gpu())
     t = time.perf_counter()
-    val_tasks = entry.tasks("val")[: config.val_tasks] if config.val_tasks else None
+    heldout = config.heldout_task_options
+    val_tasks = entry.tasks("val", **heldout)[: config.val_tasks] if config.val_tasks else None
     trainer = train_multi_turn(
         grpo_config,
         tasks=grpo_tasks,
