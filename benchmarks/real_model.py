@@ -52,7 +52,7 @@ ARMS = {"grpo": {}, "rft": {"grpo.credit_assignment": "rejection_sampling"}}
 PROBES: dict[str, tuple[str, dict[str, Any]]] = {
     "chain_sum 2 terms, 1 digit": ("RG-ChainSum-v0", {
         "config": {"max_terms": 2, "max_digits": 1},
-        "sizes": {"train": 40, "val": 40, "test": 40}}),
+        "sizes": {"train": 120, "val": 32, "test": 48}}),
     "chain_sum 2 terms, 2 digits": ("RG-ChainSum-v0", {
         "config": {"max_terms": 2, "max_digits": 2}}),
     "chain_sum 3 terms, 2 digits": ("RG-ChainSum-v0", {
@@ -131,7 +131,8 @@ def probe(quick: bool) -> dict[str, Any]:
             policy = policy_from_spec(f"hf:{path}", temperature=temperature, max_new_tokens=tokens,
                                       seed=0)  # fmt: skip
             report = run_and_report(entry, policy, tasks=split, episodes=tasks * k, k=k, seed=0,
-                                    progress=False, print_report=False)  # fmt: skip
+                                    max_new_tokens=tokens, progress=False,
+                                    print_report=False)  # fmt: skip
             metrics = report.metrics
             record[mode] = {
                 "success": metrics["success_rate"],
@@ -202,20 +203,22 @@ def paired(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] 
     }
 
 
-def recipe_runs(results: dict[str, Any], recipe: str) -> dict[str, dict[str, Any]]:
-    """The newest recorded test run of each arm of ``recipe`` under its current config file and
-    no overrides (the committed recipe)."""
+def recipe_runs(
+    results: dict[str, Any], recipe: str, quick: bool = False
+) -> dict[str, dict[str, Any]]:
+    """The recorded test run of each arm of ``recipe`` under its current config file and no
+    overrides (the committed recipe; ``quick``: its smoke run)."""
     found: dict[str, dict[str, Any]] = {}
     for arm in ARMS:
-        current = run_settings(recipe, arm, {}, tune=False)
+        current = run_settings(recipe, arm, {}, tune=False, quick=quick)
         key = settings_key(f"{recipe}.{arm}", current)
         if key in results.get("runs", {}):
             found[arm] = results["runs"][key]
     return found
 
 
-def render(results: dict[str, Any]) -> str:
-    """``real_model.md`` from the JSON alone."""
+def render(results: dict[str, Any], quick: bool = False) -> str:
+    """``real_model.md`` from the JSON alone (``quick``: the smoke runs' report)."""
     lines = [
         "# RL on a real pretrained model: SmolLM2-135M-Instruct",
         "",
@@ -229,7 +232,7 @@ def render(results: dict[str, Any]) -> str:
     ]
     lines += _render_probe(results.get("probe"))
     for recipe in RECIPES:
-        lines += _render_recipe(recipe, recipe_runs(results, recipe))
+        lines += _render_recipe(recipe, recipe_runs(results, recipe, quick))
     lines += _render_tuning(results.get("runs", {}))
     return "\n".join(lines)
 
@@ -277,7 +280,9 @@ def _render_recipe(recipe: str, runs: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(
             f"- {arm.upper()}: {run['total_seconds'] / 60:.1f} min in all (training "
             f"{run['grpo_seconds'] / 60:.1f} min{sft}), peak RSS {run['peak_rss_mb']:.0f} MiB, "
-            f"start `{run['start_model']}` (weights {run.get('start_hash')}), commit "
+            f"start `{run['start_model']}` (weights {run.get('start_hash')}), "
+            + _precision(run.get("precision"))
+            + "commit "
             f"{(c.get('git_commit') or 'unknown')[:12]}."
         )
     hashes = {run.get("start_hash") for run in runs.values()}
@@ -315,6 +320,15 @@ def _render_recipe(recipe: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def _precision(record: dict[str, Any] | None) -> str:
+    """``dtype`` as the run settled it: sampling / training, and why."""
+    if not record:
+        return ""
+    return (
+        f"sampled in {record['sampling']}, trained in {record['training']} ({record['reason']}), "
+    )
+
+
 def _ci(cell: dict[str, Any]) -> str:
     low, high = cell["ci"]
     return f"{cell['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
@@ -345,14 +359,14 @@ def _render_tuning(runs: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def plot(results: dict[str, Any], path: Path, quick: bool = False) -> None:
     """Each recipe's train reward per step, GRPO and RFT, from the JSON."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recipes = {r: recipe_runs(results, r) for r in RECIPES}
+    recipes = {r: recipe_runs(results, r, quick) for r in RECIPES}
     recipes = {r: runs for r, runs in recipes.items() if runs}
     if not recipes:
         return
@@ -400,11 +414,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    text = render(results)
+    text = render(results, args.quick)
     print(text)
     if out is not None:
         write_markdown(NAME, text, out)
-        plot(results, out / f"{NAME}.png")
+        plot(results, out / f"{NAME}.png", args.quick)
     return results
 
 

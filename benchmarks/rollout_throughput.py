@@ -77,8 +77,9 @@ class Args:
     """Generation budget per assistant turn."""
     repeats: int = 7
     """Interleaved repeats of every contender (at least 5 unless ``quick``)."""
-    sft_seconds: float = 120.0
-    """SFT budget when no model is given."""
+    sft_seconds: float | None = None
+    """SFT time budget when no model is given (None: the warm start's whole recipe, which
+    makes the tiny model call the tools; a cut one may not, and is refused)."""
     out_dir: Path | None = None
     """Where rollout_throughput.md and .json go (None: ``results/``; nowhere when ``quick``)."""
     write: bool = True
@@ -122,6 +123,32 @@ def warm_model(args: Args) -> str:
     dataset = oracle_sft_dataset("ToolUseGame-v0")
     settings = SFTSettings(time_budget_s=args.sft_seconds, epochs=3, progress=False)
     return str(sft_warm_start(build_tiny_model(), out, dataset, settings))
+
+
+MIN_TOOL_CALLS = 0.5
+"""Tool calls per episode below which the workload is refused: single-turn episodes are not
+what this benchmark measures."""
+
+
+def check_multi_turn(model, tokenizer, model_path: str, tasks, args: Args) -> None:
+    """Refuse a model that does not call the tools (a full run; ``--quick`` only warns): its
+    episodes would end on the first turn, and the numbers would not be a multi-turn
+    benchmark's."""
+    sample: list = []
+    probe = Args(**{**asdict(args), "episodes_per_task": 2})
+    run_ours(model, tokenizer, tasks[:8], probe, record=sample)
+    calls = statistics.mean(e.tool_calls for e in sample)
+    if calls >= MIN_TOOL_CALLS:
+        return
+    message = (
+        f"The model at {model_path} makes {calls:.2f} tool calls an episode on ToolUseGame val "
+        f"(at least {MIN_TOOL_CALLS} wanted): its episodes are single-turn. Pass a tools-calling "
+        "model (--model outputs/tool_use_game_tiny/sft, the main job's SFT stage), or delete "
+        "that folder and let the script run its SFT warm start whole (no --sft-seconds)."
+    )
+    if not args.quick:
+        raise SystemExit(message)
+    print(f"[{NAME}] warning: {message}", flush=True)
 
 
 def run_ours(
@@ -337,6 +364,7 @@ def main(args: Args) -> dict[str, Any]:
         ModelShape.of(model), args.tasks * args.episodes_per_task, quick=args.quick,
         repeats=args.repeats, log=lambda line: print(f"[{NAME}] {line}", flush=True),
     )  # fmt: skip
+    check_multi_turn(model, tokenizer, model_path, tasks, args)
     runs = contenders(model, tokenizer, model_path, tasks, args, roof)
     if args.waves:  # its first generate calls, outside the timing
         warm = Args(**{**asdict(args), "episodes_per_task": 1, "max_turns": 2})

@@ -508,3 +508,29 @@ def test_smollm2_bf16_sampling_logprobs_near_fp32(tmp_path) -> None:
     mean = sum(gaps) / len(gaps)
     print(f"bf16 sampler vs fp32: {len(gaps)} tokens, mean {mean:.4f}, max {max(gaps):.4f}")
     assert len(gaps) > 50 and mean < 0.1 and max(gaps) < 1.0
+
+
+def test_real_model_recipes_smoke(smollm2, tmp_path) -> None:
+    """``benchmarks.real_model --quick``: the probe and one recipe's two arms at their smallest,
+    each merged into the JSON with its settings, wall time, peak RSS and start-weights hash;
+    the report pairs the arms by task."""
+    pytest.importorskip("reasoning_gym")
+    from benchmarks import real_model
+
+    out = ["--quick", "--out-dir", str(tmp_path), "--work", str(tmp_path / "work")]
+    for run in ("probe", "chain_sum.grpo", "chain_sum.rft"):
+        real_model.main(["--run", run, *out])
+    data = json.loads((tmp_path / "real_model.json").read_text())
+    assert set(data["probe"]["candidates"]) == set(real_model.PROBES)
+    for candidate in data["probe"]["candidates"].values():
+        assert candidate["greedy"]["episodes"] == 2 and candidate["sampled"]["episodes"] == 4
+    runs = {record["settings"]["arm"]: record for record in data["runs"].values()}
+    assert set(runs) == {"grpo", "rft"}
+    for record in runs.values():
+        assert record["settings"]["quick"] and record["conditions"]["quick"]
+        assert record["peak_rss_mb"] > 0 and record["total_seconds"] > 0
+        assert record["start_model"] == NAME and record["start_hash"]
+        assert {"before_grpo", "after_grpo", "before_grpo_sampled"} <= set(record["task_success"])
+    assert runs["grpo"]["start_hash"] == runs["rft"]["start_hash"]
+    text = (tmp_path / "real_model.md").read_text()
+    assert "Both arms started from the same weights." in text and "| greedy |" in text
