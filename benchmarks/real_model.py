@@ -167,8 +167,8 @@ def run_recipe(recipe: str, arm: str, overrides: dict[str, Any], tune: bool, qui
         fixed["evaluation"] = None
     config = load_config(config_path, {**base, **ARMS[arm], **overrides, **fixed})
     summary = run_pipeline(config)
-    keep = ("evaluation", "task_success", "train_log", "validation_history", "best_point",
-            "sft_seconds", "grpo_seconds", "evaluation_seconds", "total_seconds",
+    keep = ("evaluation", "task_success", "task_reward", "train_log", "validation_history",
+            "best_point", "sft_seconds", "grpo_seconds", "evaluation_seconds", "total_seconds",
             "precision")  # fmt: skip
     record = {k: summary[k] for k in keep if k in summary}
     start = Path(summary["start_model"])
@@ -295,29 +295,35 @@ def _render_recipe(recipe: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     lines += ["", "| test split | start | after GRPO | GRPO gain [95% CI] | after RFT | "
               "RFT gain [95% CI] | GRPO - RFT [95% CI] |",
               "| --- | ---: | ---: | --- | ---: | --- | --- |"]  # fmt: skip
-    for mode in ("greedy", "sampled"):
-        suffix = "_sampled" if mode == "sampled" else ""
-        cells = [mode]
-        gains = {}
-        for arm in ARMS:
-            ts = runs.get(arm, {}).get("task_success", {})
-            gains[arm] = paired(
-                ts.get(f"before_grpo{suffix}", {}), ts.get(f"after_grpo{suffix}", {})
-            )
-        start = next((g["before"] for g in gains.values() if g), None)
-        cells.append("" if start is None else f"{start:.3f}")
-        for arm in ARMS:
-            g = gains[arm]
-            cells += ["", ""] if g is None else [f"{g['after']:.3f}", _ci(g)]
-        grpo_ts = runs.get("grpo", {}).get("task_success", {})
-        rft_ts = runs.get("rft", {}).get("task_success", {})
-        d = paired(rft_ts.get(f"after_grpo{suffix}", {}), grpo_ts.get(f"after_grpo{suffix}", {}))
-        cells.append("n/a" if d is None else _ci(d))
-        lines.append("| " + " | ".join(cells) + " |")
+    for measure, field in (("success", "task_success"), ("mean reward", "task_reward")):
+        for mode in ("greedy", "sampled"):
+            row = _table_row(runs, field, "_sampled" if mode == "sampled" else "")
+            if row is not None:
+                lines.append(f"| {mode} {measure} | " + " | ".join(row) + " |")
     for arm, run in runs.items():
         if run.get("conditions"):
             lines += ["", f"{arm.upper()} run: " + Conditions(**run["conditions"]).describe()]
     return [*lines, ""]
+
+
+def _table_row(runs: dict[str, dict[str, Any]], field: str, suffix: str) -> list[str] | None:
+    """The cells after the row's name: start, each arm's after and gain, GRPO - RFT; all paired
+    by task on ``field`` (``task_success`` or ``task_reward``); None when no run has it."""
+    gains = {}
+    for arm in ARMS:
+        values = runs.get(arm, {}).get(field, {})
+        gains[arm] = paired(values.get(f"before_grpo{suffix}", {}),
+                            values.get(f"after_grpo{suffix}", {}))  # fmt: skip
+    if not any(gains.values()):
+        return None
+    start = next(g["before"] for g in gains.values() if g)
+    cells = [f"{start:.3f}"]
+    for arm in ARMS:
+        g = gains[arm]
+        cells += ["", ""] if g is None else [f"{g['after']:.3f}", _ci(g)]
+    grpo, rft = (runs.get(arm, {}).get(field, {}) for arm in ("grpo", "rft"))
+    d = paired(rft.get(f"after_grpo{suffix}", {}), grpo.get(f"after_grpo{suffix}", {}))
+    return [*cells, "n/a" if d is None else _ci(d)]
 
 
 def _precision(record: dict[str, Any] | None) -> str:

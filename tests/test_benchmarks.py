@@ -493,12 +493,25 @@ def test_real_model_report_pairs_grpo_and_rft_by_task(tmp_path, monkeypatch) -> 
         settings = real_model.run_settings("chain_sum", arm, {}, tune=False)
         runs[real_model.settings_key(f"chain_sum.{arm}", settings)] = {**run, "settings": settings}
     text = real_model.render({"runs": runs})
-    row = next(line for line in text.splitlines() if line.startswith("| greedy"))
+    row = next(line for line in text.splitlines() if line.startswith("| greedy success"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:4] == ["0.250", "0.750", cells[3]] and cells[3].startswith("+0.500 [")
     assert cells[4] == "0.500" and cells[5].startswith("+0.250 [")
     assert cells[6].startswith("+0.250 [")
     assert "Both arms started from the same weights." in text
+    assert "| greedy mean reward |" not in text  # no run recorded rewards
+    runs_with_rewards = {
+        key: {**run, "task_reward": {"before_grpo": {"a": 0.1, "b": 0.3},
+                                     "after_grpo": {"a": 0.5, "b": 0.5 if "grpo" in key else 0.3}}}
+        for key, run in runs.items()
+    }  # fmt: skip
+    row = next(
+        line for line in real_model.render({"runs": runs_with_rewards}).splitlines()
+        if line.startswith("| greedy mean reward")
+    )  # fmt: skip
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["0.200", "0.500"] and cells[3].startswith("+0.300 [")
+    assert cells[4] == "0.400" and cells[6].startswith("+0.100 [")
     next(r for r in runs.values() if r["settings"]["arm"] == "rft")["start_hash"] = "w1"
     assert "started from different weights" in real_model.render({"runs": runs})
 

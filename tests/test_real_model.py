@@ -533,4 +533,4 @@ def test_real_model_recipes_smoke(smollm2, tmp_path) -> None:
         assert {"before_grpo", "after_grpo", "before_grpo_sampled"} <= set(record["task_success"])
     assert runs["grpo"]["start_hash"] == runs["rft"]["start_hash"]
     text = (tmp_path / "real_model.md").read_text()
-    assert "Both arms started from the same weights." in text and "| greedy |" in text
+    assert "Both arms started from the same weights." in text and "| greedy success |" in text

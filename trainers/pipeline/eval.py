@@ -15,7 +15,7 @@ from llm_gym.errors import InvalidArgumentError
 if TYPE_CHECKING:
     from trainers.pipeline.config import EvalSettings
 
-__all__ = ["evaluate_model", "paired_gain", "plot_reward_curve", "task_success"]
+__all__ = ["evaluate_model", "paired_gain", "plot_reward_curve", "task_reward", "task_success"]
 
 
 def evaluate_model(
@@ -96,6 +96,22 @@ def task_success(episodes: Any) -> dict[str, float]:
     for episode in episodes:
         outcomes.setdefault(_task_key(episode), []).append(float(is_success(episode)))
     return {key: sum(values) / len(values) for key, values in outcomes.items()}
+
+
+def task_reward(episodes: Any) -> dict[str, float]:
+    """Each task's mean episode reward over its episodes (keys as :func:`task_success`'s).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> def episode(prompt, reward):
+        ...     return NS(task=NS(id=None, prompt=prompt), reward=reward)
+        >>> task_reward([episode("a", 0.25), episode("a", 0.75), episode("b", 1.0)])
+        {'a': 0.5, 'b': 1.0}
+    """
+    rewards: dict[str, list[float]] = {}
+    for episode in episodes:
+        rewards.setdefault(_task_key(episode), []).append(float(episode.reward))
+    return {key: sum(values) / len(values) for key, values in rewards.items()}
 
 
 def paired_gain(before: Any, after: Any) -> dict[str, Any]:

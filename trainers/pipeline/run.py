@@ -30,7 +30,13 @@ from trainers.pipeline.config import (
     load_config,
     yaml_load,
 )
-from trainers.pipeline.eval import evaluate_model, paired_gain, plot_reward_curve, task_success
+from trainers.pipeline.eval import (
+    evaluate_model,
+    paired_gain,
+    plot_reward_curve,
+    task_reward,
+    task_success,
+)
 from trainers.pipeline.sft import (
     check_sft_source,
     demonstrator,
@@ -230,6 +236,8 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
         reports = {"greedy": evaluate_model(path, entry, config.evaluation, label=label, **common)}
         per_task = summary.setdefault("task_success", {})  # to pair runs by task afterwards
         per_task[label] = task_success(reports["greedy"].episodes)
+        rewards = summary.setdefault("task_reward", {})  # partial credit, paired the same way
+        rewards[label] = task_reward(reports["greedy"].episodes)
         print(reports["greedy"].format_table(), flush=True)
         if samples > 0:
             reports["sampled"] = evaluate_model(
@@ -243,6 +251,7 @@ def run_pipeline(config: PipelineConfig) -> dict[str, Any]:
                 **common,
             )
             per_task[f"{label}_sampled"] = task_success(reports["sampled"].episodes)
+            rewards[f"{label}_sampled"] = task_reward(reports["sampled"].episodes)
             print(
                 f"   sampled (temperature {temperature:g}, {samples} per task): success "
                 f"{reports['sampled'].metrics['success_rate']:.3f}",
