@@ -171,6 +171,7 @@ def run_recipe(recipe: str, arm: str, overrides: dict[str, Any], tune: bool, qui
             "best_point", "sft_seconds", "grpo_seconds", "evaluation_seconds", "total_seconds",
             "precision")  # fmt: skip
     record = {k: summary[k] for k in keep if k in summary}
+    record["config_text"] = config_path.read_text()  # what other settings it ran, shown later
     start = Path(summary["start_model"])
     record["start_model"] = MODEL if start == Path(summary["base_model"]) else str(start)
     record["start_hash"] = model_files_hash(start)
@@ -233,6 +234,7 @@ def render(results: dict[str, Any], quick: bool = False) -> str:
     lines += _render_probe(results.get("probe"))
     for recipe in RECIPES:
         lines += _render_recipe(recipe, recipe_runs(results, recipe, quick))
+    lines += _render_earlier(results.get("runs", {}), quick)
     lines += _render_tuning(results.get("runs", {}))
     return "\n".join(lines)
 
@@ -338,6 +340,81 @@ def _precision(record: dict[str, Any] | None) -> str:
 def _ci(cell: dict[str, Any]) -> str:
     low, high = cell["ci"]
     return f"{cell['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def flat(mapping: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's leaves by dotted key.
+
+    Example:
+        >>> flat({"grpo": {"num_steps": 16, "lr": 1e-05}, "env": "X"})
+        {'grpo.num_steps': 16, 'grpo.lr': 1e-05, 'env': 'X'}
+    """
+    if not isinstance(mapping, dict):
+        return {prefix[:-1]: mapping}
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        out.update(flat(value, f"{prefix}{key}."))
+    return out
+
+
+def config_changes(earlier_text: str | None, current_text: str, overrides: dict[str, Any]) -> str:
+    r"""What an earlier run's config set that the current one does not, as ``key=value`` pairs
+    (the current value after an arrow); ``overrides`` go over the earlier text.
+
+    Example:
+        >>> config_changes("grpo: {num_steps: 16}\nenv: X", "grpo: {num_steps: 48}\nenv: X", {})
+        'grpo.num_steps=16 (now 48)'
+    """
+    from trainers.pipeline.config import yaml_load
+
+    if earlier_text is None:
+        return "an earlier config (its text not recorded)"
+    before = {**flat(yaml_load(earlier_text)), **overrides}
+    now = flat(yaml_load(current_text))
+    changed = [
+        f"{k}={before.get(k)} (now {now.get(k)})"
+        for k in sorted(set(before) | set(now))
+        if before.get(k) != now.get(k)
+    ]
+    return ", ".join(changed) or "the current config"
+
+
+def _render_earlier(runs: dict[str, Any], quick: bool) -> list[str]:
+    """Test runs of a recipe under other settings than its current config's (what was tried)."""
+    rows = []
+    for key, r in runs.items():
+        settings = r["settings"]
+        if settings.get("tune") or settings.get("quick") != quick:
+            continue
+        recipe = key.split()[0].split(".")[0]
+        current = run_settings(recipe, settings["arm"], {}, tune=False, quick=quick)
+        if key == settings_key(key.split()[0], current):
+            continue
+        text = (ROOT / RECIPES[recipe]).read_text()
+        changes = config_changes(r.get("config_text"), text, settings["overrides"])
+        cells = []
+        for field, suffix in (("task_success", ""), ("task_success", "_sampled"),
+                              ("task_reward", "")):  # fmt: skip
+            values = r.get(field, {})
+            g = paired(
+                values.get(f"before_grpo{suffix}", {}), values.get(f"after_grpo{suffix}", {})
+            )
+            cells.append("" if g is None else f"{g['before']:.3f} -> {g['after']:.3f}")
+        rows.append(f"| {recipe} | {settings['arm'].upper()} | {changes} | " + " | ".join(cells)
+                    + f" | {r['total_seconds'] / 60:.1f} |")  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "## Other settings tried (test split)",
+        "",
+        "Runs of a recipe under settings its config no longer has, start -> after.",
+        "",
+        "| recipe | arm | settings | greedy success | sampled success | greedy mean reward | "
+        "minutes |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+    ]
 
 
 def _render_tuning(runs: dict[str, Any]) -> list[str]:
