@@ -7,6 +7,7 @@ oracle and random floors of every id registered here; this file tests what is pa
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import json
 import subprocess
@@ -102,6 +103,34 @@ def test_catalogue_rows_system_prompt_and_doctests() -> None:
 
 
 # --- splits and seeding ---------------------------------------------------------------------------
+
+
+def test_without_partial_credit_only_an_accepted_answer_is_rewarded() -> None:
+    """``partial_credit=False``: 1.0 for an accepted answer, 0.0 for one reasoning-gym gives
+    partial credit, on every path that ends an episode (accepted, attempts used, cut short)."""
+    tasks = get_tasks("val", dataset="chain_sum", config=TINY_CHAIN_SUM, partial_credit=False,
+                      sizes={"train": 40, "val": 40, "test": 40})  # fmt: skip
+    task = tasks[0]
+    gold = str(task.target)
+    assert task.metadata["partial_credit"] is False
+    assert "partial_credit" not in get_tasks("val", dataset="chain_sum")[0].metadata
+    reply = f"The sum is {gold}"
+    assert _play(task, [gold])[0].reward == 1.0
+    assert _play(task, [reply])[0].reward == 0.0
+    with_credit = Task(task.prompt, task.target, {**task.metadata, "partial_credit": True})
+    assert _play(with_credit, [reply])[0].reward == pytest.approx(len(gold) / len(reply))
+    two = Task(task.prompt, task.target, {**task.metadata, "max_attempts": 2})
+    result, env = _play(two, [reply])
+    assert result.reward == 0.0 and not result.terminated  # a retry; nothing paid yet
+    assert asyncio.run(env.conclude("max_turns")).reward == 0.0  # cut: the last answer's
+    assert _play(two, [reply, reply])[0].reward == 0.0
+    assert _play(two, [reply, gold])[0].reward == 1.0
+    assert _play(two, [reply, reply])[1]._metrics()["first_score"] > 0  # metrics keep the score
+    with pytest.raises(InvalidArgumentError, match="partial_credit must be true or false"):
+        get_tasks("val", dataset="chain_sum", partial_credit="no")
+    bad = Task(task.prompt, task.target, {**task.metadata, "partial_credit": 0})
+    with pytest.raises(InvalidArgumentError, match=r"metadata\['partial_credit'\]"):
+        ReasoningGymEnv().reset_sync(bad)
 
 
 @pytest.mark.parametrize("dataset", sorted(FAMILIES.values()))

@@ -150,8 +150,8 @@ def score_answer(answer: str, entry: Mapping[str, Any], dataset: str, config: st
 # --- the environment ------------------------------------------------------------------------------
 
 
-def _task_setup(task: Task) -> tuple[str, str, dict[str, Any], int]:
-    """``(dataset, config, entry, max_attempts)`` of a task, checked."""
+def _task_setup(task: Task) -> tuple[str, str, dict[str, Any], int, bool]:
+    """``(dataset, config, entry, max_attempts, partial_credit)`` of a task, checked."""
     metadata = task.metadata
     dataset = check_dataset(metadata.get("dataset"))
     config = config_key(dataset, metadata.get("config"))
@@ -171,7 +171,12 @@ def _task_setup(task: Task) -> tuple[str, str, dict[str, Any], int]:
             f"metadata['max_attempts'] must be an int in [1, {MAX_ATTEMPTS_LIMIT}], actual "
             f"value: {metadata.get('max_attempts')!r:.80}."
         )
-    return dataset, config, dict(entry), attempts
+    partial = metadata.get("partial_credit", True)
+    if not isinstance(partial, bool):
+        raise InvalidArgumentError(
+            f"metadata['partial_credit'] must be true or false, actual value: {partial!r:.80}."
+        )
+    return dataset, config, dict(entry), attempts, partial
 
 
 def _quote(answer: str) -> str:
@@ -231,6 +236,7 @@ class ReasoningGymEnv(SyncEnv):
         self._entry: dict[str, Any] = {}
         self._scores: list[float] = []
         self._errors = 0
+        self._partial = True
         self._tagged = False
         self._done = False
         self.max_turns = DEFAULT_MAX_ATTEMPTS
@@ -245,7 +251,8 @@ class ReasoningGymEnv(SyncEnv):
         return list(self._messages)
 
     def reset_sync(self, task: Task) -> list[Message]:
-        self._dataset, self._config, self._entry, self.max_turns = _task_setup(task)
+        setup = _task_setup(task)
+        self._dataset, self._config, self._entry, self.max_turns, self._partial = setup
         self._task = task
         self._scores, self._errors, self._tagged, self._done = [], 0, False, False
         self._messages = [
@@ -277,7 +284,7 @@ class ReasoningGymEnv(SyncEnv):
         left = self.max_turns - len(self._scores)
         if score.value >= 1.0 or left <= 0:
             self._done = True
-            return StepResult(True, False, list(messages), score.value, self._metrics())
+            return StepResult(True, False, list(messages), self._reward(), self._metrics())
         if not answer:
             feedback = "No answer found in your reply."
         else:
@@ -298,8 +305,12 @@ class ReasoningGymEnv(SyncEnv):
     async def conclude(self, cause: str) -> StepResult:
         """The score of the last answer when the run cut the episode short (turn limit or
         context): the final answer is the last one given."""
-        reward = self._scores[-1] if self._scores else 0.0
-        return StepResult(False, True, list(self._messages), reward, self._metrics())
+        return StepResult(False, True, list(self._messages), self._reward(), self._metrics())
+
+    def _reward(self) -> float:
+        """The last answer's score (0.0 without one); without partial credit 1.0 or 0.0."""
+        score = self._scores[-1] if self._scores else 0.0
+        return score if self._partial else float(score >= 1.0)
 
     def _metrics(self) -> dict[str, Any]:
         scores = self._scores

@@ -258,6 +258,7 @@ def _split_tasks(
     max_attempts: int,
     split: str,
     timeout_s: float = GENERATION_TIMEOUT_S,
+    partial_credit: bool = True,
 ) -> tuple[Task, ...]:
     tasks = []
     config_dict = json.loads(config)
@@ -272,6 +273,8 @@ def _split_tasks(
             "rg_index": index,
             "entry": entry,
         }
+        if not partial_credit:  # the default is left out: default tasks stay as they are
+            metadata["partial_credit"] = False
         task_id = f"reasoning_gym/{dataset}/{split}/{i}"
         tasks.append(Task(entry["question"], entry["answer"], metadata, id=task_id))
     return tuple(tasks)
@@ -286,6 +289,7 @@ def get_tasks(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     sizes: Mapping[str, int] | None = None,
     generation_timeout_s: float = GENERATION_TIMEOUT_S,
+    partial_credit: bool = True,
 ) -> tuple[Task, ...]:
     """The tasks of ``split`` from one reasoning-gym dataset (``ReasoningGym-v0``'s source).
 
@@ -302,6 +306,9 @@ def get_tasks(
         generation_timeout_s: The most seconds reasoning-gym may take to build the dataset or
             to generate one entry (:data:`GENERATION_TIMEOUT_S` by default); past it the
             generation is stopped and the options refused. It does not change the tasks.
+        partial_credit: The reward is reasoning-gym's score, partial credit included (True),
+            or 1.0 for an accepted answer and 0.0 for any other (False: success alone, for
+            a reward a partly right answer cannot farm).
 
     Each task's ``prompt`` is the entry's question, ``target`` its answer, ``metadata`` holds
     ``dataset``, ``config``, ``max_attempts``, the reasoning-gym seed and index it came from
@@ -322,7 +329,14 @@ def get_tasks(
         _checked_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS_LIMIT),
         split,
         timeout_s,
+        _checked_bool("partial_credit", partial_credit),
     )
+
+
+def _checked_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be true or false, actual value: {value!r:.80}.")
+    return value
 
 
 def config_key(
@@ -363,6 +377,7 @@ class DatasetTasks:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         sizes: Mapping[str, int] | None = None,
         generation_timeout_s: float = GENERATION_TIMEOUT_S,
+        partial_credit: bool = True,
     ) -> tuple[Task, ...]:
         return get_tasks(
             split,
@@ -372,6 +387,7 @@ class DatasetTasks:
             max_attempts=max_attempts,
             sizes=sizes,
             generation_timeout_s=generation_timeout_s,
+            partial_credit=partial_credit,
         )
 
     def __repr__(self) -> str:
