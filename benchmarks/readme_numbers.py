@@ -1,6 +1,6 @@
 """The measured numbers of the README and the benchmarks guide, written from the result files.
 
-Every figure a benchmark measured that ``README.md`` or ``docs/guides/benchmarks.md`` quotes sits
+Every figure a benchmark measured that a page of :data:`PAGES` quotes sits
 between two markers, ``<!-- numbers:NAME -->`` and ``<!-- /numbers:NAME -->``, and is rendered
 by :data:`REGIONS` ``[NAME]`` from the JSON files in ``benchmarks/results/`` as committed: a table
 (the README's main result, its environments' oracle and random columns, the guide's headlines)
@@ -28,7 +28,7 @@ __all__ = ["PAGES", "REGIONS", "Results", "check", "main", "render_page"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PAGES = ("README.md", "docs/guides/benchmarks.md")
+PAGES = ("README.md", "docs/guides/benchmarks.md", "docs/guides/pretrained.md")
 """The pages with marked regions, from the repository root."""
 MARKED = re.compile(
     r"<!-- numbers:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /numbers:(?P=name) -->", re.S
@@ -240,6 +240,34 @@ def chaos_runs(results: Results) -> str:
     )
 
 
+def real_model_result(results: Results) -> str:
+    """The SmolLM2 recipe's greedy test success: start, after GRPO and after RFT, and the paired
+    differences with their intervals (``real_model.json``'s runs of the current config)."""
+    from benchmarks.real_model import paired, recipe_runs
+
+    runs = recipe_runs(results["real_model"], "chain_sum")
+    if set(runs) != {"grpo", "rft"}:
+        raise InvalidArgumentError(
+            "real_model.json has no GRPO and RFT runs of configs/chain_sum_smollm2.yaml as it "
+            "is: run python -m benchmarks.real_model --run chain_sum.grpo (and .rft)."
+        )
+    success = {arm: run["task_success"] for arm, run in runs.items()}
+    g = paired(success["grpo"]["before_grpo"], success["grpo"]["after_grpo"])
+    r = paired(success["rft"]["before_grpo"], success["rft"]["after_grpo"])
+    d = paired(success["rft"]["after_grpo"], success["grpo"]["after_grpo"])
+    assert g is not None and r is not None and d is not None
+
+    def shown(cell: Mapping[str, Any]) -> str:
+        return f"{cell['difference']:+.3f} [{cell['ci'][0]:+.3f}, {cell['ci'][1]:+.3f}]"
+
+    minutes = [runs[arm]["total_seconds"] / 60 for arm in ("grpo", "rft")]
+    return (
+        f"greedy test success {g['before']:.3f} at the start, {g['after']:.3f} after GRPO "
+        f"({shown(g)}) and {r['after']:.3f} after RFT at the same sampling budget; GRPO - RFT "
+        f"{shown(d)}; {minutes[0]:.1f} and {minutes[1]:.1f} min a run on 2 cores"
+    )
+
+
 COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 """Small counts as a sentence writes them."""
 
@@ -321,6 +349,9 @@ HEADLINES: tuple[tuple[str, Callable[[Results], str], str, str], ...] = (
     ("real_model_eval", lambda r: "a newcomer's `" + r["real_model_eval"]["headline"]["command"]
      .removesuffix(" --seed 0 --no-progress") + f"`: {real_model_time(r)}", "2 min on 2 cores",
      "met"),
+    ("real_model", lambda r: "SmolLM2-135M-Instruct on one-digit sums: "
+     + real_model_result(r), "GRPO's gain above zero in one recipe; GRPO - RFT in both",
+     "met in one recipe; the ToolUseGame recipe not run"),
     ("constrained_decoding", constrained_headline, "", ""),
     ("chaos", chaos_runs, "", ""),
 )  # fmt: skip
@@ -360,6 +391,9 @@ REGIONS: dict[str, Render] = {
     "async_with_latency": phrase(lambda r: ratio(r["async"]["speedup_with_latency"])),
     "async_without_latency": phrase(lambda r: ratio(r["async"]["speedup_without_latency"])),
     "real_model_time": phrase(real_model_time),
+    "real_model_result": phrase(real_model_result),
+    # docs/guides/pretrained.md
+    "real_model_guide": phrase(real_model_result),
 }
 """Each marked region's renderer, by the name in its markers."""
 

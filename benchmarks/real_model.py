@@ -297,7 +297,10 @@ def _render_recipe(recipe: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     lines += ["", "| test split | start | after GRPO | GRPO gain [95% CI] | after RFT | "
               "RFT gain [95% CI] | GRPO - RFT [95% CI] |",
               "| --- | ---: | ---: | --- | ---: | --- | --- |"]  # fmt: skip
-    for measure, field in (("success", "task_success"), ("mean reward", "task_reward")):
+    fields = [("success", "task_success"), ("mean reward", "task_reward")]
+    if all(run.get("task_reward") == run.get("task_success") for run in runs.values()):
+        fields = fields[:1]  # a reward of success alone: the same numbers twice
+    for measure, field in fields:
         for mode in ("greedy", "sampled"):
             row = _table_row(runs, field, "_sampled" if mode == "sampled" else "")
             if row is not None:
@@ -372,7 +375,7 @@ def config_changes(earlier_text: str | None, current_text: str, overrides: dict[
     before = {**flat(yaml_load(earlier_text)), **overrides}
     now = flat(yaml_load(current_text))
     changed = [
-        f"{k}={before.get(k)} (now {now.get(k)})"
+        f"{k}={before.get(k, 'unset')} (now {now.get(k, 'unset')})"
         for k in sorted(set(before) | set(now))
         if before.get(k) != now.get(k)
     ]
@@ -400,6 +403,7 @@ def _render_earlier(runs: dict[str, Any], quick: bool) -> list[str]:
                 values.get(f"before_grpo{suffix}", {}), values.get(f"after_grpo{suffix}", {})
             )
             cells.append("" if g is None else f"{g['before']:.3f} -> {g['after']:.3f}")
+        cells.append(_val_curve(r))
         rows.append(f"| {recipe} | {settings['arm'].upper()} | {changes} | " + " | ".join(cells)
                     + f" | {r['total_seconds'] / 60:.1f} |")  # fmt: skip
     if not rows:
@@ -410,8 +414,8 @@ def _render_earlier(runs: dict[str, Any], quick: bool) -> list[str]:
         "Runs of a recipe under settings its config no longer has, start -> after.",
         "",
         "| recipe | arm | settings | greedy success | sampled success | greedy mean reward | "
-        "minutes |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "val success by step | minutes |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | ---: |",
         *rows,
         "",
     ]
@@ -425,21 +429,27 @@ def _render_tuning(runs: dict[str, Any]) -> list[str]:
         "## Settings chosen on val",
         "",
         "Runs validated on val only (`--tune`; no test evaluation): greedy val success at each "
-        "validation point.",
+        "validation point; each run's settings as they differ from the recipe's config now.",
         "",
-        "| run | overrides | val success by step | minutes |",
+        "| run | settings | val success by step | minutes |",
         "| --- | --- | --- | ---: |",
     ]
     for key, r in tuned:
-        points = ", ".join(
-            f"{p['step']}: {p['success_rate']:.3f}"
-            for p in r.get("validation_history", [])
-            if "success_rate" in p
-        )
-        overrides = ", ".join(f"{k}={v}" for k, v in sorted(r["settings"]["overrides"].items()))
-        lines.append(f"| {key.split()[0]} | {overrides or 'the config'} | {points} | "
+        recipe = key.split()[0].split(".")[0]
+        text = (ROOT / RECIPES[recipe]).read_text()
+        changes = config_changes(r.get("config_text"), text, r["settings"]["overrides"])
+        lines.append(f"| {key.split()[0]} | {changes} | {_val_curve(r)} | "
                      f"{r['total_seconds'] / 60:.1f} |")  # fmt: skip
     return [*lines, ""]
+
+
+def _val_curve(record: dict[str, Any]) -> str:
+    """``step: success`` at each of a run's validation points."""
+    return ", ".join(
+        f"{p['step']}: {p['success_rate']:.3f}"
+        for p in record.get("validation_history", [])
+        if "success_rate" in p
+    )
 
 
 def plot(results: dict[str, Any], path: Path, quick: bool = False) -> None:
