@@ -248,20 +248,20 @@ def _render_probe(record: dict[str, Any] | None) -> list[str]:
         "",
         f"`{s['model']}` as it comes, {s['tasks']} val tasks of each candidate, "
         f"{s['max_new_tokens']} tokens a reply: greedy, and {s['samples']} samples a task at "
-        f"temperature {s['temperature']:g} (what GRPO's groups see). A recipe starts where the "
-        "model already succeeds sometimes (0.1 to 0.7).",
+        f"temperature {s['temperature']:g} (what GRPO's groups see); the mean reward is "
+        "reasoning-gym's score with its partial credit. A recipe starts where the model "
+        "already succeeds sometimes (0.1 to 0.7) where a candidate allows.",
         "",
         "| candidate | environment | greedy success [95% CI] | sampled success [95% CI] | "
-        "sampled tokens / episode | seconds |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "mean reward, greedy / sampled | sampled tokens / episode | seconds |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, c in record["candidates"].items():
         cells = [_rate(c[m]) for m in ("greedy", "sampled")]
-        tokens = c["sampled"].get("sampled_tokens_per_episode")
-        lines.append(
-            f"| {label} | {c['env']} | {cells[0]} | {cells[1]} | "
-            f"{'' if tokens is None else f'{tokens:.0f}'} | {c['seconds']:.0f} |"
-        )
+        reward = " / ".join(f"{c[m]['mean_reward']:.3f}" for m in ("greedy", "sampled"))
+        tokens = c["sampled"]["sampled_tokens_per_episode"]
+        lines.append(f"| {label} | {c['env']} | {cells[0]} | {cells[1]} | {reward} | "
+                     f"{tokens:.0f} | {c['seconds']:.0f} |")  # fmt: skip
     conditions = record.get("conditions")
     lines += ["", Conditions(**conditions).describe() if conditions else "", ""]
     return lines
