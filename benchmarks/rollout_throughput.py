@@ -23,9 +23,9 @@ then the fewest passes the streams allow, each reading the weights and its rows'
 values) at the dtype it ran, prorated to the tokens it sampled; its share of the floor is floor
 / measured time.
 
-The model must call the tools, so that every loop runs real multi-turn episodes: pass a warmed
-model (the main job's SFT stage writes one), or let the script build the tiny model and warm it on
-oracle transcripts for ``--sft-seconds``.
+The model must call the tools, so that every loop runs real multi-turn episodes (a model that
+does not is refused): pass a warmed model, or let the script take the main job's SFT model
+(``outputs/tool_use_game_tiny/sft``), or build the tiny model and warm it on oracle transcripts.
 
     python -m benchmarks.rollout_throughput --model outputs/tool_use_game_tiny/sft
     python -m benchmarks.rollout_throughput --quick --model PATH   # smoke run, writes nothing
@@ -50,6 +50,7 @@ from benchmarks.common import (
     cache_dir,
     check_repeats,
     interleave,
+    main_job_model,
     median_interval,
     output_dir,
     pin_threads,
@@ -66,7 +67,8 @@ NAME = "rollout_throughput"
 @dataclass
 class Args:
     model: str | None = None
-    """A tools-calling model directory (None: build the tiny model and warm it by SFT)."""
+    """A tools-calling model directory (None: the main job's SFT model, else the tiny model
+    warmed here by SFT)."""
     tasks: int = 16
     """ToolUseGame val tasks."""
     episodes_per_task: int = 4
@@ -110,8 +112,13 @@ class Args:
 
 
 def warm_model(args: Args) -> str:
+    """``--model``, else the main job's SFT model where it ran, else the tiny model warmed here
+    on oracle transcripts (which :func:`check_multi_turn` refuses if it calls no tools)."""
     if args.model:
         return args.model
+    found = main_job_model("sft")
+    if found is not None:
+        return found
     from llm_gym.models import build_tiny_model
     from trainers.sft.data import oracle_sft_dataset
     from trainers.sft.settings import SFTSettings

@@ -528,3 +528,25 @@ def test_real_model_report_pairs_grpo_and_rft_by_task(tmp_path, monkeypatch) -> 
     assert (tmp_path / "real_model.png").exists()
     with pytest.raises(SystemExit):
         real_model.main(["--out-dir", str(tmp_path)])  # nothing to do is an error naming runs
+
+
+def test_rollout_throughput_refuses_a_model_that_calls_no_tools(monkeypatch, capsys) -> None:
+    """Single-turn episodes are not the workload: a full run stops naming the remedy, a
+    ``--quick`` one warns; a model that calls tools passes."""
+    from types import SimpleNamespace as NS
+
+    from benchmarks import rollout_throughput as rt
+
+    calls = [0]
+
+    def fake_run(model, tokenizer, tasks, args, record=None, **kwargs):
+        record.extend(NS(tool_calls=calls[0]) for _ in range(len(tasks) * args.episodes_per_task))
+        return {}
+
+    monkeypatch.setattr(rt, "run_ours", fake_run)
+    with pytest.raises(SystemExit, match="makes 0.00 tool calls an episode"):
+        rt.check_multi_turn(None, None, "m", list(range(8)), rt.Args())
+    rt.check_multi_turn(None, None, "m", list(range(8)), rt.Args(quick=True))
+    assert "warning: The model at m makes 0.00" in capsys.readouterr().out
+    calls[0] = 1
+    rt.check_multi_turn(None, None, "m", list(range(8)), rt.Args())
