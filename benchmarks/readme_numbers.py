@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import real_model_report
+from benchmarks.rollout_report import verdict as rollout_verdict
 from llm_gym.errors import InvalidArgumentError
 
 __all__ = ["PAGES", "REGIONS", "Results", "check", "main", "render_page"]
@@ -240,34 +242,6 @@ def chaos_runs(results: Results) -> str:
     )
 
 
-def real_model_result(results: Results) -> str:
-    """The SmolLM2 recipe's greedy test success: start, after GRPO and after RFT, and the paired
-    differences with their intervals (``real_model.json``'s runs of the current config)."""
-    from benchmarks.real_model import paired, recipe_runs
-
-    runs = recipe_runs(results["real_model"], "chain_sum")
-    if set(runs) != {"grpo", "rft"}:
-        raise InvalidArgumentError(
-            "real_model.json has no GRPO and RFT runs of configs/chain_sum_smollm2.yaml as it "
-            "is: run python -m benchmarks.real_model --run chain_sum.grpo (and .rft)."
-        )
-    success = {arm: run["task_success"] for arm, run in runs.items()}
-    g = paired(success["grpo"]["before_grpo"], success["grpo"]["after_grpo"])
-    r = paired(success["rft"]["before_grpo"], success["rft"]["after_grpo"])
-    d = paired(success["rft"]["after_grpo"], success["grpo"]["after_grpo"])
-    assert g is not None and r is not None and d is not None
-
-    def shown(cell: Mapping[str, Any]) -> str:
-        return f"{cell['difference']:+.3f} [{cell['ci'][0]:+.3f}, {cell['ci'][1]:+.3f}]"
-
-    minutes = [runs[arm]["total_seconds"] / 60 for arm in ("grpo", "rft")]
-    return (
-        f"greedy test success {g['before']:.3f} at the start, {g['after']:.3f} after GRPO "
-        f"({shown(g)}) and {r['after']:.3f} after RFT at the same sampling budget; GRPO - RFT "
-        f"{shown(d)}; {minutes[0]:.1f} and {minutes[1]:.1f} min a run on 2 cores"
-    )
-
-
 COUNTS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 """Small counts as a sentence writes them."""
 
@@ -320,17 +294,6 @@ def rollout_headline(results: Results) -> str:
     )
 
 
-def rollout_verdict(results: Results) -> str:
-    """Each target against the measured median: the replay limit's 80%, TRL's 1.5x."""
-    data = results["rollout_throughput"]
-    limit = data["ratio_to_replay_limit"]["median"] >= 0.8
-    trl = data["ratio_to_trl_best"]["median"] >= 1.5
-    if limit and trl:
-        return "met"
-    shown = "; ".join("met" if ok else "not met" for ok in (limit, trl))
-    return f"{shown} ({cpu(data['conditions'])})"
-
-
 def constrained_headline(results: Results) -> str:
     data = results["constrained_decoding"]
     mask = data["libraries"]["SmolLM2-135M"]["llguidance"]["mask_us"]
@@ -343,7 +306,7 @@ def constrained_headline(results: Results) -> str:
 
 
 HEADLINES: tuple[tuple[str, Callable[[Results], str], str, str | Callable[[Results], str]], ...] = (
-    ("rollout_throughput", rollout_headline, "80%; 1.5x", lambda r: rollout_verdict(r)),
+    ("rollout_throughput", rollout_headline, "80%; 1.5x", rollout_verdict),
     ("train_step", train_step_headline, "0.67x; not below TRL's interval", "met"),
     ("suite_tiny", suite_headline, "under 45 min on 2 cores", "time met; GRPO's gain not met"),
     ("main_job", main_job_headline, "+0.15, greedy above zero; 15 min",
@@ -360,9 +323,8 @@ HEADLINES: tuple[tuple[str, Callable[[Results], str], str, str | Callable[[Resul
     ("real_model_eval", lambda r: "a newcomer's `" + r["real_model_eval"]["headline"]["command"]
      .removesuffix(" --seed 0 --no-progress") + f"`: {real_model_time(r)}", "2 min on 2 cores",
      "met"),
-    ("real_model", lambda r: "SmolLM2-135M-Instruct on one-digit sums: "
-     + real_model_result(r), "GRPO's gain above zero in one recipe; GRPO - RFT in both",
-     "met in one recipe; the ToolUseGame recipe not run"),
+    ("real_model", real_model_report.headline_row, "GRPO's gain above zero in one recipe; "
+     "GRPO - RFT in both", "met in one recipe; the ToolUseGame recipe not run"),
     ("constrained_decoding", constrained_headline, "", ""),
     ("chaos", chaos_runs, "", ""),
 )  # fmt: skip
@@ -403,9 +365,9 @@ REGIONS: dict[str, Render] = {
     "async_with_latency": phrase(lambda r: ratio(r["async"]["speedup_with_latency"])),
     "async_without_latency": phrase(lambda r: ratio(r["async"]["speedup_without_latency"])),
     "real_model_time": phrase(real_model_time),
-    "real_model_result": phrase(real_model_result),
+    "real_model_result": phrase(real_model_report.headline),
     # docs/guides/pretrained.md
-    "real_model_guide": phrase(real_model_result),
+    "real_model_guide": phrase(real_model_report.headline),
 }
 """Each marked region's renderer, by the name in its markers."""
 

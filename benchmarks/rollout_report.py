@@ -240,3 +240,17 @@ def _payload(
         for contender, entry in contenders.items()
     }
     return payload
+
+
+def verdict(results: Any) -> str:
+    """The two targets against the medians of ``results["rollout_throughput"]`` (ours >= 80%
+    of the replay limit, >= 1.5x TRL's faster back-end), naming the CPU where one is not met."""
+    data = results["rollout_throughput"]
+    met = (
+        data["ratio_to_replay_limit"]["median"] >= 0.8,
+        data["ratio_to_trl_best"]["median"] >= 1.5,
+    )
+    if all(met):
+        return "met"
+    shown = "; ".join("met" if ok else "not met" for ok in met)
+    return f"{shown} ({data['conditions']['machine'].split(', ')[0]})"

@@ -483,7 +483,7 @@ def test_real_model_report_pairs_grpo_and_rft_by_task(tmp_path, monkeypatch) -> 
     """The table from hand-made records: start 0.25; GRPO 0.75 (+0.5), RFT 0.5 (+0.25), GRPO -
     RFT +0.25, each paired by task; a recorded run is skipped, and the report is rebuilt from
     the JSON alone."""
-    from benchmarks import real_model
+    from benchmarks import real_model, real_model_report
 
     before = {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}
     grpo = _real_model_run(before, {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0})
@@ -492,7 +492,7 @@ def test_real_model_report_pairs_grpo_and_rft_by_task(tmp_path, monkeypatch) -> 
     for arm, run in (("grpo", grpo), ("rft", rft)):
         settings = real_model.run_settings("chain_sum", arm, {}, tune=False)
         runs[real_model.settings_key(f"chain_sum.{arm}", settings)] = {**run, "settings": settings}
-    text = real_model.render({"runs": runs})
+    text = real_model_report.render({"runs": runs})
     row = next(line for line in text.splitlines() if line.startswith("| greedy success"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:4] == ["0.250", "0.750", cells[3]] and cells[3].startswith("+0.500 [")
@@ -506,14 +506,14 @@ def test_real_model_report_pairs_grpo_and_rft_by_task(tmp_path, monkeypatch) -> 
         for key, run in runs.items()
     }  # fmt: skip
     row = next(
-        line for line in real_model.render({"runs": runs_with_rewards}).splitlines()
+        line for line in real_model_report.render({"runs": runs_with_rewards}).splitlines()
         if line.startswith("| greedy mean reward")
     )  # fmt: skip
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:3] == ["0.200", "0.500"] and cells[3].startswith("+0.300 [")
     assert cells[4] == "0.400" and cells[6].startswith("+0.100 [")
     next(r for r in runs.values() if r["settings"]["arm"] == "rft")["start_hash"] = "w1"
-    assert "started from different weights" in real_model.render({"runs": runs})
+    assert "started from different weights" in real_model_report.render({"runs": runs})
 
     # run by run: a recorded run is not run again; --render reads the JSON only
     (tmp_path / "real_model.json").write_text(json.dumps({"runs": runs}))
