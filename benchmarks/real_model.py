@@ -154,7 +154,8 @@ def probe(quick: bool) -> dict[str, Any]:
 
 def run_recipe(recipe: str, arm: str, overrides: dict[str, Any], tune: bool, quick: bool,
                work: Path) -> dict[str, Any]:  # fmt: skip
-    """One arm of one recipe through the pipeline; the record :func:`render` reads."""
+    """One arm of one recipe through the pipeline; the record the report reads
+    (:func:`benchmarks.real_model_report.render`)."""
     from llm_gym.eval.model_hash import model_files_hash
     from trainers.pipeline.config import load_config
     from trainers.pipeline.run import run_pipeline
