@@ -307,7 +307,7 @@ def constrained_headline(results: Results) -> str:
 
 HEADLINES: tuple[tuple[str, Callable[[Results], str], str, str | Callable[[Results], str]], ...] = (
     ("rollout_throughput", rollout_headline, "80%; 1.5x", rollout_verdict),
-    ("train_step", train_step_headline, "0.67x; not below TRL's interval", "met"),
+    ("train_step", train_step_headline, "0.67x; not below TRL's interval", "met; not met"),
     ("suite_tiny", suite_headline, "under 45 min on 2 cores", "time met; GRPO's gain not met"),
     ("main_job", main_job_headline, "+0.15, greedy above zero; 15 min",
      "gains met; time met on a quiet day, not on the busiest"),
