@@ -17,9 +17,10 @@ rewards), scoring (``_compute_loss``: the forward pass over the batch and the lo
 (backward and optimizer step), by the same wrappers on both trainers. A repeat's value is the median
 of its steps after the first (the first warms kernels up); ratios are ours' median over the other's
 with a paired bootstrap interval over repeats. Against the hardware (:mod:`benchmarks.roofline`,
-measured in the same run): a step's floor is that of the forward and backward over the tokens
-of its batch (``6 x parameters x tokens`` FLOPs, every row's prompt and completion) at the dtype
-it trains in, and its share of the floor is floor / measured time, over the whole step and over
+measured in the same run): a step's floor is that of the forward and backward over its batch
+(:func:`benchmarks.step_work.train_step`: the distinct positions of the rows' token tree, a
+group's shared prompt once, and the head only where the loss reads logits) at the dtype it
+trains in, and its share of the floor is floor / measured time, over the whole step and over
 its forward and backward (scoring and the rest); the generation's floor is
 ``rollout_throughput``'s.
 
@@ -42,6 +43,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from benchmarks import step_work
 from benchmarks.common import (
     Conditions,
     add_harness_arguments,
@@ -144,13 +146,17 @@ def register_waves_policy() -> None:
 
 class StepTimer:
     """Per-step wall time split into generation, scoring and the rest, by wrapping the two
-    methods every GRPO trainer here runs (TRL's and ours alike) and a step callback."""
+    methods every GRPO trainer here runs (TRL's and ours alike) and a step callback; and the
+    work of each step's batch, counted once its time is taken: its real tokens (``tokens``), the
+    distinct positions of its rows' token tree and the positions whose logits its loss reads
+    (``positions``, ``trained``: :func:`benchmarks.step_work.prefix_tree_work`)."""
 
     def __init__(self, trainer: Any) -> None:
         from transformers import TrainerCallback
 
         self.steps: list[dict[str, float]] = []
-        self._current = {"generation_s": 0.0, "scoring_s": 0.0, "tokens": 0}
+        self._batches: list[dict[str, Any]] = []
+        self._current = {"generation_s": 0.0, "scoring_s": 0.0}
         for method, key in (
             ("_generate_and_score_completions", "generation_s"),
             ("_compute_loss", "scoring_s"),
@@ -160,13 +166,16 @@ class StepTimer:
 
         class Clock(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
-                timer._current = {"generation_s": 0.0, "scoring_s": 0.0, "tokens": 0}
+                timer._current = {"generation_s": 0.0, "scoring_s": 0.0}
+                timer._batches = []
                 timer._start = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kwargs):
                 total = time.perf_counter() - timer._start
                 rest = total - timer._current["generation_s"] - timer._current["scoring_s"]
-                timer.steps.append({"step_s": total, **timer._current, "backward_s": rest})
+                work = step_work.batch_work(timer._batches)
+                timer.steps.append({"step_s": total, **timer._current, "backward_s": rest,
+                                    **work})  # fmt: skip
 
         trainer.add_callback(Clock())
 
@@ -177,10 +186,8 @@ class StepTimer:
                 result = method(*args, **kwargs)
             finally:
                 self._current[key] += time.perf_counter() - start
-            if key == "generation_s":  # the batch the step trains on: its real tokens
-                self._current["tokens"] += int(
-                    result["prompt_mask"].sum() + result["completion_mask"].sum()
-                )
+            if key == "generation_s":  # the batch the step trains on, counted after the step
+                self._batches.append(result)
             return result
 
         return wrapper
@@ -189,7 +196,8 @@ class StepTimer:
         """The median of each part, of the forward and backward (``train_s``: scoring and the
         rest) and of the tokens trained, over the steps after the first (all, with one step)."""
         timed = self.steps[1:] or self.steps
-        parts = ("step_s", "generation_s", "scoring_s", "backward_s", "tokens")
+        parts = ("step_s", "generation_s", "scoring_s", "backward_s", "tokens", "positions",
+                 "trained")  # fmt: skip
         medians = {p: statistics.median(s[p] for s in timed) for p in parts}
         train_s = statistics.median(s["scoring_s"] + s["backward_s"] for s in timed)
         return {**medians, "train_s": train_s, "steps": self.steps}

@@ -22,12 +22,19 @@ LABELS = {
 }
 
 
+COUNTS = ("tokens", "positions", "trained")
+"""A step's batch: real tokens, distinct positions, positions whose logits the loss reads."""
+
+
 def step_floors(runs: list[dict[str, Any]], shape: ModelShape, roof: Roofline) -> list[float]:
-    """Each repeat's step floor: forward and backward over its median tokens a step, the
-    weights read in their dtype, the matmuls at the peak of the dtype it trains in."""
+    """Each repeat's step floor: forward and backward over its median positions and trained
+    positions a step, the weights read in their dtype, the matmuls at the peak of the dtype it
+    trains in."""
     return [
         roof.floor_s(
-            step_work.train_step(shape, round(r["tokens"]), element_bytes(r["weights_dtype"])),
+            step_work.train_step(
+                shape, round(r["positions"]), round(r["trained"]), element_bytes(r["weights_dtype"])
+            ),
             r["dtype"],
         )
         for r in runs
@@ -46,7 +53,7 @@ def summarize(
         train = contender_roofline(runs, floors, dtype, key="train_s")
         contenders[name] = {
             **{p: median_interval([run[p] for run in runs]).as_json() for p in parts},
-            "tokens": statistics.median(run["tokens"] for run in runs),
+            **{k: statistics.median(run[k] for run in runs) for k in COUNTS},
             **contender_roofline(runs, floors, dtype, key="step_s"),
             "share_of_floor_train": train["share_of_floor"],
             "runs": runs,
@@ -95,16 +102,17 @@ def report(
         roofline,
         "",
         "| trainer | dtype | s / step | generation | scoring (forward + loss) | backward + "
-        "optimizer | tokens trained / s | floor (s) | share of floor: step | share: forward "
-        "+ backward |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "optimizer | tokens / step | positions / step | logits / step | tokens trained / s | "
+        "floor (s) | share of floor: step | share: forward + backward |",
+        "| --- | --- |" + " ---: |" * 11,
     ]
     for name, entry in summary["contenders"].items():
         rate = entry["tokens"] / entry["step_s"]["median"]
         lines.append(
             f"| {LABELS[name]} | {entry['dtype']} | {_cell(entry['step_s'])} | "
             f"{_cell(entry['generation_s'])} | {_cell(entry['scoring_s'])} | "
-            f"{_cell(entry['backward_s'])} | {rate:.0f} | {entry['floor_s']:.4f} | "
+            f"{_cell(entry['backward_s'])} | {entry['tokens']:.0f} | {entry['positions']:.0f} | "
+            f"{entry['trained']:.0f} | {rate:.0f} | {entry['floor_s']:.4f} | "
             f"{share_cell(entry['share_of_floor'])} | "
             f"{share_cell(entry['share_of_floor_train'])} |"
         )
@@ -115,14 +123,18 @@ def report(
         f"{_cell(summary['step_time_ratio_to_no_shared_prefix'])}; ours / ours with the waves "
         f"engine {_cell(summary['step_time_ratio_to_waves'])}.",
         "",
-        "Floor: the least time this CPU allows for the forward and backward over the tokens of "
-        "a step's batch (every row's prompt and completion, median over the steps; 6 x "
-        "parameters FLOPs a token, the weights read twice and their gradients written once), "
-        "the larger of its FLOPs at the matmul peak of the dtype the trainer computes in and "
-        "its bytes at the copy bandwidth; the generation's floor is not in it (see "
+        "Floor: the least time this CPU allows for the forward and backward over a step's "
+        "batch, the larger of its FLOPs at the matmul peak of the dtype the trainer computes in "
+        "and its bytes at the copy bandwidth (medians over the steps). The least work: the "
+        "distinct positions of the rows' token tree (positions / step: a group's shared "
+        "prompt once, where tokens / step counts every row's prompt and completion), 6 x the "
+        "body's parameters FLOPs each, and 6 x the head's (vocabulary x hidden) at each "
+        "position whose logits the loss reads (logits / step: the model's own completion "
+        "tokens, a logit shared by rows counted once); the weights read twice and their "
+        "gradients written once. The generation's floor is not in it (see "
         "`rollout_throughput`). Share of floor = floor / measured time, of the whole step and "
         "of its forward and backward (scoring and backward + optimizer); tokens trained / s "
-        "are those tokens over the whole step.",
+        "are tokens / step over the whole step.",
     ]
     held = summary["held_out"]
     if held:
