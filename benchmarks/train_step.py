@@ -97,6 +97,9 @@ class Args:
     out_dir: Path | None = None
     write: bool = True
     quick: bool = False
+    contenders: tuple[str, ...] = ("ours", "ours_no_shared_prefix", "ours_waves", "trl")
+    """The contenders to time (``ours`` always among them); the ratios and the held-out
+    comparison are those whose contenders ran."""
 
     @classmethod
     def quick_sizes(cls) -> dict[str, Any]:
@@ -387,11 +390,10 @@ def main(args: Args) -> dict[str, Any]:
 
             return run
 
-        names = [*OURS, "trl"]
-        result = interleave({n: contender(n) for n in names}, args.repeats, order=args.order,
-                            seed=args.seed, log=print)  # fmt: skip
+        result = interleave({n: contender(n) for n in args.contenders}, args.repeats,
+                            order=args.order, seed=args.seed, log=print)  # fmt: skip
         held_out = {}
-        if args.quality_steps:
+        if args.quality_steps and "trl" in args.contenders:
             held_out = quality(model_path, tasks, args, Path(tmp), tokenizer)
     conditions.finish()
     summary = summarize(result, held_out, shape, roof)
@@ -411,10 +413,16 @@ def parse_args(argv: list[str] | None = None) -> Args:
                  "max_tokens_per_turn", "eval_tasks", "eval_samples"):  # fmt: skip
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--contenders", nargs="+", choices=Args.contenders, default=None,
+                        help="the contenders to time (default: all; ours among them)")  # fmt: skip
     add_harness_arguments(parser, repeats=Args.repeats, threads=Args.threads)
     ns = vars(parser.parse_args(argv))
     sizes = Args.quick_sizes() if ns["quick"] else {}
     given = {f.name: ns[f.name] for f in fields(Args) if ns.get(f.name) is not None}
+    if "contenders" in given:
+        if "ours" not in given["contenders"]:
+            parser.error(f"--contenders must include ours, got {given['contenders']}")
+        given["contenders"] = tuple(dict.fromkeys(given["contenders"]))
     return Args(**{**sizes, **given})
 
 

@@ -251,6 +251,22 @@ def test_train_step_smoke(small_model_dir, tmp_path) -> None:
     assert "share of floor" in (tmp_path / "train_step.md").read_text()
 
 
+def test_train_step_contenders_are_chosen_with_ours_among_them(small_model_dir, capsys) -> None:
+    """``--contenders ours``: ours alone is timed; no ratio, no held-out comparison with TRL."""
+    from benchmarks import train_step
+
+    with pytest.raises(SystemExit):
+        train_step.parse_args(["--contenders", "trl"])
+    assert "must include ours" in capsys.readouterr().err
+    args = train_step.parse_args(["--quick", "--model", str(small_model_dir), "--contenders",
+                                  "ours", "--repeats", "1", "--steps", "1"])  # fmt: skip
+    assert args.contenders == ("ours",)
+    summary = train_step.main(args)
+    assert set(summary["contenders"]) == {"ours"} and summary["held_out"] == {}
+    assert summary["step_time_ratio_to_trl"] is None
+    assert "| llm_gym `MultiTurnGRPOTrainer` |" in capsys.readouterr().out
+
+
 def test_decode_profile_smoke(small_model_dir, capsys) -> None:
     """``--quick`` profiles decode steps of the engine: a step time, the ops by self CPU time
     and the Python frames by own time, each with its share of a step, printed."""
