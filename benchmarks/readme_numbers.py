@@ -365,9 +365,8 @@ REGIONS: dict[str, Render] = {
     "async_with_latency": phrase(lambda r: ratio(r["async"]["speedup_with_latency"])),
     "async_without_latency": phrase(lambda r: ratio(r["async"]["speedup_without_latency"])),
     "real_model_time": phrase(real_model_time),
-    "real_model_result": phrase(real_model_report.headline),
-    # docs/guides/pretrained.md
-    "real_model_guide": phrase(real_model_report.headline),
+    # README.md and docs/guides/pretrained.md
+    **real_model_report.regions(),
 }
 """Each marked region's renderer, by the name in its markers."""
 

@@ -314,15 +314,22 @@ def plot(results: dict[str, Any], path: Path, quick: bool = False) -> None:
     plt.close(fig)
 
 
-def headline(results: Mapping[str, Any]) -> str:
-    """The SmolLM2 recipe's greedy test success: start, after GRPO and after RFT, and the paired
+RECIPE_LABELS = {
+    "chain_sum": "one-digit sums, GRPO straight from the instruct model",
+    "tool_use_game": "ToolUseGame-v0 after an SFT warm start",
+}
+"""How the headline names each recipe."""
+
+
+def headline(results: Mapping[str, Any], recipe: str = "chain_sum") -> str:
+    """A recipe's greedy test success: start, after GRPO and after RFT, and the paired
     differences with their intervals (``real_model.json``'s runs of the current config), as the
     README's sentence says them (:mod:`benchmarks.readme_numbers`)."""
-    runs = recipe_runs(results["real_model"], "chain_sum")
+    runs = recipe_runs(results["real_model"], recipe)
     if set(runs) != {"grpo", "rft"}:
         raise InvalidArgumentError(
-            "real_model.json has no GRPO and RFT runs of configs/chain_sum_smollm2.yaml as it "
-            "is: run python -m benchmarks.real_model --run chain_sum.grpo (and .rft)."
+            f"real_model.json has no GRPO and RFT runs of {RECIPES[recipe]} as it is: run "
+            f"python -m benchmarks.real_model --run {recipe}.grpo (and .rft)."
         )
     success = {arm: run["task_success"] for arm, run in runs.items()}
     g = paired(success["grpo"]["before_grpo"], success["grpo"]["after_grpo"])
@@ -342,5 +349,17 @@ def headline(results: Mapping[str, Any]) -> str:
 
 
 def headline_row(results: Mapping[str, Any]) -> str:
-    """:func:`headline` as the benchmarks guide's headline table shows it."""
-    return "SmolLM2-135M-Instruct on one-digit sums: " + headline(results)
+    """:func:`headline` of every recipe with both arms recorded, as the benchmarks guide's
+    headline table shows it."""
+    recorded = [r for r in RECIPES if set(recipe_runs(results["real_model"], r)) == set(ARMS)]
+    return "; ".join(f"SmolLM2-135M-Instruct, {RECIPE_LABELS[r]}: {headline(results, r)}"
+                     for r in recorded)  # fmt: skip
+
+
+def regions() -> dict[str, Any]:
+    """The README's and the pretrained guide's regions (:mod:`benchmarks.readme_numbers`): each
+    recipe's :func:`headline`."""
+    return {
+        "real_model_result": lambda results, _: headline(results, "chain_sum"),
+        "real_model_guide": lambda results, _: headline(results, "chain_sum"),
+    }
