@@ -362,4 +362,6 @@ def regions() -> dict[str, Any]:
     return {
         "real_model_result": lambda results, _: headline(results, "chain_sum"),
         "real_model_guide": lambda results, _: headline(results, "chain_sum"),
+        "real_model_tool_result": lambda results, _: headline(results, "tool_use_game"),
+        "real_model_tool_guide": lambda results, _: headline(results, "tool_use_game"),
     }
