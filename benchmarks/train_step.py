@@ -57,7 +57,7 @@ from benchmarks.common import (
 )
 from benchmarks.roofline import measure_model
 from benchmarks.step_work import ModelShape, dtype_of
-from benchmarks.train_step_report import PARSE_FAILURE_REWARD, report, summarize
+from benchmarks.train_step_report import COUNTS, PARSE_FAILURE_REWARD, report, summarize
 
 NAME = "train_step"
 OURS = {
@@ -199,8 +199,7 @@ class StepTimer:
         """The median of each part, of the forward and backward (``train_s``: scoring and the
         rest) and of the tokens trained, over the steps after the first (all, with one step)."""
         timed = self.steps[1:] or self.steps
-        parts = ("step_s", "generation_s", "scoring_s", "backward_s", "tokens", "positions",
-                 "trained")  # fmt: skip
+        parts = ("step_s", "generation_s", "scoring_s", "backward_s", *COUNTS)
         medians = {p: statistics.median(s[p] for s in timed) for p in parts}
         train_s = statistics.median(s["scoring_s"] + s["backward_s"] for s in timed)
         return {**medians, "train_s": train_s, "steps": self.steps}
