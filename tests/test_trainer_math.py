@@ -286,7 +286,8 @@ def test_masked_loss_ignores_env_token_targets(small_model_dir) -> None:
 
 
 def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None:
-    """Scoring the rows' shared prefix once gives TRL's log-probs, entropies, loss and grads."""
+    """Scoring the rows' shared prefix once, or their token tree, gives TRL's log-probs,
+    entropies, loss and grads."""
     import torch
 
     trainer = _small_trainer(
@@ -310,8 +311,9 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
     keep = batch["completion_ids"].size(1)
     mask = batch["completion_mask"].bool()
 
-    def run(shared_prefix: bool):
+    def run(shared_prefix: bool, token_tree: bool = False):
         trainer.args.shared_prefix = shared_prefix
+        trainer.args.token_tree = token_tree
         trainer.model.zero_grad()
         with torch.no_grad():
             logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
@@ -329,12 +331,17 @@ def test_shared_prefix_scoring_matches_the_full_forward(small_model_dir) -> None
         GRPOTrainer, "_get_per_token_logps_and_entropies", side_effect=AssertionError
     ):
         fast = run(True)
-    assert mask.sum() < mask.numel()  # padded completion columns: 0.0 on both paths
-    assert torch.allclose(full[0], fast[0], atol=1e-5)
-    assert torch.allclose(full[1], fast[1], atol=1e-5)
-    assert fast[2] == pytest.approx(full[2], abs=1e-6)
-    assert len(full[3]) == len(fast[3])
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[3], fast[3], strict=True))
+        with mock.patch(  # the token tree is the default, before the shared prefix alone
+            "trainers.grpo.scoring.score_shared_prefix", side_effect=AssertionError
+        ):
+            tree = run(True, token_tree=True)
+    assert mask.sum() < mask.numel()  # padded completion columns: 0.0 on every path
+    for other in (fast, tree):
+        assert torch.allclose(full[0], other[0], atol=1e-5)
+        assert torch.allclose(full[1], other[1], atol=1e-5)
+        assert other[2] == pytest.approx(full[2], abs=1e-6)
+        assert len(full[3]) == len(other[3])
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(full[3], other[3], strict=True))
     # A model with gradient checkpointing on (no KV cache in training) takes TRL's path.
     trainer.model.activation_checkpointing_enable()
     trainer.model.train()

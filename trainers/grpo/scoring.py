@@ -37,6 +37,7 @@ from trainers.grpo.shared_prefix import (
     score_shared_prefix,
     shared_prefix_applies,
 )
+from trainers.grpo.token_tree import plan_token_tree, score_token_tree, tree_unsupported_reason
 
 if TYPE_CHECKING:
     from trainers.grpo.trainer import MultiTurnGRPOTrainer
@@ -45,6 +46,7 @@ __all__ = [
     "StaleTokens",
     "reference_logps",
     "shared_prefix_scores",
+    "token_tree_scores",
     "training_batch",
     "weigh_stale_advantages",
 ]
@@ -217,12 +219,19 @@ def shared_prefix_scores(
         extra_inputs=extra_inputs,
     ):
         return None
+    base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+    if args.token_tree and tree_unsupported_reason(base) is None:
+        scored = token_tree_scores(
+            trainer, base, input_ids, attention_mask, logits_to_keep,
+            batch_size=batch_size, compute_entropy=compute_entropy,
+        )  # fmt: skip
+        if scored is not None:
+            return scored
     plan = plan_shared_prefix(
         input_ids, attention_mask, logits_to_keep, args.shared_prefix_min_length
     )
     if plan is None:
         return None
-    base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
     scored = score_shared_prefix(
         model,
         plan,
@@ -235,6 +244,50 @@ def shared_prefix_scores(
         return None
     logps, entropies = scored
     return logps, entropies, None
+
+
+def token_tree_scores(
+    trainer: MultiTurnGRPOTrainer,
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    logits_to_keep: int,
+    *,
+    batch_size: int | None,
+    compute_entropy: bool,
+) -> tuple[Any, Any, None] | None:
+    """TRL's scoring with each chunk of ``batch_size`` rows run as its token tree
+    (:mod:`trainers.grpo.token_tree`), or None when a chunk cannot be (nothing scored, a
+    non-contiguous row, no cache)."""
+    import torch
+
+    args = trainer.grpo_args
+    step = batch_size or input_ids.size(0)
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), step):
+        rows = slice(start, start + step)
+        plan = plan_token_tree(
+            input_ids[rows],
+            attention_mask[rows],
+            logits_to_keep,
+            min_prefix=args.shared_prefix_min_length,
+            row_tokens=args.token_tree_row_tokens,
+        )
+        if plan is None:
+            return None
+        scored = score_token_tree(
+            model,
+            plan,
+            temperature=trainer.temperature,
+            compute_entropy=compute_entropy,
+            autocast=trainer.accelerator.autocast,
+            head_in_fp32=bool(getattr(trainer.args, "cast_lm_head_to_fp32", False)),
+        )
+        if scored is None:
+            return None
+        logps.append(scored[0])
+        entropies.append(scored[1])
+    return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
 
 def weigh_stale_advantages(

@@ -31,6 +31,7 @@ from trainers.grpo.config.checks import check_config
 from trainers.grpo.config.dtype import DtypeFields, gpu_support, static_precision
 from trainers.grpo.config.field_types import check_field_types
 from trainers.grpo.config.keep_best import KeepBestFields
+from trainers.grpo.config.scoring import ScoringFields
 from trainers.wandb_setup import DEFAULT_PROJECT, check_wandb_setup, report_to_with_wandb
 
 __all__ = ["MultiTurnGRPOConfig"]
@@ -41,7 +42,7 @@ def _world_size() -> int:
 
 
 @dataclass
-class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields, DtypeFields):
+class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields, DtypeFields, ScoringFields):
     """TRL's ``GRPOConfig`` with the multi-turn fields of the post-training cookbook."""
 
     per_device_train_batch_size: int | None = field(
@@ -223,24 +224,6 @@ class MultiTurnGRPOConfig(_TRLGRPOConfig, AgentFields, KeepBestFields, DtypeFiel
         },
     )
     use_lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (PEFT)."})
-    shared_prefix: bool = field(
-        default=True,
-        metadata={
-            "help": "Score the tokens every row starts with (system prompt, tool specs) once "
-            "per micro-batch instead of once per row: same loss and gradients, fewer FLOPs."
-        },
-    )
-    skip_silent_rows: bool = field(
-        default=True,
-        metadata={
-            "help": "Leave rows with all-zero advantages out of the passes where that keeps the "
-            "loss and gradients (dapo/cispo, beta 0, no entropy mask/bonus, no distillation)."
-        },
-    )
-    shared_prefix_min_length: int = field(
-        default=32,
-        metadata={"help": "The shortest shared prefix worth its own forward pass (tokens)."},
-    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_target_modules: list[str] | None = field(

@@ -1,0 +1,164 @@
+"""The token-tree scoring of GRPO batches (:mod:`trainers.grpo.token_tree`): the plan on
+hand-made batches, and the values and gradients of a per-row forward on a real model."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainers.grpo.token_tree import (  # noqa: E402
+    plan_token_tree,
+    score_token_tree,
+    tree_unsupported_reason,
+)
+
+
+def _batch(rows: list[tuple[list[int], list[int]]]):
+    """TRL's layout: prompts left-padded, completions right-padded with 0."""
+    prompt_width = max(len(p) for p, _ in rows)
+    width = max(len(c) for _, c in rows)
+    ids, mask = [], []
+    for prompt, completion in rows:
+        left, right = prompt_width - len(prompt), width - len(completion)
+        ids.append([0] * left + prompt + completion + [0] * right)
+        mask.append([0] * left + [1] * (len(prompt) + len(completion)) + [0] * right)
+    return torch.tensor(ids), torch.tensor(mask), width
+
+
+def test_rows_sharing_a_turn_run_it_once_and_each_pair_is_projected_once() -> None:
+    ids, mask, keep = _batch(
+        [
+            ([1, 2, 3], [4, 5, 6]),
+            ([1, 2, 3], [4, 5, 7]),  # the same first two tokens, another third
+            ([1, 2, 8], [9]),  # another question
+        ]
+    )
+    plan = plan_token_tree(ids, mask, keep, min_prefix=1)
+    assert plan.prefix_ids.tolist() == [[1, 2]]  # up to the earliest predicting position
+    # Depth-first: 3 -> 4 -> 5 (the shared turn, once), then 8.
+    assert plan.packed_ids.tolist() == [[3, 4, 5, 8]]
+    assert plan.position_ids.tolist() == [[2, 3, 4, 2]]
+    tree = plan.attention_mask[0, 0, :, 2:].int().tolist()
+    assert tree == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [0, 0, 0, 1],  # 8 sees the prefix and itself, not the other branch
+    ]
+    assert plan.attention_mask[..., :2].all()
+    pairs = list(
+        zip(plan.logit_columns.tolist(), plan.targets.tolist(), strict=True)
+    )  # (node column, token): 4 and 5 once although two rows score them
+    assert sorted(pairs) == [(0, 4), (1, 5), (2, 6), (2, 7), (3, 9)]
+    assert plan.scored.tolist() == [[True] * 3, [True] * 3, [True, False, False]]
+    assert plan.gather_index[0, :2].tolist() == plan.gather_index[1, :2].tolist()
+    assert plan.positions == 6  # of the 3 + 3 + 3 + 3 + 3 + 1 tokens of the rows
+
+
+def test_packed_rows_hold_whole_paths_and_never_exceed_their_size() -> None:
+    rows = [([1, 2, 3], list(range(10 + 5 * i, 15 + 5 * i))) for i in range(5)]
+    ids, mask, keep = _batch(rows)
+    plan = plan_token_tree(ids, mask, keep, min_prefix=1, row_tokens=12)
+    # Each row needs 5 tokens past the prefix [1, 2]: 3, then its completion but the last.
+    assert plan.packed_ids.shape == (3, 9)  # 5 + 4 (sharing the 3), twice, then one row
+    assert plan.packed_ids[:, 0].tolist() == [3, 3, 3]  # each packed row has its own copy
+    assert plan.packed_ids[2, 5:].tolist() == [0] * 4
+    padding = plan.attention_mask[2, 0, 5:, 2:]
+    assert torch.equal(padding[:, 5:], torch.eye(4, dtype=torch.bool))  # only themselves
+    assert not padding[:, :5].any()
+    # A row longer than the packed rows' size gets a packed row of its own length.
+    assert plan_token_tree(ids, mask, keep, min_prefix=1, row_tokens=2).packed_ids.shape == (5, 5)
+
+
+def test_short_prefixes_nothing_to_score_and_gaps_are_planned_or_refused() -> None:
+    ids, mask, keep = _batch([([1, 2, 3], [4, 5]), ([1, 2, 3], [6])])
+    assert plan_token_tree(ids, mask, keep, min_prefix=3).prefix_ids.shape == (1, 0)
+    assert plan_token_tree(ids, mask, keep, min_prefix=2).prefix_ids.tolist() == [[1, 2]]
+    one = plan_token_tree(ids[:1], mask[:1], keep, min_prefix=1)
+    assert one.prefix_ids.shape == (1, 0) and one.packed_ids.tolist() == [[1, 2, 3, 4]]
+    empty = mask.clone()
+    empty[:, -keep:] = 0
+    assert plan_token_tree(ids, empty, keep) is None  # no completion token at all
+    gap = mask.clone()
+    gap[0, -keep] = 0  # a hole before a real completion token
+    assert plan_token_tree(ids, gap, keep) is None
+
+
+def _rows(generator, shared: int):
+    """Rows with a shared system prompt, two questions, a shared first turn and branches."""
+    system = torch.randint(5, 500, (shared,), generator=generator).tolist()
+    turn = torch.randint(5, 500, (6,), generator=generator).tolist()
+
+    def tail(n):
+        return torch.randint(5, 500, (n,), generator=generator).tolist()
+
+    return [
+        ([*system, 7, 8], [*turn, *tail(5)]),
+        ([*system, 7, 8], [*turn, *tail(9)]),
+        ([*system, 7, 8], tail(4)),
+        ([*system, 9], [*turn, *tail(3)]),
+        ([*system, 9], [*turn, *tail(3)]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shared", "min_prefix", "row_tokens"),
+    [(40, 32, 1024), (40, 64, 1024), (40, 32, 12)],  # a prefix pass; none; several rows
+)
+def test_tree_scores_are_a_per_row_forwards_values_and_gradients(
+    small_model_dir, shared, min_prefix, row_tokens
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(small_model_dir, attn_implementation="sdpa")
+    assert tree_unsupported_reason(model) is None
+    ids, mask, keep = _batch(_rows(torch.Generator().manual_seed(0), shared))
+    temperature = 0.7
+    weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(1))
+
+    def reference():
+        model.zero_grad()
+        logps = torch.zeros(ids.shape[0], keep)
+        for i in range(ids.shape[0]):
+            real = mask[i].bool()
+            tokens = ids[i][real].unsqueeze(0)
+            logits = model(input_ids=tokens).logits[0, :-1] / temperature
+            values = logits.log_softmax(-1).gather(1, tokens[0, 1:].unsqueeze(1)).squeeze(1)
+            count = int(mask[i, -keep:].sum())
+            logps[i, :count] = values[len(values) - count :]
+        (logps * weights).sum().backward()
+        return logps.detach(), [p.grad.clone() for p in model.parameters()]
+
+    def tree():
+        model.zero_grad()
+        plan = plan_token_tree(ids, mask, keep, min_prefix=min_prefix, row_tokens=row_tokens)
+        assert (plan.prefix_ids.size(1) > 0) == (min_prefix <= shared)
+        assert plan.packed_ids.size(0) == (1 if row_tokens > 100 else 4)
+        logps, entropies = score_token_tree(
+            model, plan, temperature=temperature, compute_entropy=True,
+            autocast=lambda: torch.autocast("cpu", enabled=False),
+        )  # fmt: skip
+        assert entropies.shape == logps.shape and (entropies[plan.scored] > 0).all()
+        (logps * weights).sum().backward()
+        return logps.detach(), [p.grad.clone() for p in model.parameters()]
+
+    expected, tree_result = reference(), tree()
+    assert torch.allclose(expected[0], tree_result[0], atol=1e-5)
+    assert all(
+        torch.allclose(a, b, atol=1e-5) for a, b in zip(expected[1], tree_result[1], strict=True)
+    )
+
+
+def test_models_whose_attention_or_head_the_tree_cannot_take_are_named(small_model_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    eager = AutoModelForCausalLM.from_pretrained(small_model_dir, attn_implementation="eager")
+    assert "eager" in tree_unsupported_reason(eager)
+    model = AutoModelForCausalLM.from_pretrained(small_model_dir, attn_implementation="sdpa")
+    model.config.sliding_window, model.config.use_sliding_window = 8, True
+    assert "sliding" in tree_unsupported_reason(model)
+    model.config.use_sliding_window = False
+    assert tree_unsupported_reason(model) is None
+    model.config.final_logit_softcapping = 30.0
+    assert "scaled" in tree_unsupported_reason(model)
