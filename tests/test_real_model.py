@@ -534,3 +534,19 @@ def test_real_model_recipes_smoke(smollm2, tmp_path) -> None:
     assert runs["grpo"]["start_hash"] == runs["rft"]["start_hash"]
     text = (tmp_path / "real_model.md").read_text()
     assert "Both arms started from the same weights." in text and "| greedy success |" in text
+
+
+def test_smollm2_token_tree_scores_are_per_row_forwards(smollm2) -> None:
+    """Llama's grouped-query attention and rotary positions take the tree's 4D mask and
+    position ids: the tree's logprobs and gradients are those of each row's own forward (the
+    body in float64, so that 30 layers of float32 rounding do not hide a real difference; TRL's
+    head kernel returns float32)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_token_tree import check_tree_matches_per_row_forwards
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float64)
+    for min_prefix, row_tokens in ((32, 1024), (32, 12)):
+        check_tree_matches_per_row_forwards(
+            model, shared=40, min_prefix=min_prefix, row_tokens=row_tokens, atol=1e-4
+        )
