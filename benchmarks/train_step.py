@@ -1,10 +1,11 @@
-"""Training step, side by side: our ``MultiTurnGRPOTrainer`` (and two ablations of it) against
+"""Training step, side by side: our ``MultiTurnGRPOTrainer`` (and three ablations of it) against
 TRL's ``GRPOTrainer(environment_factory=...)`` at its best settings.
 
 Contenders, each a fresh trainer from the same tools-calling model, interleaved for ``--repeats``
 repeats by the common harness (:mod:`benchmarks.common`), each repeat ``--steps`` optimizer steps:
 
-* ``ours``: the default trainer (continuous-batching rollouts, shared-prefix scoring);
+* ``ours``: the default trainer (continuous-batching rollouts, token-tree scoring);
+* ``ours_no_token_tree``: ``token_tree=False`` (the rows' shared prefix once, every row's rest);
 * ``ours_no_shared_prefix``: ``shared_prefix=False`` (TRL's per-sample scoring path);
 * ``ours_waves``: the previous rollout engine (``HFPolicy(batching="waves")``, registered here
   as the policy kind ``hf-waves`` for ``generation_backend``);
@@ -62,6 +63,7 @@ from benchmarks.train_step_report import COUNTS, PARSE_FAILURE_REWARD, report, s
 NAME = "train_step"
 OURS = {
     "ours": {},
+    "ours_no_token_tree": {"token_tree": False},
     "ours_no_shared_prefix": {"shared_prefix": False},
     "ours_waves": {"generation_backend": "hf-waves"},
 }
@@ -97,7 +99,9 @@ class Args:
     out_dir: Path | None = None
     write: bool = True
     quick: bool = False
-    contenders: tuple[str, ...] = ("ours", "ours_no_shared_prefix", "ours_waves", "trl")
+    contenders: tuple[str, ...] = (
+        "ours", "ours_no_token_tree", "ours_no_shared_prefix", "ours_waves", "trl"
+    )  # fmt: skip
     """The contenders to time (``ours`` always among them); the ratios and the held-out
     comparison are those whose contenders ran."""
 

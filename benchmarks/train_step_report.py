@@ -16,6 +16,7 @@ PARSE_FAILURE_REWARD = -0.1
 
 LABELS = {
     "ours": "llm_gym `MultiTurnGRPOTrainer`",
+    "ours_no_token_tree": "llm_gym, `token_tree=False`",
     "ours_no_shared_prefix": "llm_gym, `shared_prefix=False`",
     "ours_waves": 'llm_gym, `HFPolicy(batching="waves")` (the engine before)',
     "trl": "TRL `GRPOTrainer` + `environment_factory`, best settings",
@@ -67,6 +68,7 @@ def summarize(
 
     return {
         "step_time_ratio_to_trl": ratio("trl"),
+        "step_time_ratio_to_no_token_tree": ratio("ours_no_token_tree"),
         "step_time_ratio_to_no_shared_prefix": ratio("ours_no_shared_prefix"),
         "step_time_ratio_to_waves": ratio("ours_waves"),
         "contenders": contenders,
@@ -88,9 +90,10 @@ def ratio_lines(summary: dict[str, Any]) -> list[str]:
     if ratio is not None:
         met = "met" if ratio["median"] <= 0.67 else "NOT met"
         lines.append(f"Step time, ours / TRL: **{_cell(ratio)}** (target <= 0.67: {met}).")
-    for key, label in (("no_shared_prefix", "ours without shared-prefix scoring"),
+    for key, label in (("no_token_tree", "ours without token-tree scoring"),
+                       ("no_shared_prefix", "ours without shared-prefix scoring"),
                        ("waves", "ours with the waves engine")):  # fmt: skip
-        if summary[f"step_time_ratio_to_{key}"] is not None:
+        if summary.get(f"step_time_ratio_to_{key}") is not None:
             lines.append(f"Ours / {label}: {_cell(summary[f'step_time_ratio_to_{key}'])}.")
     return [" ".join(lines)] if lines else []
 

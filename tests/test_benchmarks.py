@@ -212,7 +212,7 @@ def test_a_steps_least_work_is_its_trained_rows_token_tree() -> None:
 
 @pytest.mark.slow  # 15-25 s: with the slow checks, which CI runs
 def test_train_step_smoke(small_model_dir, tmp_path) -> None:
-    """``--quick``: every contender (ours, two ablations, TRL) trains through the harness, each
+    """``--quick``: every contender (ours, three ablations, TRL) trains through the harness, each
     step split into generation, scoring and the rest; the held-out quality run evaluates ours and
     TRL; the JSON holds ``step_time_ratio_to_trl`` with its interval."""
     import json
@@ -226,7 +226,9 @@ def test_train_step_smoke(small_model_dir, tmp_path) -> None:
         ["--quick", "--model", str(small_model_dir), "--out-dir", str(tmp_path)]
     )
     summary = train_step.main(args)
-    assert set(summary["contenders"]) == {"ours", "ours_no_shared_prefix", "ours_waves", "trl"}
+    assert set(summary["contenders"]) == {
+        "ours", "ours_no_token_tree", "ours_no_shared_prefix", "ours_waves", "trl"
+    }  # fmt: skip
     for entry in summary["contenders"].values():
         assert len(entry["runs"]) == 2
         for run in entry["runs"]:

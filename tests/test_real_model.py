@@ -546,7 +546,7 @@ def test_smollm2_token_tree_scores_are_per_row_forwards(smollm2) -> None:
     from tests.test_token_tree import check_tree_matches_per_row_forwards
 
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float64)
-    for min_prefix, row_tokens in ((32, 1024), (32, 12)):
+    for min_prefix, row_tokens in ((32, None), (32, 1024), (32, 12)):
         check_tree_matches_per_row_forwards(
             model, shared=40, min_prefix=min_prefix, row_tokens=row_tokens, atol=1e-4
         )

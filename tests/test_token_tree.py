@@ -34,7 +34,7 @@ def test_rows_sharing_a_turn_run_it_once_and_each_pair_is_projected_once() -> No
             ([1, 2, 8], [9]),  # another question
         ]
     )
-    plan = plan_token_tree(ids, mask, keep, min_prefix=1)
+    plan = plan_token_tree(ids, mask, keep, min_prefix=1, row_tokens=8)
     assert plan.prefix_ids.tolist() == [[1, 2]]  # up to the earliest predicting position
     # Depth-first: 3 -> 4 -> 5 (the shared turn, once), then 8.
     assert plan.packed_ids.tolist() == [[3, 4, 5, 8]]
@@ -54,6 +54,11 @@ def test_rows_sharing_a_turn_run_it_once_and_each_pair_is_projected_once() -> No
     assert plan.scored.tolist() == [[True] * 3, [True] * 3, [True, False, False]]
     assert plan.gather_index[0, :2].tolist() == plan.gather_index[1, :2].tolist()
     assert plan.positions == 6  # of the 3 + 3 + 3 + 3 + 3 + 1 tokens of the rows
+    # By default packed rows are as long as the longest path (3): 8 starts a second one.
+    assert plan_token_tree(ids, mask, keep, min_prefix=1).packed_ids.tolist() == [
+        [3, 4, 5],
+        [8, 0, 0],
+    ]
 
 
 def test_packed_rows_hold_whole_paths_and_never_exceed_their_size() -> None:
@@ -67,8 +72,9 @@ def test_packed_rows_hold_whole_paths_and_never_exceed_their_size() -> None:
     padding = plan.attention_mask[2, 0, 5:, 2:]
     assert torch.equal(padding[:, 5:], torch.eye(4, dtype=torch.bool))  # only themselves
     assert not padding[:, :5].any()
-    # A row longer than the packed rows' size gets a packed row of its own length.
+    # A row longer than the packed rows' size gets a packed row of its own length, as by default.
     assert plan_token_tree(ids, mask, keep, min_prefix=1, row_tokens=2).packed_ids.shape == (5, 5)
+    assert plan_token_tree(ids, mask, keep, min_prefix=1).packed_ids.shape == (5, 5)
 
 
 def test_short_prefixes_nothing_to_score_and_gaps_are_planned_or_refused() -> None:
@@ -103,7 +109,7 @@ def _rows(generator, shared: int, vocab: int):
 
 
 def check_tree_matches_per_row_forwards(
-    model, *, shared: int, min_prefix: int, row_tokens: int, atol: float = 1e-5
+    model, *, shared: int, min_prefix: int, row_tokens: int | None, atol: float = 1e-5
 ) -> None:
     """The tree's logprobs, and the gradients of a weighted sum of them, are those of a plain
     forward of each row on its own (at temperature 0.7, TRL's fused head's divisor): logprobs
@@ -133,7 +139,7 @@ def check_tree_matches_per_row_forwards(
         model.zero_grad()
         plan = plan_token_tree(ids, mask, keep, min_prefix=min_prefix, row_tokens=row_tokens)
         assert (plan.prefix_ids.size(1) > 0) == (min_prefix <= shared)
-        assert plan.packed_ids.size(0) == (1 if row_tokens > 100 else 4)
+        assert plan.packed_ids.size(0) == {None: 4, 1024: 1, 12: 4}[row_tokens]
         logps, entropies = score_token_tree(
             model, plan, temperature=temperature, compute_entropy=True,
             autocast=lambda: torch.autocast("cpu", enabled=False),
@@ -152,7 +158,7 @@ def check_tree_matches_per_row_forwards(
 
 @pytest.mark.parametrize(
     ("shared", "min_prefix", "row_tokens"),
-    [(40, 32, 1024), (40, 64, 1024), (40, 32, 12)],  # a prefix pass; none; several rows
+    [(40, 32, None), (40, 32, 1024), (40, 64, 1024), (40, 32, 12)],  # a prefix pass; none
 )
 def test_tree_scores_are_a_per_row_forwards_values_and_gradients(
     small_model_dir, shared, min_prefix, row_tokens

@@ -93,7 +93,7 @@ def plan_token_tree(
     logits_to_keep: int,
     *,
     min_prefix: int = 32,
-    row_tokens: int = 1024,
+    row_tokens: int | None = None,
 ) -> TokenTreePlan | None:
     """The token-tree plan of a batch, or None when it has nothing to score or a row whose
     real tokens are not contiguous.
@@ -105,8 +105,10 @@ def plan_token_tree(
         logits_to_keep: ``C``, the completion width.
         min_prefix: The shortest shared prefix worth a pass of its own (shorter: none, every
             token is packed).
-        row_tokens: Tokens per packed row (a row's own path is never split: longer paths get
-            a row of their own length).
+        row_tokens: Tokens per packed row; a row's own path is never split, so packed rows are
+            at least as long as the longest path (None: that long, so that no token attends to
+            more keys than in its row's own forward; more: fewer nodes run twice, in two packed
+            rows, for more attention).
 
     Every real completion token is scored. A row is cut after its last one: tokens after it
     predict nothing. The prefix stops before the earliest position that predicts a scored
@@ -152,7 +154,7 @@ def plan_token_tree(
     packed: list[list[int]] = []  # per packed row: its tokens
     depths: list[list[int]] = []
     paths: dict[int, tuple[int, list[int]]] = {}  # batch row -> (packed row, node columns)
-    capacity = max(row_tokens, max(len(inputs[i]) - prefix for i in live))
+    capacity = max(row_tokens or 0, max(len(inputs[i]) - prefix for i in live))
     previous: tuple[list[int], list[int]] | None = None  # (tokens past the prefix, columns)
     for i in order:
         tokens = inputs[i][prefix:]

@@ -294,8 +294,9 @@ def check_counts(config: Any, refuse: Any) -> None:
         refuse("max_samples_per_episode", samples, "None (all samples) or an int >= 1")
     if config.shared_prefix_min_length < 1:
         refuse("shared_prefix_min_length", config.shared_prefix_min_length, "an int >= 1")
-    if config.token_tree_row_tokens < 1:
-        refuse("token_tree_row_tokens", config.token_tree_row_tokens, "an int >= 1")
+    rows = config.token_tree_row_tokens
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        refuse("token_tree_row_tokens", rows, "None (the longest row's) or an int >= 1")
 
 
 def check_rewards(config: Any, refuse: Any) -> None:

@@ -29,9 +29,13 @@ class ScoringFields:
             "LM head runs only where a completion token is scored. Same loss and gradients."
         },
     )
-    token_tree_row_tokens: int = field(
-        default=1024,
-        metadata={"help": "Tokens per packed row of the token tree (attention grows with it)."},
+    token_tree_row_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per packed row of the token tree (None: the longest row's, so no "
+            "token attends to more keys than in its row's own forward; more: fewer tokens run "
+            "twice, more attention)."
+        },
     )
     skip_silent_rows: bool = field(
         default=True,
