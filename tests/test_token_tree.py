@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 from trainers.grpo.token_tree import (  # noqa: E402
     plan_token_tree,
     score_token_tree,
+    tree_costs,
     tree_unsupported_reason,
 )
 
@@ -54,11 +55,13 @@ def test_rows_sharing_a_turn_run_it_once_and_each_pair_is_projected_once() -> No
     assert plan.scored.tolist() == [[True] * 3, [True] * 3, [True, False, False]]
     assert plan.gather_index[0, :2].tolist() == plan.gather_index[1, :2].tolist()
     assert plan.positions == 6  # of the 3 + 3 + 3 + 3 + 3 + 1 tokens of the rows
-    # By default packed rows are as long as the longest path (3): 8 starts a second one.
-    assert plan_token_tree(ids, mask, keep, min_prefix=1).packed_ids.tolist() == [
-        [3, 4, 5],
-        [8, 0, 0],
-    ]
+    # Rows as short as the longest path (3): 8 starts a second one.
+    short = plan_token_tree(ids, mask, keep, min_prefix=1, row_tokens=3)
+    assert short.packed_ids.tolist() == [[3, 4, 5], [8, 0, 0]]
+    # Unset, the size is the least work: 4 x (2 + 4) = 24 pairs in one row against
+    # 2 x 3 x (2 + 3) = 30 in rows of 3.
+    one = plan_token_tree(ids, mask, keep, min_prefix=1, costs=(0.0, 1.0))
+    assert one.packed_ids.tolist() == [[3, 4, 5, 8]]
 
 
 def test_packed_rows_hold_whole_paths_and_never_exceed_their_size() -> None:
@@ -72,9 +75,25 @@ def test_packed_rows_hold_whole_paths_and_never_exceed_their_size() -> None:
     padding = plan.attention_mask[2, 0, 5:, 2:]
     assert torch.equal(padding[:, 5:], torch.eye(4, dtype=torch.bool))  # only themselves
     assert not padding[:, :5].any()
-    # A row longer than the packed rows' size gets a packed row of its own length, as by default.
+    # A row longer than the packed rows' size gets a packed row of its own length.
     assert plan_token_tree(ids, mask, keep, min_prefix=1, row_tokens=2).packed_ids.shape == (5, 5)
-    assert plan_token_tree(ids, mask, keep, min_prefix=1).packed_ids.shape == (5, 5)
+    # Unset: 1 row of 21 positions (5 + 4 x 4; rows of up to 8 x 5 tokens) against 5 rows of 5
+    # when positions cost; 5 x 5 x (2 + 5) = 175 pairs against 21 x 23 = 483 when pairs do.
+    assert plan_token_tree(ids, mask, keep, min_prefix=1).packed_ids.shape == (1, 21)
+    attention = plan_token_tree(ids, mask, keep, min_prefix=1, costs=(0.0, 1.0))
+    assert attention.packed_ids.shape == (5, 5)
+
+
+def test_tree_costs_count_a_models_matmul_weights_and_attention(small_model_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(small_model_dir)
+    config = model.config
+    total = sum(p.numel() for p in model.parameters())  # tied: the embedding counted once
+    position, pair = tree_costs(model)
+    assert position == 2.0 * total  # the tied embedding is the head's matmul at each position
+    head_size = config.hidden_size // config.num_attention_heads
+    assert pair == 4.0 * config.num_attention_heads * head_size * config.num_hidden_layers
 
 
 def test_short_prefixes_nothing_to_score_and_gaps_are_planned_or_refused() -> None:
@@ -137,9 +156,12 @@ def check_tree_matches_per_row_forwards(
 
     def tree():
         model.zero_grad()
-        plan = plan_token_tree(ids, mask, keep, min_prefix=min_prefix, row_tokens=row_tokens)
+        plan = plan_token_tree(
+            ids, mask, keep, min_prefix=min_prefix, row_tokens=row_tokens,
+            costs=tree_costs(model),
+        )  # fmt: skip
         assert (plan.prefix_ids.size(1) > 0) == (min_prefix <= shared)
-        assert plan.packed_ids.size(0) == {None: 4, 1024: 1, 12: 4}[row_tokens]
+        assert plan.packed_ids.size(0) == {1024: 1, 12: 4}.get(row_tokens, plan.packed_ids.size(0))
         logps, entropies = score_token_tree(
             model, plan, temperature=temperature, compute_entropy=True,
             autocast=lambda: torch.autocast("cpu", enabled=False),

@@ -37,7 +37,12 @@ from trainers.grpo.shared_prefix import (
     score_shared_prefix,
     shared_prefix_applies,
 )
-from trainers.grpo.token_tree import plan_token_tree, score_token_tree, tree_unsupported_reason
+from trainers.grpo.token_tree import (
+    plan_token_tree,
+    score_token_tree,
+    tree_costs,
+    tree_unsupported_reason,
+)
 
 if TYPE_CHECKING:
     from trainers.grpo.trainer import MultiTurnGRPOTrainer
@@ -272,6 +277,7 @@ def token_tree_scores(
             logits_to_keep,
             min_prefix=args.shared_prefix_min_length,
             row_tokens=args.token_tree_row_tokens,
+            costs=tree_costs(model),
         )
         if plan is None:
             return None

@@ -29,7 +29,13 @@ from trainers.grpo.length_chunks import common_prefix_length
 from trainers.grpo.shared_prefix import cache_keyword, output_cache
 from trainers.sft.labelled_head import unsupported_reason
 
-__all__ = ["TokenTreePlan", "plan_token_tree", "score_token_tree", "tree_unsupported_reason"]
+__all__ = [
+    "TokenTreePlan",
+    "plan_token_tree",
+    "score_token_tree",
+    "tree_costs",
+    "tree_unsupported_reason",
+]
 
 HEAD_CHUNK = 32768
 """Vocabulary columns per tile of the LM head's product (TRL's chunk size)."""
@@ -87,6 +93,56 @@ def _row_tokens(input_ids: Any, attention_mask: Any, logits_to_keep: int):
     return rows, prompt_lengths, completion_lengths
 
 
+def _pack(paths: list[list[int]], capacity: int):
+    """Pack trie-ordered token paths into rows of at most ``capacity`` tokens: (each row's
+    tokens, each row's depths, each path's (row, columns)). A path shares with the paths
+    before it in its row exactly its common prefix with the one just before."""
+    packed: list[list[int]] = []
+    depths: list[list[int]] = []
+    placed: list[tuple[int, list[int]]] = []
+    previous: tuple[list[int], list[int]] | None = None  # (tokens, columns)
+    for tokens in paths:
+        shared = 0
+        if previous is not None:
+            limit = min(len(tokens), len(previous[0]))
+            while shared < limit and tokens[shared] == previous[0][shared]:
+                shared += 1
+        if previous is None or len(packed[-1]) + len(tokens) - shared > capacity:
+            packed.append([])
+            depths.append([])
+            shared = 0
+            previous = None
+        start = len(packed[-1])
+        packed[-1].extend(tokens[shared:])
+        depths[-1].extend(range(shared, len(tokens)))
+        columns = (previous[1][:shared] if previous else []) + list(range(start, len(packed[-1])))
+        placed.append((len(packed) - 1, columns))
+        previous = (tokens, columns)
+    return packed, depths, placed
+
+
+def _work(packed: list[list[int]], prefix: int, costs: tuple[float, float]) -> float:
+    """Modelled FLOPs of a packing: every padded position's body, and every (query, key) pair
+    the packed rows' attention computes (a dense mask computes them all)."""
+    rows, width = len(packed), max(len(row) for row in packed)
+    position, pair = costs
+    return rows * width * (position + (prefix + width) * pair)
+
+
+def tree_costs(model: Any) -> tuple[float, float]:
+    """A model's forward FLOPs per position (its matmul weights but the embedding: 2 x each)
+    and per attended (query, key) pair (4 x heads x head size, in each layer)."""
+    config = model.config.get_text_config()
+    embedding = model.get_input_embeddings().weight.numel()
+    weights = sum(p.numel() for p in model.parameters()) - embedding
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is model.get_input_embeddings().weight:
+        weights += embedding  # tied: the head's product is still done at every position
+    heads = config.num_attention_heads
+    size = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2.0 * weights, 4.0 * heads * size * config.num_hidden_layers
+
+
 def plan_token_tree(
     input_ids: Any,
     attention_mask: Any,
@@ -94,6 +150,7 @@ def plan_token_tree(
     *,
     min_prefix: int = 32,
     row_tokens: int | None = None,
+    costs: tuple[float, float] = (1.0, 0.0),
 ) -> TokenTreePlan | None:
     """The token-tree plan of a batch, or None when it has nothing to score or a row whose
     real tokens are not contiguous.
@@ -106,9 +163,11 @@ def plan_token_tree(
         min_prefix: The shortest shared prefix worth a pass of its own (shorter: none, every
             token is packed).
         row_tokens: Tokens per packed row; a row's own path is never split, so packed rows are
-            at least as long as the longest path (None: that long, so that no token attends to
-            more keys than in its row's own forward; more: fewer nodes run twice, in two packed
-            rows, for more attention).
+            at least as long as the longest path. Longer rows run fewer nodes twice (in two
+            packed rows) and compute more attention. None: of 1, 2, 4 and 8 times the longest
+            path, the one of least modelled work under ``costs``.
+        costs: FLOPs per position and per attended (query, key) pair (:func:`tree_costs`;
+            the default counts positions only).
 
     Every real completion token is scored. A row is cut after its last one: tokens after it
     predict nothing. The prefix stops before the earliest position that predicts a scored
@@ -148,32 +207,16 @@ def plan_token_tree(
     prefix = min(common_prefix_length(aligned, aligned_mask), first)
     if len(live) < 2 or prefix < max(1, min_prefix):
         prefix = 0
-    # Rows in lexicographic order: a row shares with the rows before it in its packed row
-    # exactly its common prefix with the one just before (a trie's depth-first order).
+    # Rows in lexicographic order: a trie's depth-first order (see _pack).
     order = sorted(live, key=lambda i: inputs[i][prefix:])
-    packed: list[list[int]] = []  # per packed row: its tokens
-    depths: list[list[int]] = []
-    paths: dict[int, tuple[int, list[int]]] = {}  # batch row -> (packed row, node columns)
-    capacity = max(row_tokens or 0, max(len(inputs[i]) - prefix for i in live))
-    previous: tuple[list[int], list[int]] | None = None  # (tokens past the prefix, columns)
-    for i in order:
-        tokens = inputs[i][prefix:]
-        shared = 0
-        if previous is not None:
-            limit = min(len(tokens), len(previous[0]))
-            while shared < limit and tokens[shared] == previous[0][shared]:
-                shared += 1
-        if previous is None or len(packed[-1]) + len(tokens) - shared > capacity:
-            packed.append([])
-            depths.append([])
-            shared = 0
-            previous = None
-        start = len(packed[-1])
-        packed[-1].extend(tokens[shared:])
-        depths[-1].extend(range(shared, len(tokens)))
-        columns = (previous[1][:shared] if previous else []) + list(range(start, len(packed[-1])))
-        paths[i] = (len(packed) - 1, columns)
-        previous = (tokens, columns)
+    paths_past = [inputs[i][prefix:] for i in order]
+    longest = max(len(tokens) for tokens in paths_past)
+    if row_tokens is not None:
+        packed, depths, placed = _pack(paths_past, max(row_tokens, longest))
+    else:  # the packing of least modelled work, from rows of the longest path's length up
+        layouts = [_pack(paths_past, longest * 2**k) for k in range(4)]
+        packed, depths, placed = min(layouts, key=lambda layout: _work(layout[0], prefix, costs))
+    paths = dict(zip(order, placed, strict=True))
     width_q = max(len(p) for p in packed)
     count = len(packed)
     packed_ids = torch.zeros((count, width_q), dtype=input_ids.dtype)

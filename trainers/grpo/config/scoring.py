@@ -32,9 +32,9 @@ class ScoringFields:
     token_tree_row_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "Tokens per packed row of the token tree (None: the longest row's, so no "
-            "token attends to more keys than in its row's own forward; more: fewer tokens run "
-            "twice, more attention)."
+            "help": "Tokens per packed row of the token tree, at least the longest row's (longer: "
+            "fewer tokens run twice, more attention). None: per micro-batch, of 1, 2, 4 and 8 "
+            "times the longest row's, the one of least modelled FLOPs (trainers.grpo.token_tree)."
         },
     )
     skip_silent_rows: bool = field(
