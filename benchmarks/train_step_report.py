@@ -103,7 +103,7 @@ def report(
 ) -> str:
     """The markdown text; ``roofline``: :meth:`benchmarks.roofline.Roofline.describe`."""
     lines = [
-        "# Training step: MultiTurnGRPOTrainer (and two ablations) vs TRL's tool loop",
+        "# Training step: MultiTurnGRPOTrainer, its ablations and TRL's tool loop",
         "",
         conditions.describe(),
         "",
