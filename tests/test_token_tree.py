@@ -130,14 +130,16 @@ def _rows(generator, shared: int, vocab: int):
 def check_tree_matches_per_row_forwards(
     model, *, shared: int, min_prefix: int, row_tokens: int | None, atol: float = 1e-5
 ) -> None:
-    """The tree's logprobs, and the gradients of a weighted sum of them, are those of a plain
-    forward of each row on its own (at temperature 0.7, TRL's fused head's divisor): logprobs
-    within ``atol``, each gradient within ``atol`` times its largest entry (at least 1)."""
+    """The tree's logprobs, and the gradients of a weighted sum of them (of the trainable
+    weights), are those of a plain forward of each row on its own (at temperature 0.7, TRL's
+    fused head's divisor): logprobs within ``atol``, each gradient within ``atol`` times its
+    largest entry (at least 1)."""
     assert tree_unsupported_reason(model) is None
     vocab = min(model.config.vocab_size, 30000)
     ids, mask, keep = _batch(_rows(torch.Generator().manual_seed(0), shared, vocab))
     temperature = 0.7
     dtype = next(model.parameters()).dtype
+    trained = [p for p in model.parameters() if p.requires_grad]
     weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(1))
     weights = weights.to(dtype)
 
@@ -152,7 +154,7 @@ def check_tree_matches_per_row_forwards(
             count = int(mask[i, -keep:].sum())
             logps[i, :count] = values[len(values) - count :]
         (logps * weights).sum().backward()
-        return logps.detach(), [p.grad.clone() for p in model.parameters()]
+        return logps.detach(), [p.grad.clone() for p in trained]
 
     def tree():
         model.zero_grad()
@@ -168,10 +170,11 @@ def check_tree_matches_per_row_forwards(
         )  # fmt: skip
         assert entropies.shape == logps.shape and (entropies[plan.scored] > 0).all()
         (logps * weights).sum().backward()
-        return logps.detach(), [p.grad.clone() for p in model.parameters()]
+        return logps.detach(), [p.grad.clone() for p in trained]
 
     expected, result = reference(), tree()
     assert torch.allclose(expected[0], result[0].to(dtype), atol=atol)
+    assert len(expected[1]) == len(result[1]) > 0
     for a, b in zip(expected[1], result[1], strict=True):
         scale = float(a.abs().max())
         gap = float((a - b).abs().max())
@@ -191,6 +194,19 @@ def test_tree_scores_are_a_per_row_forwards_values_and_gradients(
     check_tree_matches_per_row_forwards(
         model, shared=shared, min_prefix=min_prefix, row_tokens=row_tokens
     )
+
+
+def test_a_lora_adapter_in_the_backbone_scores_and_trains_through_the_tree(small_model_dir) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(small_model_dir, attn_implementation="sdpa")
+    peft = get_peft_model(
+        model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    )
+    base = peft.get_base_model()
+    assert sum(p.requires_grad for p in base.parameters()) > 0  # only the adapters train
+    check_tree_matches_per_row_forwards(base, shared=40, min_prefix=32, row_tokens=None)
 
 
 def test_models_whose_attention_or_head_the_tree_cannot_take_are_named(small_model_dir) -> None:

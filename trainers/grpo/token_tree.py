@@ -265,12 +265,13 @@ def tree_unsupported_reason(model: Any) -> str | None:
     base model for an adapter), or None.
 
     Beyond a plain, unscaled LM head on a ``base_model`` backbone
-    (:func:`~trainers.sft.labelled_head.unsupported_reason`; a forward wrapped for mixed
-    precision is fine: the caller runs under the same autocast), the attention must take a
-    custom boolean 4D mask and position ids as they are: SDPA attention, no sliding window.
+    (:func:`~trainers.sft.labelled_head.unsupported_reason`; LoRA adapters in the backbone and a
+    forward wrapped for mixed precision are fine: the caller runs under the same autocast), the
+    attention must take a custom boolean 4D mask and position ids as they are: SDPA attention,
+    no sliding window.
     """
-    reason = unsupported_reason(model)
-    if reason is not None and "wrapped" not in reason:
+    reason = unsupported_reason(model, backbone_only=True)
+    if reason is not None:
         return reason
     config = model.config.get_text_config()
     attention = getattr(config, "_attn_implementation", None) or "eager"

@@ -29,19 +29,22 @@ _SCALING = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_h
             "logits_scaling")  # fmt: skip
 
 
-def unsupported_reason(model: Any) -> str | None:
+def unsupported_reason(model: Any, *, backbone_only: bool = False) -> str | None:
     """Why :func:`labelled_head_forward` cannot stand in for the model's fused head, or None.
 
     It needs a plain ``nn.Linear`` LM head on an unsharded weight, a ``base_model`` backbone, and
     logits that are that product alone (no soft-capping or scaling, as TRL applies for Gemma,
     Granite, Falcon-H1...); a PEFT wrapper, an MoE model's router loss and a forward wrapped for
     mixed precision (``bf16=True``: TRL's head runs under its autocast) are left to TRL.
+    ``backbone_only``: the caller runs the backbone and the head itself, under the trainer's
+    autocast, so a wrapped forward and PEFT's adapters in the backbone (``model`` being PEFT's
+    base model) are fine; the head must still be plain.
     """
     import torch
 
-    if hasattr(model, "peft_config"):
+    if hasattr(model, "peft_config") and not backbone_only:
         return "a PEFT model"
-    if getattr(model, "_original_forward", None) is not None:
+    if getattr(model, "_original_forward", None) is not None and not backbone_only:
         # accelerate's mixed precision wraps ``forward`` in autocast; this head calls the
         # backbone itself and would run it unwrapped, in float32
         return "its forward is wrapped (accelerate's mixed precision)"
