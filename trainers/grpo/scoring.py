@@ -205,10 +205,12 @@ def shared_prefix_scores(
     compute_entropy: bool,
     extra_inputs: bool,
 ) -> tuple[Any, Any, None] | None:
-    """TRL's scoring with the rows' shared prefix run once (``args.shared_prefix``), or None
-    where TRL's own forward must run.
+    """TRL's scoring with the rows' token tree (``args.token_tree``, for a model
+    :func:`~trainers.grpo.token_tree.tree_unsupported_reason` accepts) or else their shared
+    prefix run once (``args.shared_prefix``), or None where TRL's own forward must run.
 
-    Same values and gradients as TRL's full forward (see :mod:`trainers.grpo.shared_prefix`);
+    Same values and gradients as TRL's full forward (see :mod:`trainers.grpo.token_tree` and
+    :mod:`trainers.grpo.shared_prefix`);
     None for multimodal or MoE-aux batches (``extra_inputs``), for models wrapped or sharded for
     distributed training (DDP, FSDP, DeepSpeed), under gradient checkpointing (in the config or
     on the model), when the shared prefix is short, and for a model that returns no cache.
