@@ -72,6 +72,7 @@ def test_packed_rows_hold_whole_paths_and_never_exceed_their_size() -> None:
     assert plan.packed_ids.shape == (3, 9)  # 5 + 4 (sharing the 3), twice, then one row
     assert plan.packed_ids[:, 0].tolist() == [3, 3, 3]  # each packed row has its own copy
     assert plan.packed_ids[2, 5:].tolist() == [0] * 4
+    assert plan.positions == 2 + 9 + 9 + 5  # the padding is not run for a row's sake
     padding = plan.attention_mask[2, 0, 5:, 2:]
     assert torch.equal(padding[:, 5:], torch.eye(4, dtype=torch.bool))  # only themselves
     assert not padding[:, :5].any()

@@ -67,11 +67,14 @@ class TokenTreePlan:
     """(B, C): the pair that scores completion column ``j`` of row ``i`` (0 where unscored)."""
     scored: Any
     """(B, C) bool: the completion tokens the plan scores (real ones, of rows with any)."""
+    nodes: int
+    """The tree's nodes in the packed rows (their padding left out; a node in two packed rows
+    counted twice)."""
 
     @property
     def positions(self) -> int:
-        """Distinct token positions the forward runs (the prefix and the tree's nodes)."""
-        return int(self.prefix_ids.size(1)) + int((self.attention_mask.sum(-1)[:, 0] > 0).sum())
+        """The token positions the forward runs, padding left out: the prefix and the nodes."""
+        return int(self.prefix_ids.size(1)) + self.nodes
 
 
 def _row_tokens(input_ids: Any, attention_mask: Any, logits_to_keep: int):
@@ -257,6 +260,7 @@ def plan_token_tree(
         targets=keys[:, 2].to(device=device, dtype=input_ids.dtype),
         gather_index=gather.to(device),
         scored=scored.to(device),
+        nodes=sum(len(row) for row in packed),
     )
 
 
