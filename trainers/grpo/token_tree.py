@@ -25,7 +25,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.grpo.length_chunks import common_prefix_length
 from trainers.grpo.shared_prefix import cache_keyword, output_cache
 from trainers.sft.labelled_head import unsupported_reason
 
@@ -201,13 +200,10 @@ def plan_token_tree(
         return None
     inputs = {i: rows[i][: len(rows[i]) - 1] for i in live}  # the last token predicts nothing
     first = min(prompt_lengths[i] - 1 for i in live)
-    longest = max(len(inputs[i]) for i in live)
-    aligned = torch.zeros((len(live), longest), dtype=torch.long)
-    aligned_mask = torch.zeros((len(live), longest), dtype=torch.bool)
-    for r, i in enumerate(live):
-        aligned[r, : len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
-        aligned_mask[r, : len(inputs[i])] = True
-    prefix = min(common_prefix_length(aligned, aligned_mask), first)
+    reference = inputs[live[0]]
+    prefix = next(
+        (k for k in range(first) if any(inputs[i][k] != reference[k] for i in live)), first
+    )  # the rows' common prefix, up to the earliest predicting position
     if len(live) < 2 or prefix < max(1, min_prefix):
         prefix = 0
     # Rows in lexicographic order: a trie's depth-first order (see _pack).
@@ -251,7 +247,7 @@ def plan_token_tree(
     keys = torch.tensor(list(pairs), dtype=torch.long).view(-1, 3)
     device = input_ids.device
     return TokenTreePlan(
-        prefix_ids=aligned[:1, :prefix].to(device=device, dtype=input_ids.dtype),
+        prefix_ids=torch.tensor([inputs[live[0]][:prefix]], dtype=input_ids.dtype, device=device),
         packed_ids=packed_ids.to(device),
         position_ids=position_ids.to(device),
         attention_mask=attention.unsqueeze(1).to(device),
